@@ -1,0 +1,400 @@
+//! From a file's deltas to its kernel table, exactly as upstream's
+//! `loadDeltas` lays it out: merged neighbour pairs, one entry per delta
+//! left, one page entry for every 64 KiB page between the first and the last
+//! delta (empty ones too), the size class, and the gaps that interpreter
+//! loaders look for.
+//!
+//! Encoding is split in two so that the layout is a pure function of the
+//! deltas: [`draft`] decides every entry and leaves unwind rules unresolved;
+//! the machine then gives each rule its `unwind_info_array` slot and
+//! [`Draft::resolve`] produces the final [`KernelTable`].
+
+use core::ops::Range;
+
+use crate::abi::{
+    self, opcode, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo, DELTA_COMMAND_FLAG,
+    MERGE_OPCODE_NEGATIVE, PAGE_BITS, PAGE_MASK,
+};
+use crate::deltas::{hint, StackDelta};
+
+/// A gap of at least this many bytes after an end-of-function marker is
+/// reported to interpreter loaders (V8 keeps its snapshot code there).
+pub const MEMOIZABLE_GAP: u64 = 512 * 1024;
+
+/// Why a list of deltas cannot become a kernel table. Nothing is written
+/// when this happens.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    #[error("delta #{index} at {address:#x} does not come after the previous delta")]
+    Unsorted { index: usize, address: u64 },
+    #[error("delta #{index} at {address:#x} carries a merge opcode or pad byte; only the encoder sets those")]
+    Reserved { index: usize, address: u64 },
+    #[error("{count} kernel deltas exceed the largest inner array ({max})")]
+    TooManyDeltas { count: usize, max: usize },
+    #[error("page {page:#x} would hold {count} deltas, more than a page entry can count (65535)")]
+    PageOverflow { page: u64, count: usize },
+    #[error("the deltas span {pages} pages, more than the {max} page entries allowed per file")]
+    TooManyPages { pages: u64, max: u64 },
+}
+
+/// The rule of one kernel delta before slots are assigned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// A command, stored directly in the delta (`0x8000 | command`).
+    Command(u16),
+    /// A rule that lives in an `unwind_info_array` slot (merge opcode included).
+    Slot(UnwindInfo),
+}
+
+/// The layout of a file's kernel table, with rules not yet given slots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Draft {
+    /// Page-aligned address of the first page.
+    pub first_page: u64,
+    /// (low 16 address bits, rule), in inner-array order.
+    pub entries: Vec<(u16, Rule)>,
+    /// Deltas per page, one slot for every page from the first to the last.
+    pub per_page: Vec<u16>,
+    /// Size class of the inner array.
+    pub map_id: u16,
+    /// Ranges after an end-of-function marker of at least [`MEMOIZABLE_GAP`].
+    pub gaps: Vec<Range<u64>>,
+}
+
+/// A file's kernel table, ready to be written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelTable {
+    pub map_id: u16,
+    pub first_page: u64,
+    pub deltas: Vec<abi::StackDelta>,
+    pub pages: Vec<(StackDeltaPageKey, StackDeltaPageInfo)>,
+}
+
+/// Upstream's merge rule: a delta and its neighbour one or two bytes later
+/// that differ only by a push or pop of 8 bytes share one kernel entry.
+pub fn merge_opcode(delta: &StackDelta, next: &StackDelta) -> u8 {
+    let (a, b) = (&delta.info, &next.info);
+    if a.opcode == opcode::COMMAND {
+        return 0;
+    }
+    let addr_diff = next.address.wrapping_sub(delta.address);
+    if !(1..=2).contains(&addr_diff) {
+        return 0;
+    }
+    if b.opcode != a.opcode || b.fp_opcode != a.fp_opcode || b.fp_param != a.fp_param {
+        return 0;
+    }
+    match b.param.wrapping_sub(a.param) {
+        8 => addr_diff as u8,
+        -8 => addr_diff as u8 | MERGE_OPCODE_NEGATIVE,
+        _ => 0,
+    }
+}
+
+/// The rule a kernel delta stores for `info`: a command is encoded
+/// directly, anything else needs a slot.
+pub fn rule_of(info: UnwindInfo) -> Rule {
+    if info.opcode == opcode::COMMAND {
+        // Upstream truncates the param to 16 bits and sets the flag.
+        Rule::Command(info.param as u16 | DELTA_COMMAND_FLAG)
+    } else {
+        Rule::Slot(info)
+    }
+}
+
+/// Lays out the kernel table of `deltas`. `None` for an empty list: nothing
+/// is written for such a file. `max_pages` bounds the page entries (and the
+/// memory this function allocates) for one file.
+pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft>, EncodeError> {
+    let (Some(first), Some(last)) = (deltas.first(), deltas.last()) else {
+        return Ok(None);
+    };
+    for (index, pair) in deltas.windows(2).enumerate() {
+        if pair[1].address <= pair[0].address {
+            return Err(EncodeError::Unsorted {
+                index: index + 1,
+                address: pair[1].address,
+            });
+        }
+    }
+    if let Some(index) = deltas
+        .iter()
+        .position(|d| d.info.merge_opcode != 0 || d.info.pad != 0)
+    {
+        return Err(EncodeError::Reserved {
+            index,
+            address: deltas[index].address,
+        });
+    }
+    let first_page_no = first.address >> PAGE_BITS;
+    let pages = (last.address >> PAGE_BITS) - first_page_no + 1;
+    if pages > max_pages {
+        return Err(EncodeError::TooManyPages {
+            pages,
+            max: max_pages,
+        });
+    }
+    let mut per_page = vec![0u32; pages as usize];
+    let mut entries = Vec::with_capacity(deltas.len());
+    let mut gaps = Vec::new();
+    let mut merged_into_previous = false;
+    for (i, delta) in deltas.iter().enumerate() {
+        if merged_into_previous {
+            merged_into_previous = false;
+            continue;
+        }
+        let mut info = delta.info;
+        if let Some(next) = deltas.get(i + 1) {
+            info.merge_opcode = merge_opcode(delta, next);
+            merged_into_previous = info.merge_opcode != 0;
+            if delta.hints & hint::GAP != 0 && next.address - delta.address >= MEMOIZABLE_GAP {
+                gaps.push(delta.address..next.address);
+            }
+        }
+        entries.push(((delta.address & PAGE_MASK) as u16, rule_of(info)));
+        per_page[((delta.address >> PAGE_BITS) - first_page_no) as usize] += 1;
+    }
+    if entries.len() > abi::MAX_KERNEL_DELTAS {
+        return Err(EncodeError::TooManyDeltas {
+            count: entries.len(),
+            max: abi::MAX_KERNEL_DELTAS,
+        });
+    }
+    let map_id = abi::size_class(entries.len() as u32).ok_or(EncodeError::TooManyDeltas {
+        count: entries.len(),
+        max: abi::MAX_KERNEL_DELTAS,
+    })?;
+    let per_page = per_page
+        .iter()
+        .enumerate()
+        .map(|(p, &count)| {
+            u16::try_from(count).map_err(|_| EncodeError::PageOverflow {
+                page: (first_page_no + p as u64) << PAGE_BITS,
+                count: count as usize,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(Draft {
+        first_page: first_page_no << PAGE_BITS,
+        entries,
+        per_page,
+        map_id,
+        gaps,
+    }))
+}
+
+impl Draft {
+    /// The distinct slot rules in first-use order (the order upstream hands
+    /// out new slots in).
+    pub fn slot_rules(&self) -> Vec<UnwindInfo> {
+        let mut seen = std::collections::HashSet::new();
+        self.entries
+            .iter()
+            .filter_map(|(_, rule)| match rule {
+                Rule::Slot(info) if seen.insert(*info) => Some(*info),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The final table, given each slot rule's `unwind_info_array` index.
+    /// `slot_of` must know every rule of [`Draft::slot_rules`].
+    pub fn resolve(
+        &self,
+        file_id: u64,
+        mut slot_of: impl FnMut(&UnwindInfo) -> Option<u16>,
+    ) -> Option<KernelTable> {
+        let deltas = self
+            .entries
+            .iter()
+            .map(|&(addr_low, rule)| {
+                let unwind_info = match rule {
+                    Rule::Command(value) => value,
+                    Rule::Slot(info) => slot_of(&info)?,
+                };
+                Some(abi::StackDelta {
+                    addr_low,
+                    unwind_info,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let mut first_delta = 0u32;
+        let pages = self
+            .per_page
+            .iter()
+            .enumerate()
+            .map(|(p, &num_deltas)| {
+                let entry = (
+                    StackDeltaPageKey {
+                        file_id,
+                        page: self.first_page + ((p as u64) << PAGE_BITS),
+                    },
+                    StackDeltaPageInfo {
+                        first_delta,
+                        num_deltas,
+                        map_id: self.map_id,
+                    },
+                );
+                first_delta += u32::from(num_deltas);
+                entry
+            })
+            .collect();
+        Some(KernelTable {
+            map_id: self.map_id,
+            first_page: self.first_page,
+            deltas,
+            pages,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deltas::info;
+
+    fn sp(param: i32) -> UnwindInfo {
+        UnwindInfo {
+            opcode: opcode::BASE_SP,
+            param,
+            ..UnwindInfo::default()
+        }
+    }
+
+    fn d(address: u64, info: UnwindInfo) -> StackDelta {
+        StackDelta::new(address, hint::NONE, info)
+    }
+
+    /// Resolves slots the way a fresh machine does: first use, first slot.
+    fn fresh(draft: &Draft) -> KernelTable {
+        let rules = draft.slot_rules();
+        draft
+            .resolve(1, |info| {
+                rules.iter().position(|r| r == info).map(|i| i as u16)
+            })
+            .expect("every rule has a slot")
+    }
+
+    #[test]
+    fn no_deltas_no_table() {
+        assert_eq!(draft(&[], u64::MAX), Ok(None));
+    }
+
+    #[test]
+    fn merge_opcodes_follow_upstreams_rule() {
+        assert_eq!(merge_opcode(&d(0, sp(16)), &d(1, sp(24))), 1);
+        assert_eq!(merge_opcode(&d(0, sp(16)), &d(2, sp(24))), 2);
+        assert_eq!(merge_opcode(&d(0, sp(16)), &d(1, sp(8))), 0x81);
+        assert_eq!(merge_opcode(&d(0, sp(16)), &d(2, sp(8))), 0x82);
+        assert_eq!(merge_opcode(&d(0, sp(16)), &d(3, sp(24))), 0, "too far");
+        assert_eq!(merge_opcode(&d(0, sp(16)), &d(1, sp(32))), 0, "not 8");
+        assert_eq!(merge_opcode(&d(0, info::STOP), &d(1, info::STOP)), 0);
+        let mut framed = sp(24);
+        framed.fp_opcode = opcode::BASE_CFA;
+        framed.fp_param = -16;
+        assert_eq!(merge_opcode(&d(0, sp(16)), &d(1, framed)), 0);
+    }
+
+    #[test]
+    fn a_merged_pair_becomes_one_entry() {
+        let t = fresh(&draft(&[d(0x10, sp(16)), d(0x11, sp(8)), d(0x20, sp(8))], 16).unwrap().unwrap());
+        assert_eq!(t.deltas.len(), 2);
+        assert_eq!(t.pages[0].1.num_deltas, 2);
+    }
+
+    #[test]
+    fn empty_pages_get_entries_and_first_delta_runs_on() {
+        let deltas = [d(0x1_fff0, sp(8)), d(0x4_0010, sp(16)), d(0x4_0020, info::INVALID)];
+        let t = fresh(&draft(&deltas, 16).unwrap().unwrap());
+        let pages: Vec<_> = t
+            .pages
+            .iter()
+            .map(|(k, v)| (k.page, v.first_delta, v.num_deltas))
+            .collect();
+        assert_eq!(
+            pages,
+            vec![(0x1_0000, 0, 1), (0x2_0000, 1, 0), (0x3_0000, 1, 0), (0x4_0000, 1, 2)]
+        );
+        assert_eq!(t.deltas[2].unwind_info, 0x8000);
+    }
+
+    #[test]
+    fn gaps_need_the_hint_and_the_size() {
+        let big = MEMOIZABLE_GAP;
+        let deltas = [
+            d(0x1000, sp(8)),
+            StackDelta::new(0x2000, hint::GAP, info::INVALID),
+            d(0x2000 + big, sp(8)),
+            d(0x3000 + big, info::INVALID),
+            d(0x3000 + 2 * big, sp(8)),
+            StackDelta::new(0x4000 + 2 * big, hint::GAP, info::INVALID),
+            d(0x4000 + 3 * big - 1, sp(8)),
+        ];
+        let draft = draft(&deltas, 1 << 20).unwrap().unwrap();
+        assert_eq!(draft.gaps, vec![0x2000..0x2000 + big]);
+    }
+
+    #[test]
+    fn rejects_unsorted_and_reserved_fields() {
+        assert_eq!(
+            draft(&[d(0x10, sp(8)), d(0x10, sp(16))], 16),
+            Err(EncodeError::Unsorted {
+                index: 1,
+                address: 0x10
+            })
+        );
+        let mut merged = sp(8);
+        merged.merge_opcode = 1;
+        assert!(matches!(
+            draft(&[d(0x10, merged)], 16),
+            Err(EncodeError::Reserved { index: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn bounds_the_page_span() {
+        let deltas = [d(0, sp(8)), d(u64::MAX, sp(16))];
+        assert!(matches!(
+            draft(&deltas, 65536),
+            Err(EncodeError::TooManyPages { .. })
+        ));
+    }
+
+    /// Alternating rules so that nothing folds or merges.
+    fn distinct(n: usize, stride: u64) -> Vec<StackDelta> {
+        (0..n as u64)
+            .map(|i| d(i * stride, if i % 2 == 0 { sp(8) } else { sp(32) }))
+            .collect()
+    }
+
+    #[test]
+    fn the_largest_table_fits_and_one_more_does_not() {
+        let max = abi::MAX_KERNEL_DELTAS;
+        let ok = draft(&distinct(max, 4), u64::MAX).unwrap().unwrap();
+        assert_eq!(ok.map_id, 23);
+        assert_eq!(ok.entries.len(), max);
+        assert_eq!(
+            draft(&distinct(max + 1, 4), u64::MAX),
+            Err(EncodeError::TooManyDeltas {
+                count: max + 1,
+                max
+            })
+        );
+    }
+
+    #[test]
+    fn a_full_page_counts_65535_and_65536_is_an_error() {
+        let full = draft(&distinct(65535, 1), 16).unwrap().unwrap();
+        assert_eq!(full.per_page, vec![65535]);
+        assert_eq!(full.map_id, 16);
+        let t = fresh(&full);
+        assert_eq!(t.pages[0].1.num_deltas, 65535);
+        assert_eq!(
+            draft(&distinct(65536, 1), 16),
+            Err(EncodeError::PageOverflow {
+                page: 0,
+                count: 65536
+            })
+        );
+    }
+}

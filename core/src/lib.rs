@@ -1,0 +1,36 @@
+//! eim-core: the pure heart of eim.
+//!
+//! * [`abi`]: the kernel structs and constants, byte for byte.
+//! * [`deltas`]: stack deltas and upstream's de-duplicating append rules.
+//! * [`encode`]: deltas to a kernel table (pages, merges, size class, gaps).
+//! * [`ops`]: the map mutation commands and the [`ops::Backend`] trait.
+//! * [`machine`]: the pure state machine (files, reference counts, unwind-info
+//!   slots, page accounting, deferral, leftovers) that turns calls into plans.
+//! * [`manager`]: [`ExecutableInfoManager`], the thread-safe facade.
+//!
+//! Nothing in this crate performs I/O, reads a clock or spawns a thread;
+//! the facade takes a [`manager::Clock`] and a backend from its caller.
+
+pub mod abi;
+pub mod deltas;
+pub mod encode;
+pub mod ops;
+pub mod text;
+
+use std::fmt;
+
+/// The 64-bit host file id of an executable, as the BPF maps key it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct FileId(pub u64);
+
+impl fmt::Display for FileId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl fmt::Debug for FileId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FileId({:016x})", self.0)
+    }
+}
