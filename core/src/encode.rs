@@ -297,14 +297,22 @@ mod tests {
 
     #[test]
     fn a_merged_pair_becomes_one_entry() {
-        let t = fresh(&draft(&[d(0x10, sp(16)), d(0x11, sp(8)), d(0x20, sp(8))], 16).unwrap().unwrap());
+        let t = fresh(
+            &draft(&[d(0x10, sp(16)), d(0x11, sp(8)), d(0x20, sp(8))], 16)
+                .unwrap()
+                .unwrap(),
+        );
         assert_eq!(t.deltas.len(), 2);
         assert_eq!(t.pages[0].1.num_deltas, 2);
     }
 
     #[test]
     fn empty_pages_get_entries_and_first_delta_runs_on() {
-        let deltas = [d(0x1_fff0, sp(8)), d(0x4_0010, sp(16)), d(0x4_0020, info::INVALID)];
+        let deltas = [
+            d(0x1_fff0, sp(8)),
+            d(0x4_0010, sp(16)),
+            d(0x4_0020, info::INVALID),
+        ];
         let t = fresh(&draft(&deltas, 16).unwrap().unwrap());
         let pages: Vec<_> = t
             .pages
@@ -313,7 +321,12 @@ mod tests {
             .collect();
         assert_eq!(
             pages,
-            vec![(0x1_0000, 0, 1), (0x2_0000, 1, 0), (0x3_0000, 1, 0), (0x4_0000, 1, 2)]
+            vec![
+                (0x1_0000, 0, 1),
+                (0x2_0000, 1, 0),
+                (0x3_0000, 1, 0),
+                (0x4_0000, 1, 2)
+            ]
         );
         assert_eq!(t.deltas[2].unwind_info, 0x8000);
     }

@@ -13,9 +13,21 @@
 
 pub mod abi;
 pub mod deltas;
+pub mod driver;
 pub mod encode;
+pub mod error;
+pub mod info;
+pub mod machine;
+pub mod manager;
+pub mod metrics;
 pub mod ops;
+pub mod provider;
+mod sync;
 pub mod text;
+
+pub use error::Error;
+pub use info::{ExecutableInfo, InterpreterData, TsdInfo};
+pub use manager::{Config, ExecutableInfoManager, Tracers};
 
 use std::fmt;
 

@@ -126,6 +126,29 @@ impl MapOp {
         self.len() == 0
     }
 
+    /// The op's name, for error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::PutUnwindInfos(_) => "put unwind infos",
+            Self::PutDeltaTable { .. } => "put delta table",
+            Self::PutPages(_) => "put pages",
+            Self::DeletePages(_) => "delete pages",
+            Self::DeleteDeltaTable { .. } => "delete delta table",
+            Self::PutInterpreterOffsets { .. } => "put interpreter offsets",
+            Self::DeleteInterpreterOffsets { .. } => "delete interpreter offsets",
+        }
+    }
+
+    /// Whether the op removes entries (a missing entry is then no failure).
+    pub fn is_delete(&self) -> bool {
+        matches!(
+            self,
+            Self::DeletePages(_)
+                | Self::DeleteDeltaTable { .. }
+                | Self::DeleteInterpreterOffsets { .. }
+        )
+    }
+
     /// The map the op writes.
     pub fn map(&self) -> MapKind {
         match self {

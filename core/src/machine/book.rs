@@ -1,0 +1,488 @@
+//! The kernel book: everything eim has written to the kernel maps, and the
+//! plans that change it.
+//!
+//! The book is the machine's model of the kernel. It hands out
+//! `unwind_info_array` slots, checks capacities before anything is written,
+//! turns a file's deltas into a load plan, turns a partial failure into the
+//! exact compensating ops, and remembers every entry it could not remove
+//! (`leftovers`) until a later retry removes it. It never touches a map: the
+//! caller applies the ops and reports how far the backend got.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::abi::{self, StackDeltaPageKey, UnwindInfo, PAGE_BITS};
+use crate::deltas::StackDelta;
+use crate::encode::{self, EncodeError, KernelTable};
+use crate::machine::slots::UnwindSlots;
+use crate::ops::{MapKind, MapOp, OpFailure};
+use crate::FileId;
+
+/// Map capacities the book enforces before writing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacities {
+    pub unwind_slots: u32,
+    pub pages: u32,
+    /// Entries of each `exe_id_to_N_stack_deltas` outer map.
+    pub outer_entries: u32,
+    pub interpreter_offsets: u32,
+}
+
+impl Default for Capacities {
+    fn default() -> Self {
+        Self {
+            unwind_slots: abi::capacity::UNWIND_INFO,
+            pages: abi::capacity::PAGES,
+            outer_entries: abi::capacity::OUTER,
+            interpreter_offsets: abi::capacity::INTERPRETER_OFFSETS,
+        }
+    }
+}
+
+/// Where a loaded file's table lives. `map_id == 0`: nothing was written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapRef {
+    /// Page-aligned address of the first page.
+    pub start_page: u64,
+    pub num_pages: u32,
+    pub map_id: u16,
+}
+
+impl MapRef {
+    pub fn page_keys(&self, file_id: FileId) -> impl Iterator<Item = StackDeltaPageKey> + '_ {
+        let start = self.start_page;
+        (0..u64::from(self.num_pages)).map(move |p| StackDeltaPageKey {
+            file_id: file_id.0,
+            page: start + (p << PAGE_BITS),
+        })
+    }
+}
+
+/// A file whose table is in the kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadedTable {
+    pub map_ref: MapRef,
+    /// The distinct `unwind_info_array` slots its table uses.
+    pub slots: Box<[u16]>,
+}
+
+/// Why a plan was refused before anything was written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+    #[error("{map} is full ({capacity} entries)")]
+    MapFull { map: MapKind, capacity: u32 },
+    #[error("kernel entries of an earlier unload of this file are still being removed")]
+    CleanupPending,
+    #[error("the file's table is already in the kernel")]
+    AlreadyLoaded,
+}
+
+/// The ops that load one file, and what the book reserved for them.
+#[derive(Clone, Debug)]
+pub struct LoadPlan {
+    pub file_id: FileId,
+    /// In publication order: slots, table, pages.
+    pub ops: Vec<MapOp>,
+    pub map_ref: MapRef,
+    /// Gaps of at least 512 KiB, for interpreter loaders.
+    pub gaps: Vec<Range<u64>>,
+    slots: Box<[u16]>,
+    new_slots: Vec<u16>,
+}
+
+/// Ops that undo the applied part of a failed plan (top-down).
+#[derive(Clone, Debug)]
+pub struct Rollback {
+    pub file_id: FileId,
+    pub ops: Vec<MapOp>,
+}
+
+/// The ops that unload one file (top-down: pages, then the table).
+#[derive(Clone, Debug)]
+pub struct UnloadPlan {
+    pub file_id: FileId,
+    pub ops: Vec<MapOp>,
+}
+
+/// Where a sequence of ops stopped: op `at`, with `failure.done` of its
+/// elements in effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stopped {
+    pub at: usize,
+    pub failure: OpFailure,
+}
+
+/// The book itself.
+#[derive(Clone, Debug)]
+pub struct KernelBook {
+    caps: Capacities,
+    slots: UnwindSlots,
+    loaded: BTreeMap<FileId, LoadedTable>,
+    pages_in_use: u64,
+    tables: [u32; abi::SIZE_CLASS_COUNT],
+    /// Entries that may still be in the kernel although no loaded file owns
+    /// them, as the ops that remove them, in the order they must run.
+    leftovers: BTreeMap<FileId, VecDeque<MapOp>>,
+}
+
+fn class_index(map_id: u16) -> usize {
+    usize::from(map_id.saturating_sub(abi::SIZE_CLASS_MIN)).min(abi::SIZE_CLASS_COUNT - 1)
+}
+
+impl KernelBook {
+    pub fn new(caps: Capacities) -> Self {
+        Self {
+            caps,
+            slots: UnwindSlots::new(caps.unwind_slots),
+            loaded: BTreeMap::new(),
+            pages_in_use: 0,
+            tables: [0; abi::SIZE_CLASS_COUNT],
+            leftovers: BTreeMap::new(),
+        }
+    }
+
+    pub fn capacities(&self) -> Capacities {
+        self.caps
+    }
+
+    pub fn slots(&self) -> &UnwindSlots {
+        &self.slots
+    }
+
+    pub fn loaded(&self) -> &BTreeMap<FileId, LoadedTable> {
+        &self.loaded
+    }
+
+    /// Page entries owned by loaded files.
+    pub fn pages_in_use(&self) -> u64 {
+        self.pages_in_use
+    }
+
+    /// Published tables of a size class owned by loaded files.
+    pub fn tables_in_class(&self, map_id: u16) -> u32 {
+        self.tables[class_index(map_id)]
+    }
+
+    pub fn leftovers(&self) -> &BTreeMap<FileId, VecDeque<MapOp>> {
+        &self.leftovers
+    }
+
+    /// Leftover ops still waiting to run.
+    pub fn leftover_ops(&self) -> usize {
+        self.leftovers.values().map(VecDeque::len).sum()
+    }
+
+    fn leftover_pages(&self) -> u64 {
+        self.leftover_ops_iter()
+            .map(|op| match op {
+                MapOp::DeletePages(keys) => keys.len() as u64,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    fn leftover_tables(&self, map_id: u16) -> u32 {
+        self.leftover_ops_iter()
+            .filter(|op| matches!(op, MapOp::DeleteDeltaTable { map_id: m, .. } if *m == map_id))
+            .count() as u32
+    }
+
+    fn leftover_ops_iter(&self) -> impl Iterator<Item = &MapOp> {
+        self.leftovers.values().flatten()
+    }
+
+    /// Plans the load of a file. On error nothing was reserved.
+    pub fn plan_load(
+        &mut self,
+        file_id: FileId,
+        deltas: &[StackDelta],
+    ) -> Result<LoadPlan, PlanError> {
+        if self.loaded.contains_key(&file_id) {
+            return Err(PlanError::AlreadyLoaded);
+        }
+        if self.leftovers.contains_key(&file_id) {
+            return Err(PlanError::CleanupPending);
+        }
+        let Some(draft) = encode::draft(deltas, u64::from(self.caps.pages))? else {
+            return Ok(LoadPlan {
+                file_id,
+                ops: Vec::new(),
+                map_ref: MapRef::default(),
+                gaps: Vec::new(),
+                slots: Box::new([]),
+                new_slots: Vec::new(),
+            });
+        };
+        let num_pages = draft.per_page.len() as u64;
+        if self.pages_in_use + self.leftover_pages() + num_pages > u64::from(self.caps.pages) {
+            return Err(PlanError::MapFull {
+                map: MapKind::Pages,
+                capacity: self.caps.pages,
+            });
+        }
+        let class = draft.map_id;
+        if self.tables_in_class(class) + self.leftover_tables(class) >= self.caps.outer_entries {
+            return Err(PlanError::MapFull {
+                map: MapKind::DeltaTables(class),
+                capacity: self.caps.outer_entries,
+            });
+        }
+        let rules = draft.slot_rules();
+        let mut slots = Vec::with_capacity(rules.len());
+        let mut new_slots = Vec::new();
+        for rule in &rules {
+            let slot = match self.slots.slot_of(rule) {
+                Some(slot) => slot,
+                None => match self.slots.allocate(*rule) {
+                    Some(slot) => {
+                        new_slots.push(slot);
+                        slot
+                    }
+                    None => {
+                        for slot in new_slots {
+                            self.slots.release(slot);
+                        }
+                        return Err(PlanError::MapFull {
+                            map: MapKind::UnwindInfo,
+                            capacity: self.slots.capacity(),
+                        });
+                    }
+                },
+            };
+            slots.push(slot);
+        }
+        let slots_ref = &self.slots;
+        let table: KernelTable = draft
+            .resolve(file_id.0, |info| slots_ref.slot_of(info))
+            .expect("every rule of the draft was given a slot above");
+        let mut ops = Vec::with_capacity(3);
+        if !new_slots.is_empty() {
+            ops.push(MapOp::PutUnwindInfos(
+                new_slots
+                    .iter()
+                    .map(|&s| (s, self.slots.content(s).unwrap_or_default()))
+                    .collect(),
+            ));
+        }
+        ops.push(MapOp::PutDeltaTable {
+            file_id,
+            map_id: class,
+            deltas: Arc::from(table.deltas),
+        });
+        ops.push(MapOp::PutPages(table.pages));
+        Ok(LoadPlan {
+            file_id,
+            ops,
+            map_ref: MapRef {
+                start_page: draft.first_page,
+                num_pages: num_pages as u32,
+                map_id: class,
+            },
+            gaps: draft.gaps,
+            slots: slots.into_boxed_slice(),
+            new_slots,
+        })
+    }
+
+    /// Records a plan whose ops all took effect.
+    pub fn commit_load(&mut self, plan: LoadPlan) -> MapRef {
+        let map_ref = plan.map_ref;
+        if map_ref.map_id == 0 {
+            return map_ref;
+        }
+        for &slot in plan.slots.iter() {
+            self.slots.add_user(slot);
+        }
+        self.pages_in_use += u64::from(map_ref.num_pages);
+        self.tables[class_index(map_ref.map_id)] += 1;
+        self.loaded.insert(
+            plan.file_id,
+            LoadedTable {
+                map_ref,
+                slots: plan.slots,
+            },
+        );
+        map_ref
+    }
+
+    /// A plan stopped part way: the ops that undo what took effect, deepest
+    /// first (pages, table, then slots back to zero). Slots that were
+    /// reserved but never written are released at once.
+    pub fn abort_load(&mut self, plan: &LoadPlan, stopped: Stopped) -> Rollback {
+        let mut undo = Vec::new();
+        let mut written_slots: Vec<u16> = Vec::new();
+        for (i, op) in plan.ops.iter().enumerate().take(stopped.at + 1) {
+            let in_effect = if i < stopped.at {
+                op.len()
+            } else {
+                stopped.failure.done.min(op.len())
+            };
+            if in_effect == 0 {
+                continue;
+            }
+            match op {
+                MapOp::PutUnwindInfos(v) => {
+                    written_slots.extend(v[..in_effect].iter().map(|(s, _)| *s))
+                }
+                MapOp::PutDeltaTable {
+                    file_id, map_id, ..
+                } => undo.push(MapOp::DeleteDeltaTable {
+                    file_id: *file_id,
+                    map_id: *map_id,
+                }),
+                MapOp::PutPages(v) => undo.push(MapOp::DeletePages(
+                    v[..in_effect].iter().map(|(k, _)| *k).collect(),
+                )),
+                MapOp::PutInterpreterOffsets { file_id, .. } => {
+                    undo.push(MapOp::DeleteInterpreterOffsets { file_id: *file_id })
+                }
+                MapOp::DeletePages(_)
+                | MapOp::DeleteDeltaTable { .. }
+                | MapOp::DeleteInterpreterOffsets { .. } => {}
+            }
+        }
+        undo.reverse();
+        for &slot in &plan.new_slots {
+            if !written_slots.contains(&slot) {
+                self.slots.release(slot);
+            }
+        }
+        if !written_slots.is_empty() {
+            undo.push(MapOp::PutUnwindInfos(
+                written_slots
+                    .iter()
+                    .map(|&s| (s, UnwindInfo::default()))
+                    .collect(),
+            ));
+        }
+        Rollback {
+            file_id: plan.file_id,
+            ops: undo,
+        }
+    }
+
+    /// Records how far a rollback got. Returns true when everything was
+    /// undone. What could not be removed becomes a leftover; slots that could
+    /// not be zeroed keep their (valid, unreferenced) rule and stay reusable.
+    pub fn finish_rollback(&mut self, rollback: Rollback, result: Result<(), Stopped>) -> bool {
+        let applied = match result {
+            Ok(()) => rollback.ops.len(),
+            Err(stopped) => stopped.at,
+        };
+        for op in &rollback.ops[..applied] {
+            if let MapOp::PutUnwindInfos(v) = op {
+                for (slot, _) in v {
+                    self.slots.release(*slot);
+                }
+            }
+        }
+        let Err(stopped) = result else {
+            return true;
+        };
+        let mut remaining = VecDeque::new();
+        for (i, op) in rollback.ops.iter().enumerate().skip(stopped.at) {
+            let from = if i == stopped.at {
+                stopped.failure.done
+            } else {
+                0
+            };
+            match op {
+                MapOp::PutUnwindInfos(v) => {
+                    for (slot, _) in v.iter().take(from) {
+                        self.slots.release(*slot);
+                    }
+                }
+                other => remaining.extend(other.tail(from)),
+            }
+        }
+        if !remaining.is_empty() {
+            self.leftovers.insert(rollback.file_id, remaining);
+        }
+        false
+    }
+
+    /// The ops that unload a file; `None` when it has no table.
+    pub fn plan_unload(&self, file_id: FileId) -> Option<UnloadPlan> {
+        let table = self.loaded.get(&file_id)?;
+        let map_ref = table.map_ref;
+        Some(UnloadPlan {
+            file_id,
+            ops: vec![
+                MapOp::DeletePages(map_ref.page_keys(file_id).collect()),
+                MapOp::DeleteDeltaTable {
+                    file_id,
+                    map_id: map_ref.map_id,
+                },
+            ],
+        })
+    }
+
+    /// Records an unload. The file is no longer loaded whatever happened;
+    /// what the backend could not remove becomes a leftover. Returns the
+    /// number of leftover entries.
+    pub fn finish_unload(&mut self, plan: UnloadPlan, result: Result<(), Stopped>) -> usize {
+        if let Some(table) = self.loaded.remove(&plan.file_id) {
+            for &slot in table.slots.iter() {
+                self.slots.remove_user(slot);
+            }
+            self.pages_in_use -= u64::from(table.map_ref.num_pages);
+            self.tables[class_index(table.map_ref.map_id)] -= 1;
+        }
+        let Err(stopped) = result else {
+            return 0;
+        };
+        let remaining: VecDeque<MapOp> = plan
+            .ops
+            .iter()
+            .enumerate()
+            .skip(stopped.at)
+            .filter_map(|(i, op)| {
+                op.tail(if i == stopped.at {
+                    stopped.failure.done
+                } else {
+                    0
+                })
+            })
+            .collect();
+        let entries = remaining.iter().map(MapOp::len).sum();
+        if !remaining.is_empty() {
+            self.leftovers.insert(plan.file_id, remaining);
+        }
+        entries
+    }
+
+    /// The next leftover op to retry for each file, in file order.
+    pub fn leftover_fronts(&self) -> Vec<(FileId, MapOp)> {
+        self.leftovers
+            .iter()
+            .filter_map(|(id, q)| q.front().map(|op| (*id, op.clone())))
+            .collect()
+    }
+
+    /// Records the result of retrying `file_id`'s front leftover op.
+    /// Returns true if the op completed.
+    pub fn leftover_result(&mut self, file_id: FileId, result: Result<(), OpFailure>) -> bool {
+        let Some(queue) = self.leftovers.get_mut(&file_id) else {
+            return false;
+        };
+        let Some(front) = queue.pop_front() else {
+            return false;
+        };
+        let completed = match result {
+            Ok(()) => true,
+            Err(failure) => {
+                if let Some(rest) = front.tail(failure.done) {
+                    queue.push_front(rest);
+                }
+                false
+            }
+        };
+        if queue.is_empty() {
+            self.leftovers.remove(&file_id);
+        }
+        completed
+    }
+}

@@ -1,0 +1,564 @@
+//! [`ExecutableInfoManager`]: the thread-safe facade over the machine.
+//!
+//! Locks, in the only order they are ever taken:
+//! 1. one shard of the file table (files whose id hashes to it, and the
+//!    extractions in flight for them);
+//! 2. the kernel side (the book and the backend);
+//! 3. the deferred set (a leaf: nothing is locked while holding it).
+//!
+//! The per-process fast path (a reference on a known file, or its release
+//! while others remain) takes one shard lock and nothing else, so threads
+//! working on different files do not contend. Extraction runs with no lock
+//! held, and only one thread extracts a given file at a time: the others
+//! wait for its result and share it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::deltas::{IntervalData, StackDelta};
+use crate::driver::execute;
+use crate::error::Error;
+use crate::info::ExecutableInfo;
+use crate::machine::{
+    deferred, Capacities, Deferred, FileEntry, FileTable, KernelBook, MapRef, PlanError, Release,
+    ReleaseError, Timestamp,
+};
+use crate::metrics::{self, Summary};
+use crate::ops::Backend;
+use crate::provider::Provider;
+use crate::sync::{lock, Arc, Condvar, Mutex};
+use crate::FileId;
+
+/// The source of "now" for deferral and delayed unloading.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Timestamp;
+}
+
+/// Monotonic time since the clock was made.
+#[derive(Debug)]
+pub struct MonotonicClock(Instant);
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self(Instant::now())
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.0.elapsed())
+    }
+}
+
+/// A clock that moves only when told to (tests, simulation).
+#[derive(Debug, Default)]
+pub struct ManualClock(std::sync::atomic::AtomicU64);
+
+impl ManualClock {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn advance(&self, by: Duration) {
+        let nanos = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        self.0.fetch_add(nanos, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(Duration::from_nanos(self.0.load(Ordering::SeqCst)))
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
+    fn now(&self) -> Timestamp {
+        (**self).now()
+    }
+}
+
+/// The interpreter tracers a profiler enables (upstream's `includeTracers`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tracers(pub u32);
+
+impl Tracers {
+    pub const PERL: u32 = 1 << 0;
+    pub const PYTHON: u32 = 1 << 1;
+    pub const PHP: u32 = 1 << 2;
+    pub const HOTSPOT: u32 = 1 << 3;
+    pub const RUBY: u32 = 1 << 4;
+    pub const V8: u32 = 1 << 5;
+    pub const DOTNET: u32 = 1 << 6;
+    pub const GO: u32 = 1 << 7;
+    pub const LABELS: u32 = 1 << 8;
+
+    pub fn none() -> Self {
+        Self(0)
+    }
+
+    pub fn contains(self, tracer: u32) -> bool {
+        self.0 & tracer != 0
+    }
+}
+
+/// Tunables, with upstream's defaults.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    pub capacities: Capacities,
+    pub deferred_capacity: usize,
+    pub deferred_ttl: Duration,
+    /// Shards of the file table (rounded up to a power of two).
+    pub shards: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            capacities: Capacities::default(),
+            deferred_capacity: deferred::DEFAULT_CAPACITY,
+            deferred_ttl: deferred::DEFAULT_TTL,
+            shards: 64,
+        }
+    }
+}
+
+/// The outcome of one [`ExecutableInfoManager::cleanup_unused`] pass.
+#[derive(Debug, Default)]
+pub struct CleanupReport {
+    pub unloaded: usize,
+    /// Files whose kernel entries could not all be removed yet (they are
+    /// retried later; the files are gone from the manager regardless).
+    pub errors: Vec<Error>,
+}
+
+/// A consistent copy of the whole state, for checkers and tests.
+#[derive(Clone, Debug)]
+pub struct StateView {
+    pub files: BTreeMap<FileId, FileEntry>,
+    pub book: KernelBook,
+    pub in_flight: usize,
+}
+
+/// One extraction in progress; callers for the same file wait on it.
+struct Flight {
+    result: Mutex<Option<Result<ExecutableInfo, Error>>>,
+    ready: Condvar,
+}
+
+impl Flight {
+    fn new() -> Self {
+        Self {
+            result: Mutex::new(None),
+            ready: Condvar::new(),
+        }
+    }
+
+    fn publish(&self, result: Result<ExecutableInfo, Error>) {
+        *lock(&self.result) = Some(result);
+        self.ready.notify_all();
+    }
+
+    fn wait(&self) -> Result<ExecutableInfo, Error> {
+        let mut slot = lock(&self.result);
+        loop {
+            if let Some(result) = slot.as_ref() {
+                return result.clone();
+            }
+            slot = self.ready.wait(slot).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    files: FileTable,
+    /// Extractions in flight, with the number of callers waiting on each.
+    flights: HashMap<FileId, (Arc<Flight>, u64)>,
+}
+
+/// The kernel side: the book and the backend it describes.
+struct KernelSide<B> {
+    book: KernelBook,
+    backend: B,
+}
+
+impl<B: Backend> KernelSide<B> {
+    /// Retries the removal of leftover entries, oldest file first.
+    fn retry_leftovers(&mut self) {
+        for (file_id, op) in self.book.leftover_fronts() {
+            let mut op = Some(op);
+            // Each completed op pops one from the file's queue, so this ends.
+            while let Some(current) = op.take() {
+                let result = crate::driver::apply_one(&mut self.backend, &current);
+                if self.book.leftover_result(file_id, result) {
+                    op = self
+                        .book
+                        .leftovers()
+                        .get(&file_id)
+                        .and_then(|q| q.front().cloned());
+                }
+            }
+        }
+    }
+
+    fn load(&mut self, file_id: FileId, deltas: &[StackDelta]) -> Result<MapRef, Error> {
+        self.retry_leftovers();
+        let plan = self
+            .book
+            .plan_load(file_id, deltas)
+            .map_err(|e| plan_error(file_id, e))?;
+        let Err(stopped) = execute(&mut self.backend, &plan.ops) else {
+            return Ok(self.book.commit_load(plan));
+        };
+        let failed = &plan.ops[stopped.at];
+        let (map, op, len) = (failed.map(), failed.name(), failed.len());
+        let rollback = self.book.abort_load(&plan, stopped);
+        let result = execute(&mut self.backend, &rollback.ops);
+        let rolled_back = self.book.finish_rollback(rollback, result);
+        Err(Error::Kernel {
+            file_id,
+            map,
+            op,
+            errno: stopped.failure.errno,
+            done: stopped.failure.done,
+            len,
+            rolled_back,
+        })
+    }
+
+    fn unload(&mut self, file_id: FileId) -> Result<(), Error> {
+        self.retry_leftovers();
+        let Some(plan) = self.book.plan_unload(file_id) else {
+            return Ok(());
+        };
+        let result = execute(&mut self.backend, &plan.ops);
+        let failed = result
+            .err()
+            .map(|s| (plan.ops[s.at].map(), s.failure.errno));
+        let entries = self.book.finish_unload(plan, result);
+        match failed {
+            None => Ok(()),
+            Some((map, errno)) => Err(Error::UnloadIncomplete {
+                file_id,
+                map,
+                errno,
+                entries,
+            }),
+        }
+    }
+}
+
+fn plan_error(file_id: FileId, e: PlanError) -> Error {
+    match e {
+        PlanError::Encode(source) => Error::Encode { file_id, source },
+        PlanError::MapFull { map, capacity } => Error::MapFull {
+            file_id,
+            map,
+            capacity,
+        },
+        PlanError::CleanupPending => Error::CleanupPending { file_id },
+        PlanError::AlreadyLoaded => Error::AlreadyLoaded { file_id },
+    }
+}
+
+/// Per-executable unwind data shared by every process that maps the file.
+pub struct ExecutableInfoManager<P: Provider, B: Backend> {
+    provider: P,
+    shards: Box<[Mutex<Shard>]>,
+    kernel: Mutex<KernelSide<B>>,
+    deferred: Mutex<Deferred>,
+    clock: Box<dyn Clock>,
+    tracers: Tracers,
+    extracted: AtomicU64,
+    extraction_errors: AtomicU64,
+}
+
+/// Spreads file ids over shards (ids in tests are often small integers).
+fn shard_index(id: FileId, shards: usize) -> usize {
+    let mixed = id.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (mixed >> 32) as usize & (shards - 1)
+}
+
+impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
+    /// A manager with upstream's defaults and a monotonic clock.
+    pub fn new(provider: P, backend: B, tracers: Tracers) -> Self {
+        Self::with_config(
+            provider,
+            backend,
+            tracers,
+            Config::default(),
+            Box::new(MonotonicClock::default()),
+        )
+    }
+
+    pub fn with_config(
+        provider: P,
+        backend: B,
+        tracers: Tracers,
+        config: Config,
+        clock: Box<dyn Clock>,
+    ) -> Self {
+        let shards = config.shards.max(1).next_power_of_two();
+        Self {
+            provider,
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            kernel: Mutex::new(KernelSide {
+                book: KernelBook::new(config.capacities),
+                backend,
+            }),
+            deferred: Mutex::new(Deferred::new(config.deferred_capacity, config.deferred_ttl)),
+            clock,
+            tracers,
+            extracted: AtomicU64::new(0),
+            extraction_errors: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, id: FileId) -> &Mutex<Shard> {
+        &self.shards[shard_index(id, self.shards.len())]
+    }
+
+    fn defer(&self, file_id: FileId) {
+        let now = self.clock.now();
+        lock(&self.deferred).insert(file_id, now);
+    }
+
+    /// Takes a reference on `file_id`, loading its unwind data into the
+    /// kernel maps first if it is new. Returns a copy of its info.
+    pub fn add_or_inc_ref(&self, file_id: FileId, elf: &P::Elf) -> Result<ExecutableInfo, Error> {
+        let flight = {
+            let mut shard = lock(self.shard(file_id));
+            if let Some(info) = shard.files.inc_ref(file_id) {
+                return Ok(info);
+            }
+            if let Some((flight, waiters)) = shard.flights.get_mut(&file_id) {
+                *waiters += 1;
+                let flight = flight.clone();
+                drop(shard);
+                return flight.wait();
+            }
+            if lock(&self.deferred).contains(file_id, self.clock.now()) {
+                return Err(Error::Deferred { file_id });
+            }
+            let flight = Arc::new(Flight::new());
+            shard.flights.insert(file_id, (flight.clone(), 0));
+            flight
+        };
+        let mut guard = FlightGuard {
+            manager: self,
+            file_id,
+            flight,
+            landed: false,
+        };
+        let result = self.extract_and_load(file_id, elf);
+        guard.land(result)
+    }
+
+    fn extract_and_load(&self, file_id: FileId, elf: &P::Elf) -> Result<ExecutableInfo, Error> {
+        let extraction = match self.provider.extract(elf) {
+            Ok(extraction) => {
+                self.extracted.fetch_add(1, Ordering::Relaxed);
+                extraction
+            }
+            Err(source) => {
+                // A file that vanished is not deferred: its next mapping is a new chance.
+                if !source.is_not_found() {
+                    self.extraction_errors.fetch_add(1, Ordering::Relaxed);
+                    self.defer(file_id);
+                }
+                return Err(Error::Extraction { file_id, source });
+            }
+        };
+        let loaded = lock(&self.kernel).load(file_id, &extraction.data.deltas);
+        match loaded {
+            Ok(_) => Ok(ExecutableInfo {
+                interpreter: None,
+                tsd: extraction.tsd,
+            }),
+            Err(e) => {
+                if !matches!(e, Error::CleanupPending { .. }) {
+                    self.defer(file_id);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Loads unwind data that was not extracted from a file (the arm64 vDSO).
+    /// Fails if the file is known or being loaded.
+    pub fn add_synth_interval_data(
+        &self,
+        file_id: FileId,
+        data: &IntervalData,
+    ) -> Result<(), Error> {
+        let mut shard = lock(self.shard(file_id));
+        if shard.files.get(file_id).is_some() || shard.flights.contains_key(&file_id) {
+            return Err(Error::AlreadyLoaded { file_id });
+        }
+        lock(&self.kernel).load(file_id, &data.deltas)?;
+        shard.files.insert(file_id, ExecutableInfo::default(), 1);
+        Ok(())
+    }
+
+    /// Releases a reference; the last one unloads the file's tables. An
+    /// `UnloadIncomplete` error still releases the reference: the entries
+    /// left in the kernel are recorded and removed by a later retry.
+    pub fn remove_or_dec_ref(&self, file_id: FileId) -> Result<(), Error> {
+        let mut shard = lock(self.shard(file_id));
+        match shard.files.release(file_id, None) {
+            Ok(Release::Held { .. }) | Ok(Release::Unused) => Ok(()),
+            Ok(Release::Last(_entry)) => lock(&self.kernel).unload(file_id),
+            Err(e) => Err(release_error(file_id, e)),
+        }
+    }
+
+    /// Releases a reference without unloading: a file whose count reaches
+    /// zero stays loaded until [`Self::cleanup_unused`] finds it old enough
+    /// (newer upstream's `DecRef`).
+    pub fn dec_ref(&self, file_id: FileId) -> Result<(), Error> {
+        let now = self.clock.now();
+        let mut shard = lock(self.shard(file_id));
+        match shard.files.release(file_id, Some(now)) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(release_error(file_id, e)),
+        }
+    }
+
+    /// Unloads every file unused for at least `age`. One file's failure does
+    /// not stop the others.
+    pub fn cleanup_unused(&self, age: Duration) -> CleanupReport {
+        let cutoff = self.clock.now().before(age);
+        let mut report = CleanupReport::default();
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            let unused = shard.files.take_unused(cutoff);
+            if unused.is_empty() {
+                continue;
+            }
+            let mut kernel = lock(&self.kernel);
+            for (file_id, _entry) in unused {
+                report.unloaded += 1;
+                if let Err(e) = kernel.unload(file_id) {
+                    report.errors.push(e);
+                }
+            }
+        }
+        report
+    }
+
+    /// Retries the removal of entries earlier unloads could not remove.
+    /// Returns the number of ops still pending.
+    pub fn retry_leftovers(&self) -> usize {
+        let mut kernel = lock(&self.kernel);
+        kernel.retry_leftovers();
+        kernel.book.leftover_ops()
+    }
+
+    /// Enabled interpreter loaders. None is implemented yet, so this is the
+    /// number of loaders that will run: zero.
+    pub fn num_interpreter_loaders(&self) -> usize {
+        let _ = self.tracers;
+        0
+    }
+
+    /// Sets upstream's five metrics. The provider counters are reset by the read.
+    pub fn update_metric_summary(&self, summary: &mut Summary) {
+        {
+            let kernel = lock(&self.kernel);
+            let book = &kernel.book;
+            summary.insert(
+                metrics::NUM_EXE_ID_LOADED_TO_EBPF,
+                book.loaded().len() as u64,
+            );
+            summary.insert(
+                metrics::UNWIND_INFO_ARRAY_SIZE,
+                book.slots().in_use() as u64,
+            );
+            summary.insert(metrics::HASHMAP_NUM_STACK_DELTA_PAGES, book.pages_in_use());
+        }
+        summary.insert(
+            metrics::STACK_DELTA_PROVIDER_SUCCESS,
+            self.extracted.swap(0, Ordering::Relaxed),
+        );
+        summary.insert(
+            metrics::STACK_DELTA_PROVIDER_EXTRACTION_ERROR,
+            self.extraction_errors.swap(0, Ordering::Relaxed),
+        );
+    }
+
+    /// A consistent copy of the state (all locks taken in order).
+    pub fn state(&self) -> StateView {
+        let shards: Vec<_> = self.shards.iter().map(lock).collect();
+        let kernel = lock(&self.kernel);
+        let mut files = BTreeMap::new();
+        let mut in_flight = 0;
+        for shard in &shards {
+            files.extend(shard.files.iter().map(|(id, e)| (*id, e.clone())));
+            in_flight += shard.flights.len();
+        }
+        StateView {
+            files,
+            book: kernel.book.clone(),
+            in_flight,
+        }
+    }
+
+    /// Runs `f` on the backend, with the kernel side locked.
+    pub fn with_backend<R>(&self, f: impl FnOnce(&mut B) -> R) -> R {
+        f(&mut lock(&self.kernel).backend)
+    }
+
+    /// Whether `file_id` is deferred now.
+    pub fn is_deferred(&self, file_id: FileId) -> bool {
+        let now = self.clock.now();
+        lock(&self.deferred).contains(file_id, now)
+    }
+}
+
+fn release_error(file_id: FileId, e: ReleaseError) -> Error {
+    match e {
+        ReleaseError::Unknown => Error::Unknown { file_id },
+        ReleaseError::NoReference => Error::NoReference { file_id },
+    }
+}
+
+/// Lands an extraction: records the file (with a reference for every caller
+/// that waited) and wakes the waiters. If the extracting thread unwinds
+/// instead, the waiters are woken with an error rather than left hanging.
+struct FlightGuard<'a, P: Provider, B: Backend> {
+    manager: &'a ExecutableInfoManager<P, B>,
+    file_id: FileId,
+    flight: Arc<Flight>,
+    landed: bool,
+}
+
+impl<P: Provider, B: Backend> FlightGuard<'_, P, B> {
+    fn land(&mut self, result: Result<ExecutableInfo, Error>) -> Result<ExecutableInfo, Error> {
+        self.landed = true;
+        let mut shard = lock(self.manager.shard(self.file_id));
+        let waiters = shard
+            .flights
+            .remove(&self.file_id)
+            .map_or(0, |(_, waiters)| waiters);
+        if let Ok(info) = &result {
+            shard.files.insert(self.file_id, info.clone(), 1 + waiters);
+        }
+        drop(shard);
+        self.flight.publish(result.clone());
+        result
+    }
+}
+
+impl<P: Provider, B: Backend> Drop for FlightGuard<'_, P, B> {
+    fn drop(&mut self) {
+        if !self.landed {
+            lock(self.manager.shard(self.file_id))
+                .flights
+                .remove(&self.file_id);
+            self.flight.publish(Err(Error::ExtractionAborted {
+                file_id: self.file_id,
+            }));
+        }
+    }
+}

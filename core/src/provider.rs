@@ -1,0 +1,121 @@
+//! Where interval data comes from: the stack-delta provider trait, and an
+//! in-memory provider for tests and demonstrations.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::deltas::IntervalData;
+use crate::info::TsdInfo;
+use crate::FileId;
+
+/// What extraction yields for one file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Extraction {
+    pub data: IntervalData,
+    pub tsd: Option<TsdInfo>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtractErrorKind {
+    /// The file or its process is gone: not deferred, not counted.
+    NotFound,
+    /// The file is not a usable ELF, or its unwind data is malformed.
+    Invalid,
+    /// The file exceeds a configured limit.
+    TooLarge,
+    /// Reading failed for another reason.
+    Io,
+}
+
+/// An extraction failure, naming the file.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ExtractError {
+    pub kind: ExtractErrorKind,
+    pub path: String,
+    pub message: String,
+}
+
+impl ExtractError {
+    pub fn new(
+        kind: ExtractErrorKind,
+        path: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            kind,
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        self.kind == ExtractErrorKind::NotFound
+    }
+}
+
+/// Turns a file reference into its interval data. Called without any lock
+/// of the manager held, at most once at a time per file id.
+pub trait Provider: Send + Sync {
+    /// The reference to the file that callers pass in (upstream's `elfRef`).
+    type Elf: ?Sized + Sync;
+
+    fn extract(&self, elf: &Self::Elf) -> Result<Extraction, ExtractError>;
+}
+
+/// A provider serving prepared results by file id; counts its extractions.
+#[derive(Debug, Default)]
+pub struct MemoryProvider {
+    files: Mutex<HashMap<FileId, Result<Extraction, ExtractError>>>,
+    extractions: AtomicU64,
+}
+
+impl MemoryProvider {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn insert(&self, id: FileId, data: IntervalData) {
+        self.set(id, Ok(Extraction { data, tsd: None }));
+    }
+
+    pub fn set(&self, id: FileId, result: Result<Extraction, ExtractError>) {
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, result);
+    }
+
+    pub fn remove(&self, id: FileId) {
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+
+    /// Extractions performed so far.
+    pub fn extractions(&self) -> u64 {
+        self.extractions.load(Ordering::Relaxed)
+    }
+}
+
+impl Provider for MemoryProvider {
+    type Elf = FileId;
+
+    fn extract(&self, id: &FileId) -> Result<Extraction, ExtractError> {
+        self.extractions.fetch_add(1, Ordering::Relaxed);
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+            .unwrap_or_else(|| {
+                Err(ExtractError::new(
+                    ExtractErrorKind::NotFound,
+                    id.to_string(),
+                    "no such file",
+                ))
+            })
+    }
+}
