@@ -1,1 +1,225 @@
-//! placeholder
+//! The oracle's text formats: extracted deltas (`<name>.deltas`) and the
+//! kernel tables a fresh manager writes (`<name>.encoded`). `eim deltas`,
+//! `eim tables` and the oracle tests all go through here, so eim's output can
+//! be compared with upstream's line for line.
+
+use std::fmt::Write as _;
+
+use crate::abi::{self, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
+use crate::deltas::{IntervalData, StackDelta};
+use crate::machine::LoadPlan;
+use crate::ops::MapOp;
+
+/// A malformed line in a deltas file.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {message}")]
+pub struct TextError {
+    pub line: usize,
+    pub message: String,
+}
+
+/// Renders extracted deltas in the oracle's format.
+pub fn render_deltas(path: &str, data: &IntervalData) -> String {
+    let mut out = String::with_capacity(32 * data.len() + 128);
+    let _ = writeln!(out, "# file: {path}");
+    let _ = writeln!(out, "# deltas: {}", data.len());
+    out.push_str("# ADDRESS HINTS OPCODE PARAM FPOPCODE FPPARAM MERGEOPCODE\n");
+    for d in &data.deltas {
+        let i = &d.info;
+        let _ = writeln!(
+            out,
+            "{:x} {} {} {} {} {} {}",
+            d.address, d.hints, i.opcode, i.param, i.fp_opcode, i.fp_param, i.merge_opcode
+        );
+    }
+    out
+}
+
+/// Renders an extraction failure in the oracle's format.
+pub fn render_deltas_error(path: &str, message: &str) -> String {
+    format!("# file: {path}\n# error: {message}\n")
+}
+
+/// A parsed deltas file: the path it names and its deltas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeltasFile {
+    pub path: String,
+    pub data: IntervalData,
+}
+
+fn field<T: std::str::FromStr>(
+    it: &mut std::str::SplitAsciiWhitespace<'_>,
+    line: usize,
+    name: &str,
+) -> Result<T, TextError> {
+    let raw = it.next().ok_or_else(|| TextError {
+        line,
+        message: format!("missing {name}"),
+    })?;
+    raw.parse().map_err(|_| TextError {
+        line,
+        message: format!("bad {name} {raw:?}"),
+    })
+}
+
+/// Parses a deltas file. The declared count must match the rows.
+pub fn parse_deltas(text: &str) -> Result<DeltasFile, TextError> {
+    let mut path = None;
+    let mut declared = None;
+    let mut deltas = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line_no = n + 1;
+        if let Some(rest) = line.strip_prefix("# file: ") {
+            path = Some(rest.to_string());
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# deltas: ") {
+            declared = Some(rest.trim().parse::<usize>().map_err(|_| TextError {
+                line: line_no,
+                message: format!("bad delta count {rest:?}"),
+            })?);
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# error: ") {
+            return Err(TextError {
+                line: line_no,
+                message: format!("the file records an extraction error: {rest}"),
+            });
+        }
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let mut it = line.split_ascii_whitespace();
+        let addr: String = field(&mut it, line_no, "address")?;
+        let address = u64::from_str_radix(&addr, 16).map_err(|_| TextError {
+            line: line_no,
+            message: format!("bad address {addr:?}"),
+        })?;
+        let hints = field(&mut it, line_no, "hints")?;
+        let opcode = field(&mut it, line_no, "opcode")?;
+        let param = field(&mut it, line_no, "param")?;
+        let fp_opcode = field(&mut it, line_no, "fp opcode")?;
+        let fp_param = field(&mut it, line_no, "fp param")?;
+        let merge_opcode = field(&mut it, line_no, "merge opcode")?;
+        deltas.push(StackDelta {
+            address,
+            hints,
+            info: UnwindInfo {
+                opcode,
+                fp_opcode,
+                merge_opcode,
+                pad: 0,
+                param,
+                fp_param,
+            },
+        });
+    }
+    if let Some(declared) = declared {
+        if declared != deltas.len() {
+            return Err(TextError {
+                line: 0,
+                message: format!("declares {declared} deltas but has {}", deltas.len()),
+            });
+        }
+    }
+    Ok(DeltasFile {
+        path: path.unwrap_or_default(),
+        data: IntervalData::from_deltas(deltas),
+    })
+}
+
+/// What a fresh manager writes for one file, in the oracle's `encoded` form.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tables {
+    pub map_id: u16,
+    /// Slots the load wrote, in slot order.
+    pub unwind_infos: Vec<(u16, UnwindInfo)>,
+    pub kernel_deltas: Vec<abi::StackDelta>,
+    pub pages: Vec<(StackDeltaPageKey, StackDeltaPageInfo)>,
+    pub gaps: Vec<std::ops::Range<u64>>,
+}
+
+impl Tables {
+    /// The tables a load plan writes.
+    pub fn of_plan(plan: &LoadPlan) -> Self {
+        let mut t = Tables {
+            map_id: plan.map_ref.map_id,
+            gaps: plan.gaps.clone(),
+            ..Tables::default()
+        };
+        for op in &plan.ops {
+            match op {
+                MapOp::PutUnwindInfos(v) => t.unwind_infos.extend(v.iter().copied()),
+                MapOp::PutDeltaTable { deltas, .. } => {
+                    t.kernel_deltas.extend(deltas.iter().copied())
+                }
+                MapOp::PutPages(v) => t.pages.extend(v.iter().copied()),
+                _ => {}
+            }
+        }
+        t.unwind_infos.sort_by_key(|(slot, _)| *slot);
+        t
+    }
+
+    /// Renders in the oracle's format.
+    pub fn render(&self, path: &str, deltas_in: usize) -> String {
+        let mut out =
+            String::with_capacity(16 * (self.kernel_deltas.len() + self.pages.len()) + 256);
+        let _ = writeln!(out, "# file: {path}");
+        let _ = writeln!(out, "# deltas_in: {deltas_in}");
+        let _ = writeln!(out, "# mapid: {}", self.map_id);
+        let _ = writeln!(out, "# unwind_infos: {}", self.unwind_infos.len());
+        for (slot, i) in &self.unwind_infos {
+            let _ = writeln!(
+                out,
+                "{slot} {} {} {} {} {}",
+                i.opcode, i.fp_opcode, i.merge_opcode, i.param, i.fp_param
+            );
+        }
+        let _ = writeln!(out, "# kernel_deltas: {}", self.kernel_deltas.len());
+        for d in &self.kernel_deltas {
+            let _ = writeln!(out, "{:04x} {:04x}", d.addr_low, d.unwind_info);
+        }
+        let _ = writeln!(out, "# pages: {}", self.pages.len());
+        for (k, v) in &self.pages {
+            let _ = writeln!(
+                out,
+                "{:x} {} {} {}",
+                k.page, v.first_delta, v.num_deltas, v.map_id
+            );
+        }
+        let _ = writeln!(out, "# gaps: {}", self.gaps.len());
+        for g in &self.gaps {
+            let _ = writeln!(out, "{:x} {:x}", g.start, g.end);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deltas_round_trip_through_text() {
+        let text =
+            "# file: /x\n# deltas: 2\n# ADDRESS HINTS OPCODE PARAM FPOPCODE FPPARAM MERGEOPCODE\n\
+                    850 1 2 16 0 0 0\n8d1 0 2 16 1 -16 0\n";
+        let parsed = parse_deltas(text).unwrap();
+        assert_eq!(parsed.path, "/x");
+        assert_eq!(parsed.data.deltas[1].address, 0x8d1);
+        assert_eq!(parsed.data.deltas[1].info.fp_param, -16);
+        assert_eq!(render_deltas("/x", &parsed.data), text);
+    }
+
+    #[test]
+    fn rejects_a_count_mismatch_and_garbage() {
+        assert!(parse_deltas("# deltas: 2\n850 1 2 16 0 0 0\n").is_err());
+        assert!(parse_deltas("zz 1 2 16 0 0 0\n").is_err());
+        assert!(parse_deltas("850 1 2\n").is_err());
+        assert!(
+            parse_deltas("850 1 999 16 0 0 0\n").is_err(),
+            "opcode is a u8"
+        );
+    }
+}
