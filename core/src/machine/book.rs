@@ -486,3 +486,200 @@ impl KernelBook {
         completed
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::opcode;
+    use crate::deltas::hint;
+    use crate::ops::Errno;
+
+    fn sp(param: i32) -> UnwindInfo {
+        UnwindInfo {
+            opcode: opcode::BASE_SP,
+            param,
+            ..UnwindInfo::default()
+        }
+    }
+
+    /// Three pages, three distinct rules.
+    fn three_pages() -> Vec<StackDelta> {
+        vec![
+            StackDelta::new(0x1_0010, hint::KEEP, sp(8)),
+            StackDelta::new(0x2_0010, hint::NONE, sp(16)),
+            StackDelta::new(0x3_0010, hint::NONE, sp(24)),
+            StackDelta::new(0x3_0020, hint::GAP, crate::deltas::info::INVALID),
+        ]
+    }
+
+    fn stop(at: usize, done: usize) -> Stopped {
+        Stopped {
+            at,
+            failure: OpFailure::new(Errno::ENOMEM, done),
+        }
+    }
+
+    #[test]
+    fn a_plan_writes_bottom_up() {
+        let mut book = KernelBook::new(Capacities::default());
+        let plan = book.plan_load(FileId(1), &three_pages()).unwrap();
+        let kinds: Vec<_> = plan.ops.iter().map(MapOp::name).collect();
+        assert_eq!(kinds, ["put unwind infos", "put delta table", "put pages"]);
+        assert_eq!(plan.ops[0].len(), 3);
+        assert_eq!(plan.ops[2].len(), 3);
+        let map_ref = book.commit_load(plan);
+        assert_eq!(map_ref.num_pages, 3);
+        assert_eq!(book.pages_in_use(), 3);
+        assert_eq!(book.tables_in_class(8), 1);
+        assert_eq!(book.slots().users(0), 1);
+    }
+
+    #[test]
+    fn unload_goes_top_down_and_releases_accounting() {
+        let mut book = KernelBook::new(Capacities::default());
+        let plan = book.plan_load(FileId(1), &three_pages()).unwrap();
+        book.commit_load(plan);
+        let unload = book.plan_unload(FileId(1)).unwrap();
+        let kinds: Vec<_> = unload.ops.iter().map(MapOp::name).collect();
+        assert_eq!(kinds, ["delete pages", "delete delta table"]);
+        assert_eq!(book.finish_unload(unload, Ok(())), 0);
+        assert_eq!(book.pages_in_use(), 0);
+        assert_eq!(book.tables_in_class(8), 0);
+        assert!(book.loaded().is_empty());
+        assert_eq!(book.slots().users(0), 0);
+    }
+
+    #[test]
+    fn every_stop_point_is_undone_exactly() {
+        for at in 0..3 {
+            for done in 0..=3 {
+                let mut book = KernelBook::new(Capacities::default());
+                let plan = book.plan_load(FileId(1), &three_pages()).unwrap();
+                if done > plan.ops[at].len() {
+                    continue;
+                }
+                let rollback = book.abort_load(&plan, stop(at, done));
+                let mut expect = Vec::new();
+                if at == 2 && done > 0 {
+                    expect.push("delete pages");
+                }
+                if at >= 2 || (at == 1 && done > 0) {
+                    expect.push("delete delta table");
+                }
+                let slots_written = if at == 0 { done } else { 3 };
+                if slots_written > 0 {
+                    expect.push("put unwind infos");
+                }
+                let kinds: Vec<_> = rollback.ops.iter().map(MapOp::name).collect();
+                assert_eq!(kinds, expect, "stopped at op {at} after {done}");
+                if let Some(MapOp::DeletePages(keys)) = rollback.ops.first() {
+                    assert_eq!(keys.len(), done);
+                }
+                if let Some(MapOp::PutUnwindInfos(v)) = rollback.ops.last() {
+                    assert_eq!(v.len(), slots_written);
+                    assert!(v.iter().all(|(_, info)| *info == UnwindInfo::default()));
+                }
+                assert!(book.finish_rollback(rollback, Ok(())));
+                assert_eq!(book.slots().in_use(), 0, "slots released at op {at}/{done}");
+                assert!(book.leftovers().is_empty());
+                // The next plan gets the same slots again.
+                let again = book.plan_load(FileId(1), &three_pages()).unwrap();
+                assert_eq!(again.ops[0], plan.ops[0]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_rollback_leaves_an_exact_leftover_and_blocks_a_reload() {
+        let mut book = KernelBook::new(Capacities::default());
+        let plan = book.plan_load(FileId(1), &three_pages()).unwrap();
+        let rollback = book.abort_load(&plan, stop(2, 2));
+        // The page delete removed one of two pages, then stopped.
+        assert!(!book.finish_rollback(rollback, Err(stop(0, 1))));
+        let queue: Vec<_> = book.leftovers()[&FileId(1)].iter().cloned().collect();
+        assert_eq!(queue.len(), 2);
+        assert!(matches!(&queue[0], MapOp::DeletePages(k) if k.len() == 1 && k[0].page == 0x2_0000));
+        assert!(matches!(queue[1], MapOp::DeleteDeltaTable { map_id: 8, .. }));
+        // Slots were never zeroed: they keep their rules and stay reusable.
+        assert_eq!(book.slots().in_use(), 3);
+        assert_eq!(
+            book.plan_load(FileId(1), &three_pages()).err(),
+            Some(PlanError::CleanupPending)
+        );
+        // Retrying: the page delete now works, the table delete fails, then works.
+        assert!(book.leftover_result(FileId(1), Ok(())));
+        assert!(!book.leftover_result(FileId(1), Err(OpFailure::new(Errno::EBUSY, 0))));
+        assert_eq!(book.leftover_ops(), 1);
+        assert!(book.leftover_result(FileId(1), Ok(())));
+        assert!(book.leftovers().is_empty());
+        let again = book.plan_load(FileId(1), &three_pages()).unwrap();
+        assert_eq!(again.ops.len(), 2, "the slots are still there: no slot write");
+    }
+
+    #[test]
+    fn a_partial_unload_keeps_the_rest_as_leftovers() {
+        let mut book = KernelBook::new(Capacities::default());
+        let plan = book.plan_load(FileId(1), &three_pages()).unwrap();
+        book.commit_load(plan);
+        let unload = book.plan_unload(FileId(1)).unwrap();
+        assert_eq!(book.finish_unload(unload, Err(stop(0, 1))), 3);
+        assert!(book.loaded().is_empty());
+        assert_eq!(book.pages_in_use(), 0, "the gauge counts loaded files only");
+        // Leftover pages still count against the capacity.
+        let caps = Capacities {
+            pages: 4,
+            ..Capacities::default()
+        };
+        let mut small = book.clone();
+        small.caps = caps;
+        assert!(matches!(
+            small.plan_load(FileId(2), &three_pages()),
+            Err(PlanError::MapFull {
+                map: MapKind::Pages,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn capacities_are_checked_before_anything_is_written() {
+        let caps = Capacities {
+            unwind_slots: 2,
+            ..Capacities::default()
+        };
+        let mut book = KernelBook::new(caps);
+        assert_eq!(
+            book.plan_load(FileId(1), &three_pages()).err(),
+            Some(PlanError::MapFull {
+                map: MapKind::UnwindInfo,
+                capacity: 2
+            })
+        );
+        assert_eq!(book.slots().in_use(), 0, "partial slot reservations are released");
+
+        let caps = Capacities {
+            outer_entries: 1,
+            ..Capacities::default()
+        };
+        let mut book = KernelBook::new(caps);
+        let plan = book.plan_load(FileId(1), &three_pages()).unwrap();
+        book.commit_load(plan);
+        assert_eq!(
+            book.plan_load(FileId(2), &three_pages()).err(),
+            Some(PlanError::MapFull {
+                map: MapKind::DeltaTables(8),
+                capacity: 1
+            })
+        );
+    }
+
+    #[test]
+    fn an_empty_file_writes_nothing() {
+        let mut book = KernelBook::new(Capacities::default());
+        let plan = book.plan_load(FileId(1), &[]).unwrap();
+        assert!(plan.ops.is_empty());
+        assert_eq!(book.commit_load(plan).map_id, 0);
+        assert!(book.loaded().is_empty());
+        assert!(book.plan_unload(FileId(1)).is_none());
+    }
+}
