@@ -428,8 +428,11 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
     /// Unloads every file unused for at least `age`. One file's failure does
     /// not stop the others.
     pub fn cleanup_unused(&self, age: Duration) -> CleanupReport {
-        let cutoff = self.clock.now().before(age);
         let mut report = CleanupReport::default();
+        // Before `age` has passed since the epoch nothing can be old enough.
+        let Some(cutoff) = self.clock.now().0.checked_sub(age).map(Timestamp) else {
+            return report;
+        };
         for shard in self.shards.iter() {
             let mut shard = lock(shard);
             let unused = shard.files.take_unused(cutoff);

@@ -64,6 +64,14 @@ pub trait Provider: Send + Sync {
     fn extract(&self, elf: &Self::Elf) -> Result<Extraction, ExtractError>;
 }
 
+impl<T: Provider + ?Sized> Provider for std::sync::Arc<T> {
+    type Elf = T::Elf;
+
+    fn extract(&self, elf: &T::Elf) -> Result<Extraction, ExtractError> {
+        (**self).extract(elf)
+    }
+}
+
 /// A provider serving prepared results by file id; counts its extractions.
 #[derive(Debug, Default)]
 pub struct MemoryProvider {

@@ -598,8 +598,13 @@ mod tests {
         assert!(!book.finish_rollback(rollback, Err(stop(0, 1))));
         let queue: Vec<_> = book.leftovers()[&FileId(1)].iter().cloned().collect();
         assert_eq!(queue.len(), 2);
-        assert!(matches!(&queue[0], MapOp::DeletePages(k) if k.len() == 1 && k[0].page == 0x2_0000));
-        assert!(matches!(queue[1], MapOp::DeleteDeltaTable { map_id: 8, .. }));
+        assert!(
+            matches!(&queue[0], MapOp::DeletePages(k) if k.len() == 1 && k[0].page == 0x2_0000)
+        );
+        assert!(matches!(
+            queue[1],
+            MapOp::DeleteDeltaTable { map_id: 8, .. }
+        ));
         // Slots were never zeroed: they keep their rules and stay reusable.
         assert_eq!(book.slots().in_use(), 3);
         assert_eq!(
@@ -613,7 +618,11 @@ mod tests {
         assert!(book.leftover_result(FileId(1), Ok(())));
         assert!(book.leftovers().is_empty());
         let again = book.plan_load(FileId(1), &three_pages()).unwrap();
-        assert_eq!(again.ops.len(), 2, "the slots are still there: no slot write");
+        assert_eq!(
+            again.ops.len(),
+            2,
+            "the slots are still there: no slot write"
+        );
     }
 
     #[test]
@@ -655,7 +664,11 @@ mod tests {
                 capacity: 2
             })
         );
-        assert_eq!(book.slots().in_use(), 0, "partial slot reservations are released");
+        assert_eq!(
+            book.slots().in_use(),
+            0,
+            "partial slot reservations are released"
+        );
 
         let caps = Capacities {
             outer_entries: 1,
