@@ -122,13 +122,13 @@ impl Provider for Gate {
     }
 }
 
-fn race(
-    fail: bool,
-) -> (
+type RaceOutcome = (
     Vec<Result<eim_core::ExecutableInfo, Error>>,
     usize,
     Arc<Manager<Arc<Gate>>>,
-) {
+);
+
+fn race(fail: bool) -> RaceOutcome {
     const THREADS: usize = 4;
     let gate = Arc::new(Gate {
         barrier: Barrier::new(THREADS),
