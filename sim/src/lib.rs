@@ -3,9 +3,17 @@
 //! * [`maps`]: a generic BPF map (HASH, ARRAY, HASH_OF_MAPS) at the byte
 //!   level, with the syscall's errnos, batch semantics and map-in-map
 //!   reference counting.
+//! * [`kernel`]: [`SimMaps`], eim's map set built from a [`SimConfig`], the
+//!   [`Backend`](eim_core::ops::Backend) implementation, and typed views of
+//!   the contents for tests and the invariant checker.
+//! * [`faults`]: deterministic fault injection by op number.
 
+pub mod faults;
+pub mod kernel;
 pub mod maps;
 
+pub use faults::{prefix, Fault, FaultPlan};
+pub use kernel::{inner_spec, InnerTable, SimConfig, SimError, SimMaps};
 pub use maps::{
     BatchError, BpfMap, MapId, MapRegistry, MapSpec, MapType, BPF_ANY, BPF_EXIST, BPF_F_LOCK,
     BPF_NOEXIST,

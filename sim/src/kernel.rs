@@ -1,0 +1,744 @@
+//! [`SimMaps`]: eim's kernel map set in memory, and the [`Backend`] that
+//! applies [`MapOp`]s to it the way the real kernel backend does.
+//!
+//! Each op is carried out with the syscalls a kernel backend would issue
+//! (one batch call where the real backend uses one), so every partial
+//! failure the kernel can produce, the simulator produces too, with the same
+//! errno and the same number of elements left in effect.
+
+use std::collections::BTreeMap;
+
+use eim_core::abi::{
+    self, capacity, OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo,
+    Wire, SIZE_CLASS_COUNT, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
+};
+use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
+use eim_core::FileId;
+
+use crate::faults::FaultPlan;
+use crate::maps::{BatchError, BpfMap, MapId, MapRegistry, MapSpec, BPF_ANY, BPF_NOEXIST};
+
+/// Capacities of the simulated maps. The defaults are upstream's runtime
+/// sizes; tests use tiny ones to reach the limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimConfig {
+    /// `unwind_info_array` slots.
+    pub unwind_info: u32,
+    /// `interpreter_offsets` entries.
+    pub interpreter_offsets: u32,
+    /// `stack_delta_page_to_info` entries.
+    pub pages: u32,
+    /// Entries of each `exe_id_to_N_stack_deltas` outer map.
+    pub outer: u32,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            unwind_info: capacity::UNWIND_INFO,
+            interpreter_offsets: capacity::INTERPRETER_OFFSETS,
+            pages: capacity::PAGES,
+            outer: capacity::OUTER,
+        }
+    }
+}
+
+/// Why the map set could not be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    #[error("cannot create map {name}: {errno}")]
+    CreateMap { name: String, errno: Errno },
+}
+
+/// The spec of the inner delta array of a size class (also the outer map's
+/// template): ARRAY, u32 index to a 4-byte [`StackDelta`], 2^class entries.
+pub fn inner_spec(class: u16) -> MapSpec {
+    MapSpec::array(StackDelta::SIZE as u32, abi::class_entries(class))
+}
+
+/// eim's maps in a simulated kernel.
+///
+/// Equality compares what a reader can observe: the contents of every map,
+/// with inner delta arrays compared by contents (their ids may differ), plus
+/// the number of live inner arrays (so a leak is a difference). The op
+/// counter and pending faults are not part of it, so a test can compare the
+/// maps before and after a failed call.
+#[derive(Clone, Debug)]
+pub struct SimMaps {
+    pub(crate) config: SimConfig,
+    pub(crate) reg: MapRegistry,
+    pub(crate) pages: MapId,
+    pub(crate) outers: [MapId; SIZE_CLASS_COUNT],
+    pub(crate) unwind_info: MapId,
+    pub(crate) interpreter_offsets: MapId,
+    pub(crate) faults: FaultPlan,
+}
+
+impl SimMaps {
+    /// Creates the maps with the given capacities (a zero capacity is
+    /// `EINVAL`, as the kernel refuses such a map).
+    pub fn new(config: SimConfig) -> Result<Self, SimError> {
+        let mut reg = MapRegistry::new();
+        let mut create = |name: String, spec: MapSpec| {
+            reg.create(spec)
+                .map_err(|errno| SimError::CreateMap { name, errno })
+        };
+        let pages = create(
+            abi::map_name::PAGES.into(),
+            MapSpec::hash(
+                StackDeltaPageKey::SIZE as u32,
+                StackDeltaPageInfo::SIZE as u32,
+                config.pages,
+            ),
+        )?;
+        let unwind_info = create(
+            abi::map_name::UNWIND_INFO.into(),
+            MapSpec::array(UnwindInfo::SIZE as u32, config.unwind_info),
+        )?;
+        let interpreter_offsets = create(
+            abi::map_name::INTERPRETER_OFFSETS.into(),
+            MapSpec::hash(
+                u64::SIZE as u32,
+                OffsetRange::SIZE as u32,
+                config.interpreter_offsets,
+            ),
+        )?;
+        let mut outers = [MapId(0); SIZE_CLASS_COUNT];
+        for (slot, class) in outers.iter_mut().zip(SIZE_CLASS_MIN..=SIZE_CLASS_MAX) {
+            *slot = create(
+                abi::map_name::outer(class),
+                MapSpec::hash_of_maps(u64::SIZE as u32, config.outer, inner_spec(class)),
+            )?;
+        }
+        Ok(Self {
+            config,
+            reg,
+            pages,
+            outers,
+            unwind_info,
+            interpreter_offsets,
+            faults: FaultPlan::default(),
+        })
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    /// The underlying maps, for tests that poke at the kernel level.
+    pub fn registry(&self) -> &MapRegistry {
+        &self.reg
+    }
+
+    /// The outer map of a size class; `None` outside 8..=23.
+    pub(crate) fn outer(&self, class: u16) -> Option<MapId> {
+        let at = usize::from(class.checked_sub(SIZE_CLASS_MIN)?);
+        self.outers.get(at).copied()
+    }
+
+    fn map(&self, id: MapId) -> Option<&BpfMap> {
+        self.reg.get(id)
+    }
+
+    /// The page entry under `key`.
+    pub fn page(&self, key: &StackDeltaPageKey) -> Option<StackDeltaPageInfo> {
+        let value = self.reg.lookup(self.pages, &key.to_bytes()).ok()?;
+        StackDeltaPageInfo::read(value)
+    }
+
+    /// Every page entry, decoded, in key order.
+    pub fn pages(&self) -> BTreeMap<StackDeltaPageKey, StackDeltaPageInfo> {
+        decoded(self.map(self.pages))
+    }
+
+    /// The inner delta array published for `file_id` in class `class`.
+    pub fn delta_table(&self, class: u16, file_id: FileId) -> Option<InnerTable<'_>> {
+        let map = self.reg.inner(self.outer(class)?, &file_id.0.to_bytes())?;
+        Some(InnerTable { map })
+    }
+
+    /// Every published delta array, by (class, file id).
+    pub fn delta_tables(&self) -> BTreeMap<(u16, FileId), InnerTable<'_>> {
+        let mut all = BTreeMap::new();
+        for class in SIZE_CLASS_MIN..=SIZE_CLASS_MAX {
+            for file_id in self.file_ids(class) {
+                if let Some(table) = self.delta_table(class, file_id) {
+                    all.insert((class, file_id), table);
+                }
+            }
+        }
+        all
+    }
+
+    /// The file ids present in the outer map of `class`, in order.
+    pub fn file_ids(&self, class: u16) -> Vec<FileId> {
+        let Some(outer) = self.outer(class).and_then(|id| self.map(id)) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<FileId> = outer
+            .entries()
+            .filter_map(|(k, _)| u64::read(k).map(FileId))
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// `unwind_info_array[slot]` as the BPF side reads it (zeros if never
+    /// written); `None` at or past the capacity.
+    pub fn unwind_info(&self, slot: u32) -> Option<UnwindInfo> {
+        UnwindInfo::read(self.map(self.unwind_info)?.slot(slot)?)
+    }
+
+    /// All `unwind_info_array` slots (capacity many; zero where unwritten).
+    pub fn unwind_infos(&self) -> Vec<UnwindInfo> {
+        (0..self.config.unwind_info)
+            .map(|slot| self.unwind_info(slot).unwrap_or_default())
+            .collect()
+    }
+
+    /// Slots outside of `0..n` all read as zero, for the returned `n`.
+    pub fn unwind_info_extent(&self) -> usize {
+        self.map(self.unwind_info).map_or(0, BpfMap::array_extent)
+    }
+
+    /// Every `interpreter_offsets` entry, decoded.
+    pub fn interpreter_offsets(&self) -> BTreeMap<FileId, OffsetRange> {
+        decoded::<u64, OffsetRange>(self.map(self.interpreter_offsets))
+            .into_iter()
+            .map(|(k, v)| (FileId(k), v))
+            .collect()
+    }
+
+    /// Inner delta arrays alive (published, or leaked if the count is
+    /// higher than the number of published tables).
+    pub fn live_inner_maps(&self) -> usize {
+        self.reg.live().saturating_sub(3 + SIZE_CLASS_COUNT)
+    }
+
+    /// Number of published delta tables over all classes.
+    pub fn table_count(&self) -> usize {
+        self.outers
+            .iter()
+            .filter_map(|&id| self.map(id))
+            .map(BpfMap::len)
+            .sum()
+    }
+
+    /// Nothing of any file is in the maps: no page, no delta table (and no
+    /// inner array alive), no interpreter offsets. Unwind infos may remain:
+    /// slots are shared and never deleted.
+    pub fn holds_no_file_data(&self) -> bool {
+        self.map(self.pages).is_none_or(BpfMap::is_empty)
+            && self.table_count() == 0
+            && self.live_inner_maps() == 0
+            && self
+                .map(self.interpreter_offsets)
+                .is_none_or(BpfMap::is_empty)
+    }
+
+    /// As freshly created: no file data and every unwind slot zero.
+    pub fn is_pristine(&self) -> bool {
+        self.holds_no_file_data() && self.unwind_info_extent() == 0
+    }
+
+    /// Applies `op` without fault injection or counting: the kernel's
+    /// answer to the syscalls a real backend issues for it.
+    pub(crate) fn apply_now(&mut self, op: &MapOp) -> Result<(), OpFailure> {
+        match op {
+            MapOp::PutUnwindInfos(infos) => {
+                let keys = flatten(infos.iter().map(|(slot, _)| u32::from(*slot)));
+                let values = flatten(infos.iter().map(|(_, info)| *info));
+                self.reg
+                    .update_batch(self.unwind_info, &keys, &values, infos.len(), 0)
+                    .map_err(failure)
+            }
+            MapOp::PutDeltaTable {
+                file_id,
+                map_id,
+                deltas,
+            } => self.put_delta_table(*file_id, *map_id, deltas),
+            MapOp::PutPages(pages) => self.put_pages(pages),
+            MapOp::DeletePages(keys) => {
+                let flat = flatten(keys.iter().copied());
+                self.reg
+                    .delete_batch(self.pages, &flat, keys.len(), 0)
+                    .map_err(failure)
+            }
+            MapOp::DeleteDeltaTable { file_id, map_id } => {
+                // A real backend rejects a class it has no map for before
+                // any syscall.
+                let outer = self
+                    .outer(*map_id)
+                    .ok_or(OpFailure::new(Errno::EINVAL, 0))?;
+                self.reg
+                    .delete(outer, &file_id.0.to_bytes())
+                    .map_err(|errno| OpFailure::new(errno, 0))
+            }
+            MapOp::PutInterpreterOffsets { file_id, range } => self
+                .reg
+                .update(
+                    self.interpreter_offsets,
+                    &file_id.0.to_bytes(),
+                    &range.to_bytes(),
+                    BPF_ANY,
+                )
+                .map_err(|errno| OpFailure::new(errno, 0)),
+            MapOp::DeleteInterpreterOffsets { file_id } => self
+                .reg
+                .delete(self.interpreter_offsets, &file_id.0.to_bytes())
+                .map_err(|errno| OpFailure::new(errno, 0)),
+        }
+    }
+
+    /// Create the inner array, fill it with one batch, publish it with
+    /// `BPF_NOEXIST`, close the creator's fd. All or nothing: on any failure
+    /// the fd is closed and the unpublished array freed.
+    fn put_delta_table(
+        &mut self,
+        file_id: FileId,
+        class: u16,
+        deltas: &[StackDelta],
+    ) -> Result<(), OpFailure> {
+        let fail = |errno| OpFailure::new(errno, 0);
+        let outer = self.outer(class).ok_or(fail(Errno::EINVAL))?;
+        let count = u32::try_from(deltas.len()).map_err(|_| fail(Errno::E2BIG))?;
+        let inner = self.reg.create(inner_spec(class)).map_err(fail)?;
+        let keys = flatten(0..count);
+        let values = flatten(deltas.iter().copied());
+        let filled = self
+            .reg
+            .update_batch(inner, &keys, &values, deltas.len(), 0)
+            .map_err(|e| e.errno);
+        let published = filled.and_then(|()| {
+            self.reg.update(
+                outer,
+                &file_id.0.to_bytes(),
+                &inner.0.to_le_bytes(),
+                BPF_NOEXIST,
+            )
+        });
+        // The creator's fd is closed on every path; the outer entry, if
+        // any, keeps the array alive.
+        let closed = self.reg.close(inner);
+        published.and(closed).map_err(fail)
+    }
+
+    /// Pages must be absent, but a batch update cannot say `BPF_NOEXIST`
+    /// (its `elem_flags` may only be 0). So, like the real backend, look
+    /// each key up first (and catch a key repeated inside the op), then
+    /// write the absent prefix with one batch and report `EEXIST` at the
+    /// first present key.
+    fn put_pages(
+        &mut self,
+        pages: &[(StackDeltaPageKey, StackDeltaPageInfo)],
+    ) -> Result<(), OpFailure> {
+        let mut seen = std::collections::BTreeSet::new();
+        let absent = pages
+            .iter()
+            .position(|(key, _)| !seen.insert(*key) || self.page(key).is_some())
+            .unwrap_or(pages.len());
+        let prefix = &pages[..absent];
+        let keys = flatten(prefix.iter().map(|(k, _)| *k));
+        let values = flatten(prefix.iter().map(|(_, v)| *v));
+        self.reg
+            .update_batch(self.pages, &keys, &values, prefix.len(), 0)
+            .map_err(failure)?;
+        if absent < pages.len() {
+            return Err(OpFailure::new(Errno::EEXIST, absent));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for SimMaps {
+    fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
+        match self.faults.next_op() {
+            None => self.apply_now(op),
+            Some(fault) => self.apply_faulty(op, fault),
+        }
+    }
+}
+
+impl PartialEq for SimMaps {
+    fn eq(&self, other: &Self) -> bool {
+        let same = |a: MapId, b: MapId| self.map(a) == other.map(b);
+        self.config == other.config
+            && same(self.pages, other.pages)
+            && same(self.unwind_info, other.unwind_info)
+            && same(self.interpreter_offsets, other.interpreter_offsets)
+            && self.live_inner_maps() == other.live_inner_maps()
+            && self.delta_tables() == other.delta_tables()
+    }
+}
+
+impl Eq for SimMaps {}
+
+/// A published inner delta array, as a reader sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct InnerTable<'a> {
+    map: &'a BpfMap,
+}
+
+impl PartialEq for InnerTable<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.map == other.map
+    }
+}
+
+impl Eq for InnerTable<'_> {}
+
+impl InnerTable<'_> {
+    /// Entries of the array (2^class).
+    pub fn capacity(&self) -> u32 {
+        self.map.spec().max_entries
+    }
+
+    /// Entry `index` (zero if never written); `None` past the end.
+    pub fn get(&self, index: u32) -> Option<StackDelta> {
+        StackDelta::read(self.map.slot(index)?)
+    }
+
+    /// Entries outside of `0..n` all read as zero, for the returned `n`.
+    pub fn extent(&self) -> usize {
+        self.map.array_extent()
+    }
+
+    /// The first `n` entries (fewer if the array is smaller).
+    pub fn prefix(&self, n: usize) -> Vec<StackDelta> {
+        let n = n.min(self.capacity() as usize) as u32;
+        (0..n).filter_map(|i| self.get(i)).collect()
+    }
+
+    /// The entries up to [`InnerTable::extent`]. A table whose last deltas
+    /// are all-zero (`{0, 0}`) is shorter here than it was written; compare
+    /// with [`InnerTable::holds`] when the length is known.
+    pub fn entries(&self) -> Vec<StackDelta> {
+        self.prefix(self.extent())
+    }
+
+    /// The array holds exactly `deltas` followed by zeros.
+    pub fn holds(&self, deltas: &[StackDelta]) -> bool {
+        deltas.len() <= self.capacity() as usize
+            && self.extent() <= deltas.len()
+            && self.prefix(deltas.len()) == deltas
+    }
+}
+
+fn failure(e: BatchError) -> OpFailure {
+    OpFailure::new(e.errno, e.processed)
+}
+
+/// The wire bytes of `items`, end to end (a batch call's key or value buffer).
+fn flatten<T: Wire>(items: impl Iterator<Item = T>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for item in items {
+        out.extend_from_slice(&item.to_bytes());
+    }
+    out
+}
+
+/// A hash map's entries decoded; entries that do not decode (impossible
+/// when the map's sizes match the types) are skipped.
+fn decoded<K: Wire + Ord, V: Wire>(map: Option<&BpfMap>) -> BTreeMap<K, V> {
+    map.into_iter()
+        .flat_map(BpfMap::entries)
+        .filter_map(|(k, v)| Some((K::read(k)?, V::read(v)?)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::maps::BPF_ANY;
+
+    pub(crate) fn tiny() -> SimConfig {
+        SimConfig {
+            unwind_info: 4,
+            interpreter_offsets: 2,
+            pages: 4,
+            outer: 2,
+        }
+    }
+
+    fn sim(config: SimConfig) -> SimMaps {
+        SimMaps::new(config).expect("valid config")
+    }
+
+    fn key(file: u64, page: u64) -> StackDeltaPageKey {
+        StackDeltaPageKey {
+            file_id: file,
+            page: page << 16,
+        }
+    }
+
+    fn info(first: u32) -> StackDeltaPageInfo {
+        StackDeltaPageInfo {
+            first_delta: first,
+            num_deltas: 1,
+            map_id: 8,
+        }
+    }
+
+    fn deltas(n: u16) -> Arc<[StackDelta]> {
+        (0..n)
+            .map(|i| StackDelta {
+                addr_low: i * 4,
+                unwind_info: i % 3,
+            })
+            .collect()
+    }
+
+    fn put_table(file: u64, map_id: u16, n: u16) -> MapOp {
+        MapOp::PutDeltaTable {
+            file_id: FileId(file),
+            map_id,
+            deltas: deltas(n),
+        }
+    }
+
+    fn sp(param: i32) -> UnwindInfo {
+        UnwindInfo {
+            opcode: abi::opcode::BASE_SP,
+            param,
+            ..UnwindInfo::default()
+        }
+    }
+
+    #[test]
+    fn a_new_map_set_is_pristine_and_sized_by_the_config() {
+        let s = sim(SimConfig::default());
+        assert!(s.is_pristine());
+        assert_eq!(s.unwind_infos().len(), 16384);
+        assert_eq!(s.live_inner_maps(), 0);
+        let t = sim(tiny());
+        assert_eq!(t.unwind_infos(), vec![UnwindInfo::default(); 4]);
+        let zero = SimConfig { pages: 0, ..tiny() };
+        assert!(matches!(
+            SimMaps::new(zero),
+            Err(SimError::CreateMap {
+                errno: Errno::EINVAL,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn the_outer_template_is_the_class_array() {
+        let s = sim(tiny());
+        for class in SIZE_CLASS_MIN..=SIZE_CLASS_MAX {
+            let outer = s.outer(class).and_then(|id| s.map(id)).expect("outer map");
+            assert_eq!(outer.spec().inner.as_deref(), Some(&inner_spec(class)));
+            assert_eq!(outer.spec().key_size, 8);
+        }
+        assert_eq!(s.outer(7), None);
+        assert_eq!(s.outer(24), None);
+    }
+
+    #[test]
+    fn unwind_infos_are_one_batch_that_stops_at_the_capacity() {
+        let mut s = sim(tiny());
+        let op = MapOp::PutUnwindInfos(vec![(0, sp(8)), (3, sp(16)), (4, sp(24)), (1, sp(32))]);
+        assert_eq!(s.apply(&op), Err(OpFailure::new(Errno::E2BIG, 2)));
+        assert_eq!(
+            s.unwind_infos(),
+            vec![sp(8), UnwindInfo::default(), UnwindInfo::default(), sp(16)]
+        );
+        assert_eq!(s.apply(&MapOp::PutUnwindInfos(vec![(3, sp(40))])), Ok(()));
+        assert_eq!(s.unwind_info(3), Some(sp(40)));
+        assert_eq!(s.unwind_info(4), None);
+        assert!(s.holds_no_file_data());
+        assert!(!s.is_pristine());
+    }
+
+    #[test]
+    fn a_delta_table_is_published_whole() {
+        let mut s = sim(tiny());
+        assert_eq!(s.apply(&put_table(5, 8, 10)), Ok(()));
+        let table = s.delta_table(8, FileId(5)).expect("published");
+        assert_eq!(table.capacity(), 256);
+        assert!(table.holds(&deltas(10)));
+        assert_eq!(table.entries(), deltas(10)[..].to_vec());
+        assert_eq!(table.get(255), Some(StackDelta::default()));
+        assert_eq!(table.get(256), None);
+        assert_eq!(s.file_ids(8), vec![FileId(5)]);
+        assert_eq!(s.live_inner_maps(), 1);
+        assert_eq!(s.table_count(), 1);
+        // The same file again: EEXIST, and the second array does not leak.
+        let before = s.clone();
+        assert_eq!(
+            s.apply(&put_table(5, 8, 3)),
+            Err(OpFailure::new(Errno::EEXIST, 0))
+        );
+        assert_eq!(s, before);
+        assert_eq!(s.live_inner_maps(), 1);
+        assert!(s
+            .delta_table(8, FileId(5))
+            .is_some_and(|t| t.holds(&deltas(10))));
+    }
+
+    #[test]
+    fn a_table_too_big_for_its_class_fails_the_fill_and_leaves_nothing() {
+        let mut s = sim(tiny());
+        let before = s.clone();
+        assert_eq!(
+            s.apply(&put_table(5, 8, 257)),
+            Err(OpFailure::new(Errno::E2BIG, 0))
+        );
+        assert_eq!(s, before);
+        assert_eq!(s.live_inner_maps(), 0);
+        assert_eq!(
+            s.apply(&put_table(5, 7, 1)),
+            Err(OpFailure::new(Errno::EINVAL, 0))
+        );
+        assert_eq!(
+            s.apply(&put_table(5, 24, 1)),
+            Err(OpFailure::new(Errno::EINVAL, 0))
+        );
+        assert_eq!(s.live_inner_maps(), 0);
+    }
+
+    #[test]
+    fn a_full_outer_map_rejects_the_publish_and_frees_the_array() {
+        let mut s = sim(tiny());
+        assert_eq!(s.apply(&put_table(1, 9, 300)), Ok(()));
+        assert_eq!(s.apply(&put_table(2, 9, 300)), Ok(()));
+        let before = s.clone();
+        assert_eq!(
+            s.apply(&put_table(3, 9, 300)),
+            Err(OpFailure::new(Errno::E2BIG, 0))
+        );
+        assert_eq!(s, before);
+        assert_eq!(s.live_inner_maps(), 2);
+        // Another class has its own outer map.
+        assert_eq!(s.apply(&put_table(3, 10, 600)), Ok(()));
+        assert_eq!(s.live_inner_maps(), 3);
+    }
+
+    #[test]
+    fn deleting_a_table_frees_its_array() {
+        let mut s = sim(tiny());
+        assert_eq!(s.apply(&put_table(1, 8, 4)), Ok(()));
+        let del = MapOp::DeleteDeltaTable {
+            file_id: FileId(1),
+            map_id: 8,
+        };
+        assert_eq!(s.apply(&del), Ok(()));
+        assert_eq!(s.live_inner_maps(), 0);
+        assert!(s.is_pristine());
+        assert_eq!(s.apply(&del), Err(OpFailure::new(Errno::ENOENT, 0)));
+        let bad = MapOp::DeleteDeltaTable {
+            file_id: FileId(1),
+            map_id: 30,
+        };
+        assert_eq!(s.apply(&bad), Err(OpFailure::new(Errno::EINVAL, 0)));
+    }
+
+    #[test]
+    fn pages_must_be_absent_and_stop_at_the_first_present_key() {
+        let mut s = sim(tiny());
+        assert_eq!(
+            s.apply(&MapOp::PutPages(vec![(key(1, 2), info(0))])),
+            Ok(())
+        );
+        let op = MapOp::PutPages(vec![
+            (key(1, 0), info(0)),
+            (key(1, 1), info(1)),
+            (key(1, 2), info(9)),
+        ]);
+        assert_eq!(s.apply(&op), Err(OpFailure::new(Errno::EEXIST, 2)));
+        assert_eq!(s.page(&key(1, 2)), Some(info(0)), "not overwritten");
+        assert_eq!(s.pages().len(), 3);
+        // A key repeated inside one op is present by the time it comes again.
+        let mut t = sim(tiny());
+        let dup = MapOp::PutPages(vec![(key(1, 0), info(0)), (key(1, 0), info(5))]);
+        assert_eq!(t.apply(&dup), Err(OpFailure::new(Errno::EEXIST, 1)));
+        assert_eq!(t.page(&key(1, 0)), Some(info(0)));
+    }
+
+    #[test]
+    fn pages_stop_at_the_capacity() {
+        let mut s = sim(tiny());
+        let op = MapOp::PutPages((0..6).map(|p| (key(1, p), info(p as u32))).collect());
+        assert_eq!(s.apply(&op), Err(OpFailure::new(Errno::E2BIG, 4)));
+        let keys: Vec<_> = s.pages().into_keys().collect();
+        assert_eq!(keys, (0..4).map(|p| key(1, p)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn page_deletes_stop_at_the_first_missing_key() {
+        let mut s = sim(tiny());
+        let put = MapOp::PutPages((0..3).map(|p| (key(1, p), info(0))).collect());
+        assert_eq!(s.apply(&put), Ok(()));
+        let del = MapOp::DeletePages(vec![key(1, 0), key(1, 7), key(1, 1)]);
+        assert_eq!(s.apply(&del), Err(OpFailure::new(Errno::ENOENT, 1)));
+        let keys: Vec<_> = s.pages().into_keys().collect();
+        assert_eq!(keys, vec![key(1, 1), key(1, 2)]);
+        assert_eq!(
+            s.apply(&MapOp::DeletePages(vec![key(1, 1), key(1, 2)])),
+            Ok(())
+        );
+        assert!(s.is_pristine());
+    }
+
+    #[test]
+    fn interpreter_offsets_replace_and_fill_up() {
+        let mut s = sim(tiny());
+        let range = |p: u16| OffsetRange {
+            lower_offset1: 0x10,
+            upper_offset1: 0x20,
+            program_index: p,
+            ..OffsetRange::default()
+        };
+        let put = |f: u64, p: u16| MapOp::PutInterpreterOffsets {
+            file_id: FileId(f),
+            range: range(p),
+        };
+        assert_eq!(s.apply(&put(1, 3)), Ok(()));
+        assert_eq!(s.apply(&put(1, 4)), Ok(()), "BPF_ANY replaces");
+        assert_eq!(s.apply(&put(2, 4)), Ok(()));
+        assert_eq!(s.apply(&put(3, 4)), Err(OpFailure::new(Errno::E2BIG, 0)));
+        assert_eq!(
+            s.interpreter_offsets(),
+            BTreeMap::from([(FileId(1), range(4)), (FileId(2), range(4))])
+        );
+        let del = |f: u64| MapOp::DeleteInterpreterOffsets { file_id: FileId(f) };
+        assert_eq!(s.apply(&del(1)), Ok(()));
+        assert_eq!(s.apply(&del(1)), Err(OpFailure::new(Errno::ENOENT, 0)));
+        assert_eq!(s.interpreter_offsets().len(), 1);
+    }
+
+    #[test]
+    fn equality_ignores_inner_map_ids_but_not_contents() {
+        let mut a = sim(tiny());
+        let mut b = sim(tiny());
+        // Burn an id in b so the inner arrays get different ids.
+        assert!(b.apply(&put_table(9, 8, 300)).is_err());
+        assert_eq!(a.apply(&put_table(1, 8, 5)), Ok(()));
+        assert_eq!(b.apply(&put_table(1, 8, 5)), Ok(()));
+        assert_eq!(a, b);
+        assert_eq!(a.apply(&put_table(2, 8, 5)), Ok(()));
+        assert_eq!(b.apply(&put_table(2, 8, 6)), Ok(()));
+        assert_ne!(a, b);
+        let mut c = sim(tiny());
+        assert_eq!(c.apply(&put_table(1, 9, 5)), Ok(()));
+        let mut d = sim(tiny());
+        assert_eq!(d.apply(&put_table(1, 8, 5)), Ok(()));
+        assert_ne!(c, d, "the class matters");
+    }
+
+    #[test]
+    fn registry_level_writes_are_visible_through_the_accessors() {
+        let mut s = sim(tiny());
+        let pages = s.pages;
+        let k = key(3, 1);
+        assert_eq!(
+            s.reg
+                .update(pages, &k.to_bytes(), &info(7).to_bytes(), BPF_ANY),
+            Ok(())
+        );
+        assert_eq!(s.pages(), BTreeMap::from([(k, info(7))]));
+        assert!(!s.holds_no_file_data());
+    }
+}
