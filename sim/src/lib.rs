@@ -1,5 +1,10 @@
 //! eim-sim: eim's kernel maps in memory, with the kernel's semantics.
 //!
+//! The machine in eim-core talks to the kernel only through
+//! [`eim_core::ops::Backend`]. This crate provides a backend that needs no
+//! privileges and fails on demand, so that every plan, every partial failure
+//! and every reader-visible intermediate state can be tested:
+//!
 //! * [`maps`]: a generic BPF map (HASH, ARRAY, HASH_OF_MAPS) at the byte
 //!   level, with the syscall's errnos, batch semantics and map-in-map
 //!   reference counting.
@@ -7,14 +12,21 @@
 //!   [`Backend`](eim_core::ops::Backend) implementation, and typed views of
 //!   the contents for tests and the invariant checker.
 //! * [`faults`]: deterministic fault injection by op number.
+//! * [`reader`]: [`SimReader`], SEED's BPF stack-delta lookup against the
+//!   simulated maps, and [`expected`], the direct search it must agree with.
 
 pub mod faults;
 pub mod kernel;
 pub mod maps;
+pub mod reader;
 
 pub use faults::{prefix, Fault, FaultPlan};
 pub use kernel::{inner_spec, InnerTable, SimConfig, SimError, SimMaps};
 pub use maps::{
     BatchError, BpfMap, MapId, MapRegistry, MapSpec, MapType, BPF_ANY, BPF_EXIST, BPF_F_LOCK,
     BPF_NOEXIST,
+};
+pub use reader::{
+    answer_for, answer_of, expected, Answer, DeltaHit, LookupError, Resolved, SimReader,
+    MAX_SEARCH_STEPS,
 };
