@@ -170,6 +170,11 @@ impl Flight {
     }
 }
 
+/// A shard on cache lines of its own: two threads working on files of
+/// different shards must not invalidate each other's lines.
+#[repr(align(128))]
+struct Padded<T>(T);
+
 #[derive(Default)]
 struct Shard {
     files: FileTable,
@@ -265,7 +270,7 @@ fn plan_error(file_id: FileId, e: PlanError) -> Error {
 /// Per-executable unwind data shared by every process that maps the file.
 pub struct ExecutableInfoManager<P: Provider, B: Backend> {
     provider: P,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Padded<Mutex<Shard>>]>,
     kernel: Mutex<KernelSide<B>>,
     deferred: Mutex<Deferred>,
     clock: Box<dyn Clock>,
@@ -302,7 +307,9 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         let shards = config.shards.max(1).next_power_of_two();
         Self {
             provider,
-            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..shards)
+                .map(|_| Padded(Mutex::new(Shard::default())))
+                .collect(),
             kernel: Mutex::new(KernelSide {
                 book: KernelBook::new(config.capacities),
                 backend,
@@ -316,7 +323,12 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
     }
 
     fn shard(&self, id: FileId) -> &Mutex<Shard> {
-        &self.shards[shard_index(id, self.shards.len())]
+        &self.shards[self.shard_of(id)].0
+    }
+
+    /// The shard that holds `id` (files in different shards never contend).
+    pub fn shard_of(&self, id: FileId) -> usize {
+        shard_index(id, self.shards.len())
     }
 
     fn defer(&self, file_id: FileId) {
@@ -434,7 +446,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             return report;
         };
         for shard in self.shards.iter() {
-            let mut shard = lock(shard);
+            let mut shard = lock(&shard.0);
             let unused = shard.files.take_unused(cutoff);
             if unused.is_empty() {
                 continue;
@@ -492,7 +504,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
 
     /// A consistent copy of the state (all locks taken in order).
     pub fn state(&self) -> StateView {
-        let shards: Vec<_> = self.shards.iter().map(lock).collect();
+        let shards: Vec<_> = self.shards.iter().map(|s| lock(&s.0)).collect();
         let kernel = lock(&self.kernel);
         let mut files = BTreeMap::new();
         let mut in_flight = 0;
