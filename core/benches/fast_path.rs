@@ -55,7 +55,11 @@ fn churn(m: &ExecutableInfoManager<MemoryProvider, Accept>, id: FileId, iters: u
 fn fast_path(c: &mut Criterion) {
     let (a, b) = (FileId(0x1111), FileId(0x2222));
     let m = loaded(&[a, b]);
-    assert_ne!(m.shard_of(a), m.shard_of(b), "pick files of different shards");
+    assert_ne!(
+        m.shard_of(a),
+        m.shard_of(b),
+        "pick files of different shards"
+    );
 
     let mut group = c.benchmark_group("fast_path");
     group.measurement_time(Duration::from_secs(5));

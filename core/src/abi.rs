@@ -344,9 +344,11 @@ pub fn size_class(num_deltas: u32) -> Option<u16> {
     }
 }
 
-/// Entries of an inner array of the given class.
-pub fn class_entries(class: u16) -> u32 {
-    1u32 << class
+/// Entries of an inner array of the given class; `None` outside 8..=23.
+pub fn class_entries(class: u16) -> Option<u32> {
+    (SIZE_CLASS_MIN..=SIZE_CLASS_MAX)
+        .contains(&class)
+        .then(|| 1u32 << class)
 }
 
 #[cfg(test)]
@@ -441,8 +443,11 @@ mod tests {
     #[test]
     fn class_arrays_are_strictly_larger_than_their_tables() {
         for n in [0u32, 1, 255, 256, 65535, 65536, (1 << 23) - 1] {
-            let class = size_class(n).unwrap_or(0);
-            assert!(class_entries(class) > n);
+            let class = size_class(n).expect("within range");
+            assert!(class_entries(class).expect("a class") > n);
+        }
+        for class in [0, 7, 24, 40, u16::MAX] {
+            assert_eq!(class_entries(class), None);
         }
     }
 }

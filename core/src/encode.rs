@@ -81,6 +81,13 @@ pub fn merge_opcode(delta: &StackDelta, next: &StackDelta) -> u8 {
     if !(1..=2).contains(&addr_diff) {
         return 0;
     }
+    // Deliberate difference from upstream: never merge across a page
+    // boundary. The unwinder corrects the address difference by one page
+    // only, so a pair split by a page boundary and followed by empty pages
+    // would resolve offset 0 of the later empty pages to the wrong rule.
+    if next.address >> PAGE_BITS != delta.address >> PAGE_BITS {
+        return 0;
+    }
     if b.opcode != a.opcode || b.fp_opcode != a.fp_opcode || b.fp_param != a.fp_param {
         return 0;
     }
@@ -289,6 +296,11 @@ mod tests {
         assert_eq!(merge_opcode(&d(0, sp(16)), &d(3, sp(24))), 0, "too far");
         assert_eq!(merge_opcode(&d(0, sp(16)), &d(1, sp(32))), 0, "not 8");
         assert_eq!(merge_opcode(&d(0, info::STOP), &d(1, info::STOP)), 0);
+        assert_eq!(
+            merge_opcode(&d(0x1_ffff, sp(16)), &d(0x2_0000, sp(24))),
+            0,
+            "never across a page boundary (deliberately unlike upstream)"
+        );
         let mut framed = sp(24);
         framed.fp_opcode = opcode::BASE_CFA;
         framed.fp_param = -16;

@@ -208,7 +208,8 @@ impl fmt::Debug for MapOp {
 
 /// How an op failed: the errno, and how many of its elements the kernel
 /// processed before it stopped (for single-element ops always 0).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{errno} after {done} elements")]
 pub struct OpFailure {
     pub errno: Errno,
     pub done: usize,

@@ -52,8 +52,12 @@ pub enum SimError {
 
 /// The spec of the inner delta array of a size class (also the outer map's
 /// template): ARRAY, u32 index to a 4-byte [`StackDelta`], 2^class entries.
+/// A class outside 8..=23 gets zero entries, which map creation refuses.
 pub fn inner_spec(class: u16) -> MapSpec {
-    MapSpec::array(StackDelta::SIZE as u32, abi::class_entries(class))
+    MapSpec::array(
+        StackDelta::SIZE as u32,
+        abi::class_entries(class).unwrap_or(0),
+    )
 }
 
 /// eim's maps in a simulated kernel.
