@@ -14,18 +14,28 @@
 //! * [`faults`]: deterministic fault injection by op number.
 //! * [`reader`]: [`SimReader`], SEED's BPF stack-delta lookup against the
 //!   simulated maps, and [`expected`], the direct search it must agree with.
+//! * [`checker`]: design invariants 1-4 (projection, reader safety, lookup
+//!   equivalence, accounting) against a manager's state and the maps.
+//! * [`observed`]: a backend that checks reader safety after every op.
 
+pub mod checker;
 pub mod faults;
 pub mod kernel;
 pub mod maps;
+pub mod observed;
 pub mod reader;
 
+pub use checker::{
+    check_accounting, check_all, check_lookup_equivalence, check_projection, check_reader_safety,
+    Sources, Violation,
+};
 pub use faults::{prefix, Fault, FaultPlan};
 pub use kernel::{inner_spec, InnerTable, SimConfig, SimError, SimMaps};
 pub use maps::{
     BatchError, BpfMap, MapId, MapRegistry, MapSpec, MapType, BPF_ANY, BPF_EXIST, BPF_F_LOCK,
     BPF_NOEXIST,
 };
+pub use observed::Observed;
 pub use reader::{
     answer_for, answer_of, expected, Answer, DeltaHit, LookupError, Resolved, SimReader,
     MAX_SEARCH_STEPS,

@@ -314,20 +314,17 @@ impl<'a> SimReader<'a> {
 /// `data` must be a list the encoder accepts (sorted, no merge opcode). When
 /// the maps hold exactly `data`'s table for a file (and its unwind slots),
 /// `SimReader::answer(file, address) == expected(data, address)` for every
-/// address, with one exception below, because `expected` returns `None`
-/// exactly where the reader has no answer:
+/// address, because `expected` returns `None` exactly where the reader has
+/// no answer:
 ///
 /// * below the first delta: its page has no entry (text-section error) or
 ///   the search ends with `hi == 0` (iterations error);
 /// * past the last delta's page: no page entry;
 /// * from the first delta to the end of the last delta's page: an answer.
 ///
-/// The exception is SEED's one-time +0x10000 correction: when a merged pair
-/// starts at page offset 0xFFFF with its neighbour 2 bytes on (merge opcode
-/// 2, or 0x82) and the next page has no delta of its own, the reader at
-/// offset 0 of any later page before the next delta computes `addrDiff = 1`
-/// instead of ≥ 0x10001 and misses the merge adjustment. A test below pins
-/// this down.
+/// This holds because eim never merges a pair split by a page boundary:
+/// SEED's one-time +0x10000 correction would otherwise miss the merge at
+/// offset 0 of later empty pages (a test below shows it resolves right).
 pub fn expected(data: &IntervalData, address: u64) -> Option<Answer> {
     let first = data.deltas.first()?;
     let last = data.deltas.last()?;

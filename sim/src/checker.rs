@@ -1,0 +1,390 @@
+//! The invariant checker: design invariants 1-4, checked against what the
+//! simulated kernel really holds.
+//!
+//! * **Projection**: the maps hold exactly what the machine's state implies:
+//!   every loaded file's pages and table, the leftovers the book records,
+//!   the unwind slots the book mirrors, nothing else (no leaked inner map).
+//! * **Reader safety**: at any moment, a lookup of any address of any file
+//!   that has a page entry either finds nothing (no page) or the answer the
+//!   file's own deltas give. It never reaches a missing table, an array
+//!   index out of range or an unwritten slot.
+//! * **Lookup equivalence**: for every loaded file, the reader answers
+//!   exactly what a direct search of its deltas answers, at every delta,
+//!   one byte on either side, and at spread-out addresses.
+//! * **Accounting**: the book's counters equal a recount of its contents.
+//!
+//! The expected answers come from the source deltas (what the provider gave
+//! the manager), never from the encoded tables, so a wrong encoding cannot
+//! check itself.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+
+use eim_core::abi::{StackDeltaPageKey, PAGE_BITS, PAGE_SIZE};
+use eim_core::deltas::IntervalData;
+use eim_core::machine::KernelBook;
+use eim_core::manager::StateView;
+use eim_core::ops::MapOp;
+use eim_core::FileId;
+
+use crate::kernel::SimMaps;
+use crate::reader::{answer_of, expected, Answer, LookupError, SimReader};
+
+/// The source deltas of every file the manager may have loaded.
+pub type Sources = HashMap<FileId, IntervalData>;
+
+/// A broken invariant, with enough detail to reproduce it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Violation {
+    Projection(String),
+    ReaderSafety {
+        file_id: FileId,
+        address: u64,
+        got: String,
+        want: Option<Answer>,
+    },
+    LookupEquivalence {
+        file_id: FileId,
+        address: u64,
+        got: String,
+        want: Option<Answer>,
+    },
+    Accounting(String),
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Projection(m) => write!(f, "projection: {m}"),
+            Self::ReaderSafety {
+                file_id,
+                address,
+                got,
+                want,
+            } => write!(
+                f,
+                "reader safety: file {file_id} address {address:#x}: reader {got}, deltas say {want:?}"
+            ),
+            Self::LookupEquivalence {
+                file_id,
+                address,
+                got,
+                want,
+            } => write!(
+                f,
+                "lookup equivalence: file {file_id} address {address:#x}: reader {got}, deltas say {want:?}"
+            ),
+            Self::Accounting(m) => write!(f, "accounting: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for Violation {}
+
+fn projection(msg: impl Into<String>) -> Violation {
+    Violation::Projection(msg.into())
+}
+
+/// Invariant 1 (and 4 for the book): the maps are the projection of the
+/// state. Call it when no call is in flight.
+pub fn check_projection(state: &StateView, maps: &SimMaps) -> Result<(), Violation> {
+    let book = &state.book;
+    if state.in_flight != 0 {
+        return Err(projection(format!(
+            "{} extractions in flight at a quiescent point",
+            state.in_flight
+        )));
+    }
+    // Pages: those of loaded files plus the recorded leftovers, exactly.
+    let mut want_pages: BTreeMap<StackDeltaPageKey, (FileId, u16)> = BTreeMap::new();
+    for (file_id, table) in book.loaded() {
+        for key in table.map_ref.page_keys(*file_id) {
+            want_pages.insert(key, (*file_id, table.map_ref.map_id));
+        }
+    }
+    let mut leftover_pages = BTreeSet::new();
+    let mut leftover_tables = BTreeSet::new();
+    for (file_id, ops) in book.leftovers() {
+        for op in ops {
+            match op {
+                MapOp::DeletePages(keys) => leftover_pages.extend(keys.iter().copied()),
+                MapOp::DeleteDeltaTable { map_id, .. } => {
+                    leftover_tables.insert((*map_id, *file_id));
+                }
+                other => {
+                    return Err(projection(format!(
+                        "file {file_id}: leftover {other:?} is not a removal"
+                    )))
+                }
+            }
+        }
+    }
+    let pages = maps.pages();
+    for (key, info) in &pages {
+        let file_id = FileId(key.file_id);
+        match want_pages.get(key) {
+            Some((_, map_id)) if *map_id == info.map_id => {}
+            Some((_, map_id)) => return Err(projection(format!(
+                "file {file_id} page {:#x} names class {} but the file's table is class {map_id}",
+                key.page, info.map_id
+            ))),
+            None if leftover_pages.contains(key) => {}
+            None => {
+                return Err(projection(format!(
+                    "orphan page entry: file {file_id} page {:#x}",
+                    key.page
+                )))
+            }
+        }
+    }
+    for key in want_pages.keys().chain(leftover_pages.iter()) {
+        if !pages.contains_key(key) {
+            return Err(projection(format!(
+                "file {} page {:#x} is missing from the kernel",
+                FileId(key.file_id),
+                key.page
+            )));
+        }
+    }
+    // Tables: one per loaded file with a table, plus leftovers, exactly.
+    let want_tables: BTreeSet<(u16, FileId)> = book
+        .loaded()
+        .iter()
+        .map(|(id, t)| (t.map_ref.map_id, *id))
+        .chain(leftover_tables.iter().copied())
+        .collect();
+    let tables = maps.delta_tables();
+    let have_tables: BTreeSet<(u16, FileId)> = tables.keys().copied().collect();
+    if have_tables != want_tables {
+        let orphan: Vec<_> = have_tables.difference(&want_tables).collect();
+        let missing: Vec<_> = want_tables.difference(&have_tables).collect();
+        return Err(projection(format!(
+            "delta tables differ: orphans {orphan:?}, missing {missing:?}"
+        )));
+    }
+    if maps.live_inner_maps() != have_tables.len() {
+        return Err(projection(format!(
+            "{} inner maps alive for {} published tables (leaked inner maps)",
+            maps.live_inner_maps(),
+            have_tables.len()
+        )));
+    }
+    // Page entries of a loaded file cover its whole table, in order.
+    for (file_id, t) in book.loaded() {
+        let mut next = 0u32;
+        for key in t.map_ref.page_keys(*file_id) {
+            let info = pages[&key];
+            if info.first_delta != next {
+                return Err(projection(format!(
+                    "file {file_id} page {:#x} starts at delta {} instead of {next}",
+                    key.page, info.first_delta
+                )));
+            }
+            next += u32::from(info.num_deltas);
+        }
+        let cap = 1u64 << t.map_ref.map_id;
+        if u64::from(next) >= cap {
+            return Err(projection(format!(
+                "file {file_id}: {next} deltas do not fit class {}",
+                t.map_ref.map_id
+            )));
+        }
+    }
+    // Unwind slots: the kernel array equals the book's mirror.
+    let slots = book.slots();
+    // Past both extents every slot is zero on both sides.
+    let book_extent = slots
+        .occupied()
+        .last()
+        .map_or(0, |(s, _)| usize::from(s) + 1);
+    let extent = maps.unwind_info_extent().max(book_extent);
+    for slot in 0..extent {
+        let info = maps.unwind_info(slot as u32).unwrap_or_default();
+        let want = slots.content(slot as u16).unwrap_or_default();
+        if info != want {
+            return Err(projection(format!(
+                "unwind_info_array[{slot}] holds {info:?}, the book says {want:?}"
+            )));
+        }
+    }
+    if !maps.interpreter_offsets().is_empty() {
+        return Err(projection(
+            "interpreter_offsets holds entries but no loader wrote any",
+        ));
+    }
+    // Every table belongs to a file the manager knows.
+    for file_id in book.loaded().keys() {
+        if !state.files.contains_key(file_id) {
+            return Err(projection(format!(
+                "file {file_id} has a table but no entry (a zombie table)"
+            )));
+        }
+    }
+    check_accounting(book)
+}
+
+/// Invariant 4 for the book: counters equal a recount.
+pub fn check_accounting(book: &KernelBook) -> Result<(), Violation> {
+    let pages: u64 = book
+        .loaded()
+        .values()
+        .map(|t| u64::from(t.map_ref.num_pages))
+        .sum();
+    if pages != book.pages_in_use() {
+        return Err(Violation::Accounting(format!(
+            "page gauge {} but loaded files own {pages} pages",
+            book.pages_in_use()
+        )));
+    }
+    for class in eim_core::abi::SIZE_CLASS_MIN..=eim_core::abi::SIZE_CLASS_MAX {
+        let count = book
+            .loaded()
+            .values()
+            .filter(|t| t.map_ref.map_id == class)
+            .count() as u32;
+        if count != book.tables_in_class(class) {
+            return Err(Violation::Accounting(format!(
+                "class {class}: counter {} but {count} loaded tables",
+                book.tables_in_class(class)
+            )));
+        }
+    }
+    let mut users: HashMap<u16, u32> = HashMap::new();
+    for t in book.loaded().values() {
+        for slot in t.slots.iter() {
+            *users.entry(*slot).or_default() += 1;
+        }
+    }
+    let slots = book.slots();
+    for (slot, _) in slots.occupied() {
+        let want = users.get(&slot).copied().unwrap_or(0);
+        if slots.users(slot) != want {
+            return Err(Violation::Accounting(format!(
+                "slot {slot}: {} users recorded, {want} loaded files use it",
+                slots.users(slot)
+            )));
+        }
+    }
+    if let Some(slot) = users.keys().find(|s| slots.content(**s).is_none()) {
+        return Err(Violation::Accounting(format!(
+            "a loaded file uses slot {slot}, which holds no rule"
+        )));
+    }
+    if slots.occupied().count() != slots.in_use() {
+        return Err(Violation::Accounting(format!(
+            "{} occupied slots but the index has {}",
+            slots.occupied().count(),
+            slots.in_use()
+        )));
+    }
+    Ok(())
+}
+
+/// Addresses worth looking up in one page of a file: every delta address in
+/// it and one byte on either side, the page bounds, and `spread` evenly
+/// spaced points.
+fn page_samples(data: &IntervalData, page: u64, spread: u64) -> Vec<u64> {
+    let end = page + PAGE_SIZE;
+    let from = data.deltas.partition_point(|d| d.address < page);
+    let mut out: Vec<u64> = vec![page, end - 1];
+    for d in data.deltas[from..].iter().take_while(|d| d.address < end) {
+        out.extend([d.address.saturating_sub(1), d.address, d.address + 1]);
+    }
+    let step = (PAGE_SIZE / spread.max(1)).max(1);
+    out.extend((0..spread).map(|i| page + (i * step + 7) % PAGE_SIZE));
+    out.retain(|a| a >> PAGE_BITS == page >> PAGE_BITS);
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Invariant 2, for any moment (also between two ops of a plan): every
+/// page entry leads to the right answer or to none.
+pub fn check_reader_safety(
+    maps: &SimMaps,
+    sources: &Sources,
+    spread: u64,
+) -> Result<(), Violation> {
+    let reader = SimReader::new(maps);
+    for key in maps.pages().keys() {
+        let file_id = FileId(key.file_id);
+        let Some(data) = sources.get(&file_id) else {
+            return Err(projection(format!(
+                "page entry for file {file_id}, which no source ever produced"
+            )));
+        };
+        for address in page_samples(data, key.page, spread) {
+            let result = reader.lookup(file_id, address);
+            let want = expected(data, address);
+            let safe = match &result {
+                // No page (another page of the file may be gone already).
+                Err(LookupError::TextSection { .. }) => true,
+                // These mean a page led somewhere it must not.
+                Err(
+                    LookupError::OuterMap { .. }
+                    | LookupError::InnerMap { .. }
+                    | LookupError::Range { .. }
+                    | LookupError::BadUnwindInfoIndex { .. },
+                ) => false,
+                _ => answer_of(&result) == want,
+            };
+            if !safe {
+                return Err(Violation::ReaderSafety {
+                    file_id,
+                    address,
+                    got: format!("{result:?}"),
+                    want,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Invariant 3, at a quiescent point: every loaded file answers like its
+/// deltas, everywhere in its range.
+pub fn check_lookup_equivalence(
+    state: &StateView,
+    maps: &SimMaps,
+    sources: &Sources,
+    spread: u64,
+) -> Result<(), Violation> {
+    let reader = SimReader::new(maps);
+    for (file_id, table) in state.book.loaded() {
+        let Some(data) = sources.get(file_id) else {
+            return Err(projection(format!("loaded file {file_id} has no source")));
+        };
+        for page in table.map_ref.page_keys(*file_id) {
+            for address in page_samples(data, page.page, spread) {
+                let result = reader.lookup(*file_id, address);
+                let want = expected(data, address);
+                if answer_of(&result) != want {
+                    return Err(Violation::LookupEquivalence {
+                        file_id: *file_id,
+                        address,
+                        got: format!("{result:?}"),
+                        want,
+                    });
+                }
+            }
+        }
+    }
+    // A file known with deltas must be loaded; one without must not be.
+    for file_id in state.files.keys() {
+        let has_deltas = sources.get(file_id).is_some_and(|d| !d.is_empty());
+        if has_deltas != state.book.loaded().contains_key(file_id) {
+            return Err(projection(format!(
+                "file {file_id} is known, has deltas: {has_deltas}, has a table: {}",
+                !has_deltas
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// All four invariants at a quiescent point.
+pub fn check_all(state: &StateView, maps: &SimMaps, sources: &Sources) -> Result<(), Violation> {
+    check_projection(state, maps)?;
+    check_reader_safety(maps, sources, 16)?;
+    check_lookup_equivalence(state, maps, sources, 32)
+}
