@@ -1,0 +1,221 @@
+//! Every way the load of a 3-page file can fail part way: each op of its
+//! plan failing outright, and each batch stopping after every possible
+//! element count. The maps must end exactly as before the call, the manager
+//! state unchanged, and the next attempt (after the deferral) must succeed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use eim_core::abi::{opcode, UnwindInfo};
+use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+use eim_core::manager::ManualClock;
+use eim_core::ops::Errno;
+use eim_core::provider::MemoryProvider;
+use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
+use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+
+const FILE: FileId = FileId(0xf11e);
+const OTHER: FileId = FileId(0x07e7);
+
+fn sp(param: i32) -> UnwindInfo {
+    UnwindInfo {
+        opcode: opcode::BASE_SP,
+        param,
+        ..UnwindInfo::default()
+    }
+}
+
+/// Three pages, four distinct rules (one of them shared with `other`).
+fn three_pages() -> IntervalData {
+    let mut d = IntervalData::new();
+    d.add(StackDelta::new(0x7_0100, hint::KEEP, sp(8)));
+    d.add(StackDelta::new(0x7_0104, hint::NONE, sp(16)));
+    d.add(StackDelta::new(0x8_0200, hint::KEEP, sp(24)));
+    d.add(StackDelta::new(0x9_0300, hint::KEEP, sp(40)));
+    d.add(StackDelta::new(0x9_0340, hint::GAP, info::INVALID));
+    d
+}
+
+fn other() -> IntervalData {
+    let mut d = IntervalData::new();
+    d.add(StackDelta::new(0x1000, hint::KEEP, sp(8)));
+    d.add(StackDelta::new(0x1100, hint::GAP, info::INVALID));
+    d
+}
+
+type Manager = ExecutableInfoManager<Arc<MemoryProvider>, Observed>;
+
+fn setup() -> (Manager, Arc<ManualClock>, Arc<Sources>) {
+    let sources: Sources = [(FILE, three_pages()), (OTHER, other())]
+        .into_iter()
+        .collect();
+    let sources = Arc::new(sources);
+    let provider = Arc::new(MemoryProvider::new());
+    for (id, data) in sources.iter() {
+        provider.insert(*id, data.clone());
+    }
+    let clock = Arc::new(ManualClock::new());
+    let maps = SimMaps::new(SimConfig::default()).expect("sim maps");
+    let m = ExecutableInfoManager::with_config(
+        provider,
+        Observed::new(maps, sources.clone(), 64),
+        Tracers::none(),
+        Config::default(),
+        Box::new(clock.clone()),
+    );
+    // Another file is loaded already, so the failing load shares a slot
+    // with it and must not disturb it.
+    m.add_or_inc_ref(OTHER, &OTHER)
+        .expect("load the other file");
+    (m, clock, sources)
+}
+
+/// How a failure is injected: (op number in the plan, elements done).
+fn injections() -> Vec<(u64, Option<usize>)> {
+    // The plan: put 3 new unwind infos, put the table, put 3 pages.
+    let mut out = Vec::new();
+    for k in 0..3u64 {
+        out.push((k, None));
+    }
+    for after in 1..3 {
+        out.push((0, Some(after)));
+        out.push((2, Some(after)));
+    }
+    out
+}
+
+#[test]
+fn the_plan_is_three_ops_over_three_pages() {
+    let (m, _, _) = setup();
+    let before = m.with_backend(|b| b.maps.ops_applied());
+    m.add_or_inc_ref(FILE, &FILE).unwrap();
+    let ops = m.with_backend(|b| b.maps.ops_applied()) - before;
+    assert_eq!(ops, 3, "slots, table, pages");
+    let pages = m.with_backend(|b| b.maps.pages().len());
+    assert_eq!(pages, 3 + 1);
+}
+
+#[test]
+fn failing_any_op_of_a_load_leaves_maps_and_state_as_before() {
+    for (k, stop_after) in injections() {
+        for errno in [Errno::ENOMEM, Errno::E2BIG, Errno::EBUSY, Errno::EFAULT] {
+            let (m, clock, sources) = setup();
+            let maps_before = m.with_backend(|b| b.maps.clone());
+            let state_before = m.state();
+            m.with_backend(|b| match stop_after {
+                None => b.maps.fail_op(k, errno),
+                Some(after) => b.maps.stop_batch(k, after, errno),
+            });
+            let what = format!("op {k}, stopped after {stop_after:?}, {errno}");
+
+            let err = m.add_or_inc_ref(FILE, &FILE).unwrap_err();
+            assert!(
+                matches!(err, Error::Kernel { rolled_back: true, errno: e, .. } if e == errno),
+                "{what}: {err}"
+            );
+            m.with_backend(|b| {
+                assert!(b.maps == maps_before, "{what}: maps changed");
+                assert_eq!(b.violation, None, "{what}");
+            });
+            let state = m.state();
+            assert_eq!(state.files.len(), state_before.files.len(), "{what}");
+            assert_eq!(state.book.loaded(), state_before.book.loaded(), "{what}");
+            assert_eq!(
+                state.book.slots().in_use(),
+                state_before.book.slots().in_use(),
+                "{what}"
+            );
+            assert_eq!(
+                state.book.pages_in_use(),
+                state_before.book.pages_in_use(),
+                "{what}"
+            );
+            assert_eq!(state.book.leftover_ops(), 0, "{what}");
+            m.with_backend(|b| check_all(&state, &b.maps, &sources))
+                .unwrap();
+
+            // Deferred now; after the deferral the same load succeeds.
+            assert_eq!(
+                m.add_or_inc_ref(FILE, &FILE).unwrap_err(),
+                Error::Deferred { file_id: FILE }
+            );
+            clock.advance(Duration::from_secs(91));
+            m.add_or_inc_ref(FILE, &FILE)
+                .unwrap_or_else(|e| panic!("{what}: retry: {e}"));
+            let state = m.state();
+            m.with_backend(|b| {
+                check_all(&state, &b.maps, &sources).unwrap();
+                assert_eq!(b.violation, None);
+            });
+        }
+    }
+}
+
+#[test]
+fn a_failing_rollback_is_finished_by_a_later_call() {
+    // The page batch stops after 2 pages; the rollback's page delete then
+    // stops after 1: one page and the table stay, recorded as leftovers.
+    let (m, clock, sources) = setup();
+    m.with_backend(|b| {
+        b.maps.stop_batch(2, 2, Errno::ENOMEM);
+        b.maps.stop_batch(3, 1, Errno::EBUSY);
+    });
+    let err = m.add_or_inc_ref(FILE, &FILE).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Kernel {
+                rolled_back: false,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("will be retried"), "{err}");
+    let state = m.state();
+    assert_eq!(
+        state.book.leftover_ops(),
+        2,
+        "the rest of the page delete, then the table"
+    );
+    m.with_backend(|b| {
+        check_all(&state, &b.maps, &sources).unwrap();
+        assert_eq!(b.violation, None);
+    });
+    // The next call of any kind retries the removal first.
+    clock.advance(Duration::from_secs(91));
+    m.add_or_inc_ref(FILE, &FILE).unwrap();
+    let state = m.state();
+    assert_eq!(state.book.leftover_ops(), 0);
+    m.with_backend(|b| check_all(&state, &b.maps, &sources))
+        .unwrap();
+}
+
+#[test]
+fn every_unload_failure_is_cleaned_up_later() {
+    for (k, stop_after) in [(0u64, None), (0, Some(1)), (0, Some(2)), (1, None)] {
+        let (m, _, sources) = setup();
+        m.add_or_inc_ref(FILE, &FILE).unwrap();
+        m.with_backend(|b| match stop_after {
+            None => b.maps.fail_op(k, Errno::EBUSY),
+            Some(after) => b.maps.stop_batch(k, after, Errno::EBUSY),
+        });
+        let err = m.remove_or_dec_ref(FILE).unwrap_err();
+        assert!(matches!(err, Error::UnloadIncomplete { .. }), "{err}");
+        let state = m.state();
+        assert!(
+            !state.files.contains_key(&FILE),
+            "the reference is released regardless"
+        );
+        m.with_backend(|b| {
+            check_all(&state, &b.maps, &sources).unwrap();
+            assert_eq!(b.violation, None);
+        });
+        assert_eq!(m.retry_leftovers(), 0);
+        let state = m.state();
+        m.with_backend(|b| check_all(&state, &b.maps, &sources))
+            .unwrap();
+        m.remove_or_dec_ref(OTHER).unwrap();
+        m.with_backend(|b| assert!(b.maps.holds_no_file_data(), "back to the baseline"));
+    }
+}
