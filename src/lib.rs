@@ -1,0 +1,40 @@
+//! eim: executable-info manager for eBPF native unwinding.
+//!
+//! This crate is a facade. The work is done in two crates that users should
+//! not have to know about:
+//!
+//! * [`eim_core`], re-exported here at the top level: the kernel map ABI,
+//!   stack deltas, the encoder, the pure state machine and the thread-safe
+//!   [`ExecutableInfoManager`];
+//! * [`eim_sim`], re-exported as [`sim`]: an in-memory kernel with the real
+//!   maps' semantics ([`sim::SimMaps`]), so the manager runs (and can be
+//!   tested and demonstrated) without privileges.
+//!
+//! Depending on `eim` alone keeps one version of each in a user's build and
+//! lets the split between the crates change without breaking users.
+//!
+//! ```
+//! use eim::deltas::{hint, info, IntervalData, StackDelta};
+//! use eim::provider::MemoryProvider;
+//! use eim::sim::{SimConfig, SimMaps};
+//! use eim::{ExecutableInfoManager, FileId, Tracers};
+//!
+//! let mut data = IntervalData::new();
+//! data.add(StackDelta::new(0x1000, hint::KEEP, info::STOP));
+//! data.add(StackDelta::new(0x1040, hint::GAP, info::INVALID));
+//! let provider = MemoryProvider::new();
+//! provider.insert(FileId(7), data);
+//!
+//! let maps = SimMaps::new(SimConfig::default()).expect("maps");
+//! let manager = ExecutableInfoManager::new(provider, maps, Tracers::none());
+//! manager.add_or_inc_ref(FileId(7), &FileId(7)).expect("loaded");
+//! manager.add_or_inc_ref(FileId(7), &FileId(7)).expect("second reference");
+//! assert_eq!(manager.with_backend(|maps| maps.table_count()), 1);
+//!
+//! manager.remove_or_dec_ref(FileId(7)).expect("released");
+//! manager.remove_or_dec_ref(FileId(7)).expect("released and unloaded");
+//! assert!(manager.with_backend(|maps| maps.holds_no_file_data()));
+//! ```
+
+pub use eim_core::*;
+pub use eim_sim as sim;
