@@ -1,1 +1,131 @@
-fn main(){}
+//! `eim`: the command line of the executable-info manager.
+//!
+//! Logs go to stderr (`-v`, `-vv`, `-vvv`, or `RUST_LOG` for full control);
+//! results go to stdout, so they can be piped and diffed.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod demo;
+mod input;
+mod synth;
+mod table;
+mod tables;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "eim",
+    version,
+    about = "Executable-info manager for eBPF native unwinding",
+    long_about = "Executable-info manager for eBPF native unwinding: loads per-executable \
+                  stack-delta tables into the kernel maps a BPF unwinder reads."
+)]
+struct Cli {
+    /// More logging on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Load synthetic executables for simulated processes into a simulated
+    /// kernel, let half of the processes exit, and report what the maps hold.
+    Demo(demo::DemoArgs),
+    /// Print the kernel tables a fresh manager writes for each deltas file,
+    /// in upstream's `.encoded` format.
+    Tables(tables::TablesArgs),
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// Writes a report to stdout; a closed pipe is not an error.
+fn print(text: &str) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("eim: stdout: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn demo(args: &demo::DemoArgs) -> ExitCode {
+    let report = match demo::run(args) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("eim: demo: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let text = if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(json) => json + "\n",
+            Err(e) => {
+                eprintln!("eim: demo: cannot encode the report: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        demo::render_text(&report)
+    };
+    let code = print(&text);
+    if report.book_matches_kernel {
+        code
+    } else {
+        // The report says so too; a disagreement is a bug in eim.
+        eprintln!("eim: demo: the manager's book and the kernel maps disagree");
+        ExitCode::FAILURE
+    }
+}
+
+fn tables(args: &tables::TablesArgs) -> ExitCode {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    match tables::run(args, &mut out) {
+        Ok(tables::Outcome::Ok | tables::Outcome::Closed) => ExitCode::SUCCESS,
+        Ok(tables::Outcome::SomeFailed) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("eim: stdout: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    match &cli.command {
+        Command::Demo(args) => demo(args),
+        Command::Tables(args) => tables(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+}
