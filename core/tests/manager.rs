@@ -322,3 +322,9 @@ fn the_clock_is_the_callers() {
     clock.advance(Duration::from_secs(5));
     assert_eq!(clock.now().0 - t0.0, Duration::from_secs(5));
 }
+
+#[test]
+fn the_manager_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ExecutableInfoManager<MemoryProvider, Recorder>>();
+}

@@ -124,10 +124,12 @@ pub fn check_projection(state: &StateView, maps: &SimMaps) -> Result<(), Violati
         let file_id = FileId(key.file_id);
         match want_pages.get(key) {
             Some((_, map_id)) if *map_id == info.map_id => {}
-            Some((_, map_id)) => return Err(projection(format!(
+            Some((_, map_id)) => {
+                return Err(projection(format!(
                 "file {file_id} page {:#x} names class {} but the file's table is class {map_id}",
                 key.page, info.map_id
-            ))),
+            )))
+            }
             None if leftover_pages.contains(key) => {}
             None => {
                 return Err(projection(format!(
