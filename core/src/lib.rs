@@ -14,6 +14,7 @@
 pub mod abi;
 pub mod deltas;
 pub mod driver;
+pub mod elf;
 pub mod encode;
 pub mod error;
 pub mod info;

@@ -1,0 +1,2 @@
+//! The extraction stages in upstream's order (spec 5.2). Placeholder until
+//! implemented.

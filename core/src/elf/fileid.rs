@@ -1,0 +1,1 @@
+//! File ids (spec 9). Placeholder until implemented.
