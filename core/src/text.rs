@@ -69,6 +69,8 @@ pub fn parse_deltas(text: &str) -> Result<DeltasFile, TextError> {
     let mut deltas = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line_no = n + 1;
+        // Carriage returns are line-ending noise, never part of a field.
+        let line = line.trim_end_matches('\r');
         if let Some(rest) = line.strip_prefix("# file: ") {
             path = Some(rest.to_string());
             continue;
@@ -210,6 +212,16 @@ mod tests {
         assert_eq!(parsed.data.deltas[1].address, 0x8d1);
         assert_eq!(parsed.data.deltas[1].info.fp_param, -16);
         assert_eq!(render_deltas("/x", &parsed.data), text);
+    }
+
+    #[test]
+    fn carriage_returns_never_reach_the_path() {
+        // Found by the deltas_text fuzzer: a path parsed with a trailing CR
+        // did not survive render + parse.
+        let parsed = parse_deltas("# file: a.so\r\r\n# deltas: 0\n").unwrap();
+        assert_eq!(parsed.path, "a.so");
+        let again = parse_deltas(&render_deltas(&parsed.path, &parsed.data)).unwrap();
+        assert_eq!(again, parsed);
     }
 
     #[test]
