@@ -141,6 +141,21 @@ pub struct UnwindInfo {
     pub fp_param: i32,
 }
 
+impl UnwindInfo {
+    /// A rule: the CFA is `opcode`'s base plus `param`; the frame-pointer
+    /// (x86-64) or return-address (arm64) rule is `fp_opcode` plus `fp_param`.
+    pub const fn new(opcode: u8, param: i32, fp_opcode: u8, fp_param: i32) -> Self {
+        Self {
+            opcode,
+            fp_opcode,
+            merge_opcode: 0,
+            pad: 0,
+            param,
+            fp_param,
+        }
+    }
+}
+
 /// Value of `interpreter_offsets`: up to two code ranges (bounds compared
 /// inclusively by the BPF side) and the program to tail-call.
 #[repr(C)]

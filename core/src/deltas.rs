@@ -28,14 +28,7 @@ pub mod info {
     use super::*;
 
     const fn cmd(param: i32) -> UnwindInfo {
-        UnwindInfo {
-            opcode: opcode::COMMAND,
-            fp_opcode: 0,
-            merge_opcode: 0,
-            pad: 0,
-            param,
-            fp_param: 0,
-        }
+        UnwindInfo::new(opcode::COMMAND, param, 0, 0)
     }
 
     pub const INVALID: UnwindInfo = cmd(command::INVALID);
@@ -44,14 +37,12 @@ pub mod info {
     pub const SIGNAL: UnwindInfo = cmd(command::SIGNAL);
     pub const FRAME_POINTER: UnwindInfo = cmd(command::FRAME_POINTER);
     /// arm64 leaf: CFA = SP, return address in LR.
-    pub const LR: UnwindInfo = UnwindInfo {
-        opcode: opcode::BASE_SP,
-        fp_opcode: opcode::BASE_LR,
-        merge_opcode: 0,
-        pad: 0,
-        param: 0,
-        fp_param: 0,
-    };
+    pub const LR: UnwindInfo = UnwindInfo::new(opcode::BASE_SP, 0, opcode::BASE_LR, 0);
+
+    /// CFA = SP + `offset`, no frame-pointer rule.
+    pub const fn sp(offset: i32) -> UnwindInfo {
+        UnwindInfo::new(opcode::BASE_SP, offset, 0, 0)
+    }
 }
 
 /// One extracted delta.
@@ -177,15 +168,8 @@ impl IntervalData {
 
 #[cfg(test)]
 mod tests {
+    use super::info::sp;
     use super::*;
-
-    fn sp(param: i32) -> UnwindInfo {
-        UnwindInfo {
-            opcode: opcode::BASE_SP,
-            param,
-            ..UnwindInfo::default()
-        }
-    }
 
     fn d(address: u64, hints: u8, info: UnwindInfo) -> StackDelta {
         StackDelta::new(address, hints, info)

@@ -259,14 +259,7 @@ impl Draft {
 mod tests {
     use super::*;
     use crate::deltas::info;
-
-    fn sp(param: i32) -> UnwindInfo {
-        UnwindInfo {
-            opcode: opcode::BASE_SP,
-            param,
-            ..UnwindInfo::default()
-        }
-    }
+    use crate::deltas::info::sp;
 
     fn d(address: u64, info: UnwindInfo) -> StackDelta {
         StackDelta::new(address, hint::NONE, info)

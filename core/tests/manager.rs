@@ -1,11 +1,11 @@
 //! The facade's contract: reference counting, single-flight extraction,
 //! deferral, synthetic data, delayed unloading, metrics and error messages.
 
+use eim_core::deltas::info::sp;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use eim_core::abi::{opcode, UnwindInfo};
 use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::manager::{Clock, ManualClock};
 use eim_core::metrics;
@@ -39,14 +39,6 @@ impl Backend for Recorder {
 impl Recorder {
     fn names(&self) -> Vec<&'static str> {
         self.log.lock().unwrap().iter().map(MapOp::name).collect()
-    }
-}
-
-fn sp(param: i32) -> UnwindInfo {
-    UnwindInfo {
-        opcode: opcode::BASE_SP,
-        param,
-        ..UnwindInfo::default()
     }
 }
 

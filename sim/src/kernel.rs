@@ -452,6 +452,7 @@ fn decoded<K: Wire + Ord, V: Wire>(map: Option<&BpfMap>) -> BTreeMap<K, V> {
 
 #[cfg(test)]
 mod tests {
+    use eim_core::deltas::info::sp;
     use std::sync::Arc;
 
     use super::*;
@@ -499,14 +500,6 @@ mod tests {
             file_id: FileId(file),
             map_id,
             deltas: deltas(n),
-        }
-    }
-
-    fn sp(param: i32) -> UnwindInfo {
-        UnwindInfo {
-            opcode: abi::opcode::BASE_SP,
-            param,
-            ..UnwindInfo::default()
         }
     }
 

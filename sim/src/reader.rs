@@ -349,6 +349,7 @@ pub fn answer_for(info: &UnwindInfo) -> Answer {
 
 #[cfg(test)]
 mod tests {
+    use eim_core::deltas::info::sp;
     use std::ops::Range;
 
     use eim_core::abi::{command, StackDelta as KernelDelta};
@@ -358,14 +359,6 @@ mod tests {
 
     use super::*;
     use crate::kernel::SimConfig;
-
-    fn sp(param: i32) -> UnwindInfo {
-        UnwindInfo {
-            opcode: opcode::BASE_SP,
-            param,
-            ..UnwindInfo::default()
-        }
-    }
 
     fn d(address: u64, info: UnwindInfo) -> StackDelta {
         StackDelta::new(address, hint::NONE, info)

@@ -3,10 +3,10 @@
 //! element count. The maps must end exactly as before the call, the manager
 //! state unchanged, and the next attempt (after the deferral) must succeed.
 
+use eim_core::deltas::info::sp;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::abi::{opcode, UnwindInfo};
 use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::manager::ManualClock;
 use eim_core::ops::Errno;
@@ -16,14 +16,6 @@ use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
 
 const FILE: FileId = FileId(0xf11e);
 const OTHER: FileId = FileId(0x07e7);
-
-fn sp(param: i32) -> UnwindInfo {
-    UnwindInfo {
-        opcode: opcode::BASE_SP,
-        param,
-        ..UnwindInfo::default()
-    }
-}
 
 /// Three pages, four distinct rules (one of them shared with `other`).
 fn three_pages() -> IntervalData {

@@ -2,11 +2,11 @@
 //! eim must not have, one named test each. Each test drives eim into the
 //! situation that breaks upstream and shows that eim stays consistent.
 
+use eim_core::deltas::info::sp;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eim_core::abi::{opcode, UnwindInfo};
 use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::encode::EncodeError;
 use eim_core::manager::ManualClock;
@@ -15,14 +15,6 @@ use eim_core::ops::Errno;
 use eim_core::provider::{ExtractError, Extraction, MemoryProvider, Provider};
 use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
 use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
-
-fn sp(param: i32) -> UnwindInfo {
-    UnwindInfo {
-        opcode: opcode::BASE_SP,
-        param,
-        ..UnwindInfo::default()
-    }
-}
 
 /// `pages` pages, one function each.
 fn file(pages: u64, seed: i32) -> IntervalData {

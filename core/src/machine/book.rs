@@ -490,17 +490,9 @@ impl KernelBook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::opcode;
     use crate::deltas::hint;
+    use crate::deltas::info::sp;
     use crate::ops::Errno;
-
-    fn sp(param: i32) -> UnwindInfo {
-        UnwindInfo {
-            opcode: opcode::BASE_SP,
-            param,
-            ..UnwindInfo::default()
-        }
-    }
 
     /// Three pages, three distinct rules.
     fn three_pages() -> Vec<StackDelta> {
