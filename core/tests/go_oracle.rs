@@ -253,3 +253,40 @@ fn build_info_with_string_pointers() {
     bytes[off + 15] = 1;
     assert_eq!(gopclntab::go_version(&Elf::parse(&bytes).unwrap()), None);
 }
+
+/// Random byte edits inside a real table (all five files) give an error or
+/// some deltas, never a panic.
+#[test]
+fn edited_real_tables_never_panic() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for c in corpus() {
+        let (start, size) = {
+            let file = object::File::parse(&*c.bytes).unwrap();
+            let s = file.section_by_name(".gopclntab").unwrap();
+            let (start, size) = s.file_range().unwrap();
+            (start as usize, size as usize)
+        };
+        let mut outcomes = [0usize; 2];
+        for round in 0..60 {
+            let mut bytes = c.bytes.clone();
+            let edits = 1 + next() % 4;
+            for _ in 0..edits {
+                // Half of the rounds hit the header and tables' first bytes.
+                let span = if round % 2 == 0 { 128.min(size) } else { size };
+                let at = start + (next() as usize) % span;
+                bytes[at] = next() as u8;
+            }
+            let elf = Elf::parse(&bytes).unwrap();
+            let mut data = IntervalData::new();
+            let ok = gopclntab::extract(&elf, &mut data).is_ok();
+            outcomes[usize::from(ok)] += 1;
+        }
+        eprintln!("{}: {} errors, {} parsed", c.name, outcomes[0], outcomes[1]);
+    }
+}

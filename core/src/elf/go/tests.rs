@@ -44,11 +44,21 @@ const TEXT: u64 = 0x40_1000;
 
 /// A Go 1.20 table for `funs`, laid out back to back from [`TEXT`].
 fn build(funs: &[Fun], quantum: u8) -> Vec<u8> {
+    build_as(Version::Go120, funs, quantum)
+}
+
+/// A table of the given layout for `funs`, laid out back to back from
+/// [`TEXT`]. Go 1.16+ tables put a dummy first compilation-unit entry and
+/// give every function compilation-unit offset 1, so the file lookup only
+/// works if the offset is added; Go 1.2 file numbers start at 1 (entry 0 of
+/// the file table is the count).
+fn build_as(version: Version, funs: &[Fun], quantum: u8) -> Vec<u8> {
     let q = u32::from(quantum);
+    let go12 = version == Version::Go12;
+    let relative = version >= Version::Go118;
     let mut names = Vec::new();
     let mut files: Vec<&str> = Vec::new();
-    let mut filetab = Vec::new();
-    let mut cutab = Vec::new();
+    let mut file_names = Vec::new();
     let mut pctab = vec![0u8]; // offset 0 means "no table"
     let mut recs = Vec::new(); // (entry off, name off, pcsp off, pcfile off)
     let mut pc = 0u32;
@@ -60,14 +70,13 @@ fn build(funs: &[Fun], quantum: u8) -> Vec<u8> {
             Some(i) => i,
             None => {
                 files.push(f.file);
-                cutab.extend_from_slice(&(filetab.len() as u32).to_le_bytes());
-                filetab.extend_from_slice(f.file.as_bytes());
-                filetab.push(0);
+                file_names.push(f.file);
                 files.len() - 1
             }
         };
+        let file_value = if go12 { file_index + 1 } else { file_index };
         let pcfile_off = pctab.len() as u32;
-        pctab.extend(pcvalue(&[(file_index as i32, f.size)], q));
+        pctab.extend(pcvalue(&[(file_value as i32, f.size)], q));
         let pcsp_off = if f.pcsp.is_empty() {
             0
         } else {
@@ -78,35 +87,120 @@ fn build(funs: &[Fun], quantum: u8) -> Vec<u8> {
         recs.push((pc, name_off, pcsp_off, pcfile_off));
         pc += f.size;
     }
-    let header_size = 72u64;
+    let magic = match version {
+        Version::Go12 => 0xffff_fffb,
+        Version::Go116 => 0xffff_fffa,
+        Version::Go118 => 0xffff_fff0,
+        Version::Go120 => 0xffff_fff1,
+    };
+    let mut out = table::tests::header(magic, quantum, funs.len() as u64);
+    let entry_size = if relative { 8 } else { 16 };
+    let functab_size = entry_size * (funs.len() + 1) as u32;
+    let rec_size = if relative { 36 } else { 40 };
+
+    if go12 {
+        // header | functab | end pc | filetab offset | pctab | names |
+        // file names | filetab | funcs. Offsets are from the table start.
+        let pctab_off = functab_size + 12; // 16 + 16 n + end pc 8 + offset 4
+        let names_off = pctab_off + pctab.len() as u32;
+        let fnames_off = names_off + names.len() as u32;
+        let mut fnames = Vec::new();
+        let mut filetab = (files.len() as u32 + 1).to_le_bytes().to_vec();
+        for f in &file_names {
+            filetab.extend_from_slice(&(fnames_off + fnames.len() as u32).to_le_bytes());
+            fnames.extend_from_slice(f.as_bytes());
+            fnames.push(0);
+        }
+        let filetab_off = fnames_off + fnames.len() as u32;
+        let funcs_off = filetab_off + filetab.len() as u32;
+        for (i, &(entry, ..)) in recs.iter().enumerate() {
+            out.extend_from_slice(&(TEXT + u64::from(entry)).to_le_bytes());
+            out.extend_from_slice(&u64::from(funcs_off + rec_size * i as u32).to_le_bytes());
+        }
+        out.extend_from_slice(&(TEXT + u64::from(pc)).to_le_bytes());
+        out.extend_from_slice(&filetab_off.to_le_bytes());
+        out.extend(pctab.iter().map(|_| 0u8));
+        let pctab_at = pctab_off as usize;
+        out[pctab_at..pctab_at + pctab.len()].copy_from_slice(&pctab);
+        out.extend(names);
+        out.extend(fnames);
+        out.extend(filetab);
+        for &(entry, name_off, pcsp_off, pcfile_off) in &recs {
+            // Offset 0 still means "no table".
+            let pcsp_off = if pcsp_off == 0 {
+                0
+            } else {
+                pcsp_off + pctab_off
+            };
+            out.extend_from_slice(&(TEXT + u64::from(entry)).to_le_bytes());
+            for v in [
+                name_off + names_off,
+                0,
+                0,
+                pcsp_off,
+                pcfile_off + pctab_off,
+                0,
+                0,
+                0,
+            ] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        return out;
+    }
+
+    let mut filetab = Vec::new();
+    let mut cutab = u32::MAX.to_le_bytes().to_vec(); // the dummy unit entry
+    for f in &file_names {
+        cutab.extend_from_slice(&(filetab.len() as u32).to_le_bytes());
+        filetab.extend_from_slice(f.as_bytes());
+        filetab.push(0);
+    }
+    let header_size = if relative { 72u64 } else { 64 };
     let funcname_off = header_size;
     let cu_off = funcname_off + names.len() as u64;
     let filetab_off = cu_off + cutab.len() as u64;
     let pctab_off = filetab_off + filetab.len() as u64;
     let pcln_off = pctab_off + pctab.len() as u64;
-
-    let mut out = table::tests::header(0xffff_fff1, quantum, funs.len() as u64);
     out.extend_from_slice(&(files.len() as u64).to_le_bytes());
-    for v in [TEXT, funcname_off, cu_off, filetab_off, pctab_off, pcln_off] {
+    if relative {
+        out.extend_from_slice(&TEXT.to_le_bytes());
+    }
+    for v in [funcname_off, cu_off, filetab_off, pctab_off, pcln_off] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     out.extend(names);
     out.extend(cutab);
     out.extend(filetab);
     out.extend(pctab);
-    let functab_size = 8 * (funs.len() as u32 + 1);
     let mut functab = Vec::new();
     let mut funcdata = Vec::new();
+    let put_pc = |buf: &mut Vec<u8>, off: u32| {
+        if relative {
+            buf.extend_from_slice(&off.to_le_bytes());
+        } else {
+            buf.extend_from_slice(&(TEXT + u64::from(off)).to_le_bytes());
+        }
+    };
     for &(entry, name_off, pcsp_off, pcfile_off) in &recs {
-        functab.extend_from_slice(&entry.to_le_bytes());
-        functab.extend_from_slice(&(functab_size + funcdata.len() as u32).to_le_bytes());
-        let fields = [entry, name_off, 0, 0, pcsp_off, pcfile_off, 0, 0, 0];
-        for v in fields {
+        put_pc(&mut functab, entry);
+        let func_off = functab_size + funcdata.len() as u32;
+        if relative {
+            functab.extend_from_slice(&func_off.to_le_bytes());
+        } else {
+            functab.extend_from_slice(&u64::from(func_off).to_le_bytes());
+        }
+        put_pc(&mut funcdata, entry);
+        for v in [name_off, 0, 0, pcsp_off, pcfile_off, 0, 0, 1] {
             funcdata.extend_from_slice(&v.to_le_bytes());
         }
     }
-    functab.extend_from_slice(&pc.to_le_bytes());
-    functab.extend_from_slice(&0u32.to_le_bytes());
+    put_pc(&mut functab, pc);
+    if relative {
+        functab.extend_from_slice(&0u32.to_le_bytes());
+    } else {
+        functab.extend_from_slice(&0u64.to_le_bytes());
+    }
     out.extend(functab);
     out.extend(funcdata);
     out
@@ -255,6 +349,27 @@ fn x86_walk() {
     );
 }
 
+/// The four layouts give the same deltas for the same functions.
+#[test]
+fn every_layout_gives_the_same_walk() {
+    let want = run(Arch::X86_64, Strategy::FramePointer, &build(&sample(), 1)).unwrap();
+    for version in [
+        Version::Go12,
+        Version::Go116,
+        Version::Go118,
+        Version::Go120,
+    ] {
+        let bytes = build_as(version, &sample(), 1);
+        let table = Pclntab::parse(&bytes).unwrap();
+        assert_eq!(table.version, version);
+        let got = run(Arch::X86_64, Strategy::FramePointer, &bytes).unwrap();
+        assert_eq!(got, want, "{version:?}");
+        for len in 0..bytes.len() {
+            let _ = run(Arch::X86_64, Strategy::DeltasWithFrame, &bytes[..len]);
+        }
+    }
+}
+
 #[test]
 fn arm64_walk_with_frame() {
     let funs = vec![
@@ -380,7 +495,8 @@ mod hostile {
             edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
             arm in any::<bool>(),
         ) {
-            let mut bytes = build(&sample(), 1);
+            let versions = [Version::Go12, Version::Go116, Version::Go118, Version::Go120];
+            let mut bytes = build_as(versions[edits[0].0 % 4], &sample(), 1);
             for (at, v) in edits {
                 let at = at % bytes.len();
                 bytes[at] = v;
