@@ -13,6 +13,22 @@
 //! * `go/table.rs`: the header and the function, name and file tables;
 //! * `go/pcvalue.rs`: the pc-value table decoder;
 //! * `go/buildinfo.rs`: the Go version from the build information.
+//!
+//! Upstream (SEED) behaviour kept on purpose, so the lists stay identical:
+//! * a function without an SP table gets no delta (the previous rule runs
+//!   on over it);
+//! * an SP table that ends before its first step yields one delta at
+//!   address 0 with the initial value −1 (SP + 7 on x86-64), appended out of
+//!   order;
+//! * Go 1.18+ pcs are relative to the header's text start even when it is
+//!   0 (Go 1.26 writes 0; HEAD reads the text start elsewhere, SEED not);
+//! * a pc-value walk runs to the table's terminating zero byte, not to the
+//!   function's end. Each walk is bounded by the table length, but a
+//!   crafted file whose functions all share one long table costs
+//!   functions × table length steps.
+//!
+//! Where upstream would panic (an offset outside its slice), eim returns
+//! [`GoError::Corrupt`].
 
 #[path = "go/buildinfo.rs"]
 mod buildinfo;
