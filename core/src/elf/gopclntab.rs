@@ -1,21 +1,288 @@
-//! Go's `.gopclntab` (spec 5.6). Placeholder until implemented: finds no
-//! Go data.
+//! Go's `.gopclntab` (spec 5.6): stack deltas for the Go functions of a
+//! binary, as upstream's SEED revision extracts them.
+//!
+//! Go code keeps frame pointers, so most functions get one FRAME_POINTER
+//! delta; assembly (`.s` files) and a few Go files known to clobber the
+//! frame pointer get exact stack-pointer deltas from the pc → SP-delta
+//! tables instead, and on arm64 before Go 1.21 every function does. A few
+//! runtime functions end a stack (STOP) or are signal trampolines (SIGNAL).
+//!
+//! The parser borrows the table bytes (zero-copy) and checks every offset:
+//! hostile input gives an error or a harmless result, never a panic. Parts:
+//! * `go/locate.rs`: where the table is (section, symbols, heuristic scan);
+//! * `go/table.rs`: the header and the function, name and file tables;
+//! * `go/pcvalue.rs`: the pc-value table decoder;
+//! * `go/buildinfo.rs`: the Go version from the build information.
+//!
+//! Upstream (SEED) behaviour kept on purpose, so the lists stay identical:
+//! * a function without an SP table gets no delta (the previous rule runs
+//!   on over it);
+//! * an SP table that ends before its first step yields one delta at
+//!   address 0 with the initial value −1 (SP + 7 on x86-64), appended out of
+//!   order;
+//! * Go 1.18+ pcs are relative to the header's text start even when it is
+//!   0 (Go 1.26 writes 0; HEAD reads the text start elsewhere, SEED not);
+//! * a pc-value walk runs to the table's terminating zero byte, not to the
+//!   function's end. Each walk is bounded by the table length, but a
+//!   crafted file whose functions all share one long table costs
+//!   functions × table length steps.
+//!
+//! Where upstream would panic (an offset outside its slice), eim returns
+//! [`GoError::Corrupt`].
 
+#[path = "go/buildinfo.rs"]
+mod buildinfo;
+#[path = "go/locate.rs"]
+mod locate;
+#[path = "go/pcvalue.rs"]
+mod pcvalue;
+#[path = "go/table.rs"]
+mod table;
+
+use std::collections::HashMap;
 use std::ops::Range;
 
-use super::Elf;
-use crate::deltas::IntervalData;
+use super::{Arch, Elf};
+use crate::abi::{opcode, UnwindInfo};
+use crate::deltas::{hint, info, IntervalData, StackDelta};
+use pcvalue::PcValue;
+use table::{Pclntab, Version};
 
 /// Why a Go table could not be parsed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum GoError {
-    #[error("corrupt .gopclntab: {0}")]
+    /// The table is there but malformed.
+    #[error("{0}")]
     Corrupt(String),
+    /// The table could not be read from the file.
+    #[error("{0}")]
+    Load(String),
 }
 
-/// Adds the deltas of the Go functions to `data`; returns the text range
-/// the table covers (FDEs inside it are dropped), or `None` if the file has
-/// no Go table.
-pub fn extract(_elf: &Elf<'_>, _data: &mut IntervalData) -> Result<Option<Range<u64>>, GoError> {
-    Ok(None)
+/// How the functions of one source file are unwound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// One FRAME_POINTER delta per function.
+    FramePointer,
+    /// SP deltas, and the caller's frame pointer recovered from the frame.
+    DeltasWithFrame,
+    /// SP deltas only.
+    DeltasWithoutFrame,
 }
+
+/// Go files (by path suffix) whose functions call assembly that clobbers
+/// the frame pointer on x86-64: unwound with SP deltas, frame pointer
+/// recovered.
+const X86_FRAME_CLOBBERING_FILES: [&[u8]; 6] = [
+    b"/src/crypto/sha1/sha1.go",
+    b"/src/crypto/sha256/sha256.go",
+    b"/src/crypto/sha512/sha512.go",
+    b"/src/crypto/elliptic/p256_asm.go",
+    b"golang.org/x/crypto/curve25519/curve25519_amd64.go",
+    b"golang.org/x/crypto/chacha20poly1305/chacha20poly1305_amd64.go",
+];
+
+/// The strategy for the functions of `source_file` (upstream's
+/// `getSourceFileStrategy`).
+pub fn source_file_strategy(arch: Arch, source_file: &[u8], default: Strategy) -> Strategy {
+    if arch != Arch::X86_64 {
+        return default;
+    }
+    if source_file.ends_with(b".s") {
+        return Strategy::DeltasWithoutFrame;
+    }
+    if X86_FRAME_CLOBBERING_FILES
+        .iter()
+        .any(|suffix| source_file.ends_with(suffix))
+    {
+        return Strategy::DeltasWithFrame;
+    }
+    default
+}
+
+/// Runtime functions that get one command delta and nothing else.
+const SPECIAL_FUNCTIONS: [(&[u8], UnwindInfo); 6] = [
+    (b"runtime.mstart", info::STOP),
+    (b"runtime.goexit", info::STOP),
+    (b"runtime.mcall", info::STOP),
+    (b"runtime.systemstack", info::STOP),
+    (b"runtime.sigreturn", info::SIGNAL),
+    (b"runtime.sigreturn__sigaction", info::SIGNAL),
+];
+
+fn special_function(names: &[u8], name_off: i32) -> Option<UnwindInfo> {
+    let tail = names.get(usize::try_from(name_off).ok()?..)?;
+    // Every special name starts with "runtime.": most functions stop here.
+    if !tail.starts_with(b"runtime.") {
+        return None;
+    }
+    SPECIAL_FUNCTIONS
+        .iter()
+        .find(|(name, _)| table::c_string_is(tail, 0, name))
+        .map(|&(_, info)| info)
+}
+
+/// Appends the SP-delta rules of one function's pc → SP table.
+fn add_sp_deltas(data: &mut IntervalData, arch: Arch, mut p: PcValue<'_>, strategy: Strategy) {
+    let with_frame = strategy == Strategy::DeltasWithFrame;
+    let mut hints = hint::KEEP;
+    loop {
+        let info = match arch {
+            Arch::X86_64 => {
+                let param = p.value.wrapping_add(8);
+                let mut info = UnwindInfo {
+                    opcode: opcode::BASE_SP,
+                    param,
+                    ..UnwindInfo::default()
+                };
+                if with_frame && param >= 16 {
+                    // The caller's frame pointer sits just below the return
+                    // address.
+                    info.fp_opcode = opcode::BASE_CFA;
+                    info.fp_param = -16;
+                }
+                info
+            }
+            Arch::Aarch64 if p.value == 0 => info::LR,
+            Arch::Aarch64 => {
+                let mut info = UnwindInfo {
+                    opcode: opcode::BASE_SP,
+                    param: p.value,
+                    ..UnwindInfo::default()
+                };
+                if with_frame {
+                    // The caller's return address is at the top of the stack.
+                    info.fp_opcode = opcode::BASE_SP;
+                    info.fp_param = 0;
+                }
+                info
+            }
+        };
+        data.add(StackDelta::new(p.pc_start, hints, info));
+        hints = hint::NONE;
+        if !p.step() {
+            break;
+        }
+    }
+}
+
+/// The Go toolchain version recorded in the file's build information (for
+/// example `go1.23.5`), or `None` when it has none or it cannot be read.
+pub fn go_version<'d>(elf: &Elf<'d>) -> Option<&'d [u8]> {
+    buildinfo::go_version(elf)
+}
+
+/// The per-file default strategy (spec 5.6): frame pointers, except on
+/// arm64 before Go 1.21.
+fn default_strategy(elf: &Elf<'_>, version: Version) -> Strategy {
+    let untrusted_arm64_fp = elf.arch == Arch::Aarch64
+        && match version {
+            Version::Go12 | Version::Go116 | Version::Go118 => true,
+            Version::Go120 => buildinfo::before_arm64_frame_pointers(buildinfo::go_version(elf)),
+        };
+    if untrusted_arm64_fp {
+        Strategy::DeltasWithFrame
+    } else {
+        Strategy::FramePointer
+    }
+}
+
+/// Adds the deltas of the Go functions to `data` (with [`IntervalData::add`],
+/// in address order) and ends them with an INVALID delta at the end of the
+/// last function. Returns the text range the table covers, `[first function,
+/// end of the last)`, whose FDEs the caller drops; `None` (and no deltas) if
+/// the file has no Go table.
+pub fn extract(elf: &Elf<'_>, data: &mut IntervalData) -> Result<Option<Range<u64>>, GoError> {
+    let Some(bytes) = locate::pclntab_bytes(elf)? else {
+        return Ok(None);
+    };
+    let table = Pclntab::parse(bytes)?;
+    let default = default_strategy(elf, table.version);
+    extract_from(elf.arch, default, &table, data).map(Some)
+}
+
+/// The per-function walk over a parsed table.
+fn extract_from(
+    arch: Arch,
+    default: Strategy,
+    table: &Pclntab<'_>,
+    data: &mut IntervalData,
+) -> Result<Range<u64>, GoError> {
+    let names = table.funcnametab();
+    let adds_cu_offset = table.version >= Version::Go116;
+    // Strategy per file index: few distinct files, many functions.
+    let mut strategies: HashMap<i64, Strategy> = HashMap::new();
+
+    for i in 0..table.num_funcs {
+        let (map_pc, func_off) = table
+            .func_map_entry(i)
+            .ok_or_else(|| GoError::Corrupt(format!(".gopclntab func {i} entry is missing")))?;
+        let func = match table.func(func_off) {
+            Some(f) if f.entry == map_pc => f,
+            other => {
+                return Err(GoError::Corrupt(format!(
+                    ".gopclntab func {i} descriptor is invalid (pc {map_pc:x}/{:x})",
+                    other.map_or(0, |f| f.entry)
+                )))
+            }
+        };
+        let entry = func.entry;
+
+        if let Some(info) = special_function(names, func.name_off) {
+            data.add(StackDelta::new(entry, hint::NONE, info));
+            continue;
+        }
+
+        let mut strategy = default;
+        if func.pcfile_off != 0 {
+            let pcfile = table.pcvalue_table(func.pcfile_off).ok_or_else(|| {
+                GoError::Corrupt(format!(
+                    ".gopclntab func {i} pcfile offset ({}) is invalid",
+                    func.pcfile_off
+                ))
+            })?;
+            let first = PcValue::new(pcfile, entry, table.quantum);
+            let mut file_index = i64::from(first.value);
+            if adds_cu_offset {
+                file_index += i64::from(func.cu_off);
+            }
+            strategy = *strategies.entry(file_index).or_insert_with(|| {
+                source_file_strategy(arch, table.file_name(file_index), default)
+            });
+        }
+
+        if strategy == Strategy::FramePointer {
+            data.add(StackDelta::new(entry, hint::NONE, info::FRAME_POINTER));
+            continue;
+        }
+        if func.pcsp_off == 0 {
+            // No SP table: the previous rule runs on (as upstream).
+            continue;
+        }
+        let pcsp = table.pcvalue_table(func.pcsp_off).ok_or_else(|| {
+            GoError::Corrupt(format!(
+                ".gopclntab func {i} pcsp offset ({}) is invalid",
+                func.pcsp_off
+            ))
+        })?;
+        add_sp_deltas(
+            data,
+            arch,
+            PcValue::new(pcsp, entry, table.quantum),
+            strategy,
+        );
+    }
+
+    let start = table.func_map_entry(0).map(|(pc, _)| pc);
+    let end = table.func_map_entry(table.num_funcs).map(|(pc, _)| pc);
+    let (Some(start), Some(end)) = (start, end) else {
+        // Unreachable: parse() checked the table holds num_funcs + 1 entries.
+        return Err(GoError::Corrupt(".gopclntab end entry is missing".into()));
+    };
+    data.add(StackDelta::new(end, hint::NONE, info::INVALID));
+    Ok(start..end)
+}
+
+#[cfg(test)]
+#[path = "go/tests.rs"]
+mod tests;
