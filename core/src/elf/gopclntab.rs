@@ -23,9 +23,13 @@
 //! * Go 1.18+ pcs are relative to the header's text start even when it is
 //!   0 (Go 1.26 writes 0; HEAD reads the text start elsewhere, SEED not);
 //! * a pc-value walk runs to the table's terminating zero byte, not to the
-//!   function's end. Each walk is bounded by the table length, but a
-//!   crafted file whose functions all share one long table costs
-//!   functions × table length steps.
+//!   function's end.
+//!
+//! Deliberate difference: all walks of a file together may take at most
+//! [`STEPS_PER_TABLE_BYTE`] steps per byte of the table. Real tables are
+//! walked about once per byte (the linker shares a table between functions
+//! only when it is identical, usually tiny); a crafted file whose functions
+//! all share one long table would otherwise cost functions × table length.
 //!
 //! Where upstream would panic (an offset outside its slice), eim returns
 //! [`GoError::Corrupt`].
@@ -122,11 +126,27 @@ fn special_function(names: &[u8], name_off: i32) -> Option<UnwindInfo> {
         .map(|&(_, info)| info)
 }
 
-/// Appends the SP-delta rules of one function's pc → SP table.
-fn add_sp_deltas(data: &mut IntervalData, arch: Arch, mut p: PcValue<'_>, strategy: Strategy) {
+/// How many pc-value steps per byte of `.gopclntab` one file may take in
+/// all, so that extraction stays linear in the input.
+pub const STEPS_PER_TABLE_BYTE: usize = 16;
+
+/// Appends the SP-delta rules of one function's pc → SP table, spending
+/// one unit of `budget` per step.
+fn add_sp_deltas(
+    data: &mut IntervalData,
+    arch: Arch,
+    mut p: PcValue<'_>,
+    strategy: Strategy,
+    budget: &mut usize,
+) -> Result<(), GoError> {
     let with_frame = strategy == Strategy::DeltasWithFrame;
     let mut hints = hint::KEEP;
     loop {
+        *budget = budget.checked_sub(1).ok_or_else(|| {
+            GoError::Corrupt(
+                ".gopclntab pc-value tables are walked too often (shared tables?)".into(),
+            )
+        })?;
         let info = match arch {
             Arch::X86_64 => {
                 let param = p.value.wrapping_add(8);
@@ -161,7 +181,7 @@ fn add_sp_deltas(data: &mut IntervalData, arch: Arch, mut p: PcValue<'_>, strate
         data.add(StackDelta::new(p.pc_start, hints, info));
         hints = hint::NONE;
         if !p.step() {
-            break;
+            return Ok(());
         }
     }
 }
@@ -212,6 +232,8 @@ fn extract_from(
     let adds_cu_offset = table.version >= Version::Go116;
     // Strategy per file index: few distinct files, many functions.
     let mut strategies: HashMap<i64, Strategy> = HashMap::new();
+    // One step always consumes a table byte, so +num_funcs covers empty tables.
+    let mut budget = (table.pctab_len() + table.num_funcs).saturating_mul(STEPS_PER_TABLE_BYTE);
 
     for i in 0..table.num_funcs {
         let (map_pc, func_off) = table
@@ -270,7 +292,8 @@ fn extract_from(
             arch,
             PcValue::new(pcsp, entry, table.quantum),
             strategy,
-        );
+            &mut budget,
+        )?;
     }
 
     let start = table.func_map_entry(0).map(|(pc, _)| pc);

@@ -279,6 +279,11 @@ impl<'d> Pclntab<'d> {
     }
 
     /// The function-name table (for [`c_string`] / [`c_string_is`]).
+    /// Bytes of the pc-value tables (what the walks read).
+    pub(crate) fn pctab_len(&self) -> usize {
+        self.pctab.len()
+    }
+
     pub(crate) fn funcnametab(&self) -> &'d [u8] {
         self.funcnametab
     }

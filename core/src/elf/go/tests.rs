@@ -522,3 +522,29 @@ mod hostile {
         }
     }
 }
+
+/// Deliberately unlike upstream: the walks of one file share a step budget,
+/// so functions that all point at one long table cannot cost
+/// functions × table length.
+#[test]
+fn shared_tables_cannot_make_the_walks_quadratic() {
+    let steps: Vec<(i32, u32)> = (1..=1000u32).map(|i| ((i % 2) as i32 * 8, i)).collect();
+    let table = pcvalue(&steps, 1);
+    let mut data = IntervalData::new();
+    let mut budget = 1500;
+    let walk = |data: &mut IntervalData, budget: &mut usize| {
+        add_sp_deltas(
+            data,
+            Arch::X86_64,
+            PcValue::new(&table, TEXT, 1),
+            Strategy::DeltasWithoutFrame,
+            budget,
+        )
+    };
+    walk(&mut data, &mut budget).expect("one walk of 1000 steps fits");
+    assert_eq!(budget, 500);
+    assert!(matches!(
+        walk(&mut data, &mut budget),
+        Err(GoError::Corrupt(_))
+    ));
+}
