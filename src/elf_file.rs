@@ -104,7 +104,7 @@ impl FileBytes {
         let changed = || io::Error::other("the file changed size while it was being read");
         if len < READ_BELOW {
             let mut v = Vec::with_capacity(len as usize);
-            (&*file).take(len + 1).read_to_end(&mut v)?;
+            file.take(len + 1).read_to_end(&mut v)?;
             if v.len() as u64 != len {
                 return Err(changed());
             }
@@ -631,7 +631,7 @@ pub(crate) mod tests {
             let name_at = shstrtab.len() as u32;
             shstrtab.extend_from_slice(name.as_bytes());
             shstrtab.push(0);
-            while out.len() % 8 != 0 {
+            while !out.len().is_multiple_of(8) {
                 out.push(0);
             }
             headers.push((name_at, *kind, out.len() as u64, data.len() as u64));
@@ -641,7 +641,7 @@ pub(crate) mod tests {
         shstrtab.extend_from_slice(b".shstrtab\0");
         headers.push((strtab_name, 3, out.len() as u64, shstrtab.len() as u64));
         out.extend_from_slice(&shstrtab);
-        while out.len() % 8 != 0 {
+        while !out.len().is_multiple_of(8) {
             out.push(0);
         }
         let shoff = out.len() as u64;
@@ -679,7 +679,7 @@ pub(crate) mod tests {
     fn debuglink_section(name: &str, crc: u32) -> Vec<u8> {
         let mut v = name.as_bytes().to_vec();
         v.push(0);
-        while v.len() % 4 != 0 {
+        while !v.len().is_multiple_of(4) {
             v.push(0);
         }
         v.extend_from_slice(&crc.to_le_bytes());
@@ -693,7 +693,7 @@ pub(crate) mod tests {
         v.extend_from_slice(&3u32.to_le_bytes()); // NT_GNU_BUILD_ID
         v.extend_from_slice(b"GNU\0");
         v.extend_from_slice(id);
-        while v.len() % 4 != 0 {
+        while !v.len().is_multiple_of(4) {
             v.push(0);
         }
         v
@@ -951,7 +951,7 @@ pub(crate) mod tests {
         let open = r.get().expect("exe");
         let root_path = root.path().to_path_buf();
         root.close().expect("remove the root");
-        let e = r.find_debug_file(&open).err().expect("NotFound");
+        let e = r.find_debug_file(&open).expect_err("NotFound");
         assert_eq!(e.kind, ExtractErrorKind::NotFound, "{e}");
         assert!(e.message.contains(&root_path.display().to_string()), "{e}");
         assert_eq!(e.path, "/bin/exe");

@@ -441,7 +441,7 @@ fn fileid_refuses_what_it_cannot_read_naming_the_file() {
         // The bad file is reported, the good one after it still printed.
         eim()
             .arg("fileid")
-            .arg(&path)
+            .arg(path)
             .arg(&good)
             .assert()
             .failure()
@@ -459,7 +459,7 @@ fn deltas_refuses_what_it_cannot_read_naming_the_file() {
     for (path, says) in &broken.cases {
         let out = eim()
             .arg("deltas")
-            .arg(&path)
+            .arg(path)
             .assert()
             .failure()
             .stderr(predicate::str::starts_with(format!(
