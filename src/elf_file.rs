@@ -16,19 +16,22 @@
 //! # Memory maps
 //!
 //! Mapping a file is `unsafe` in `memmap2` because the bytes can change
-//! under the map: writes by another process show through (`MAP_PRIVATE`
-//! does not freeze pages not yet touched), and if the file is truncated, a
-//! read of a page past its new end raises `SIGBUS`. eim reads executables
-//! that are, or were just, mapped by running processes. Those are replaced
-//! by renaming a new file over them (package managers, linkers), which
-//! leaves the mapped inode alone; writing into a file a process executes
-//! fails with `ETXTBSY`. What is left is a file truncated in place while eim
-//! reads it. To narrow that window eim maps exactly the length it checked,
-//! checks the length again after mapping, and reads files under
-//! [`READ_BELOW`] bytes into memory instead (most of the small files where a
-//! map saves nothing). A file truncated in the instant between the check and
-//! a read still stops the process; that is accepted here, as in every
-//! profiler that maps executables.
+//! under the map: writes by another process show through the (shared,
+//! read-only) map, and if the file is truncated, a read of a page past its
+//! new end raises `SIGBUS`. eim reads executables that are, or were just,
+//! mapped by running processes. Those are replaced by renaming a new file
+//! over them (package managers, linkers), which leaves the mapped inode
+//! alone, and writing into a running program's executable fails with
+//! `ETXTBSY` (shared libraries have no such protection). What is left is a
+//! file rewritten or truncated in place while eim reads it. To narrow that
+//! window eim maps exactly the length it checked, checks the length again
+//! after mapping, and reads files under [`READ_BELOW`] bytes into memory
+//! instead (a map saves nothing there). Strictly, bytes that change under
+//! a `&[u8]` break Rust's rules; in practice the parsers bounds-check every
+//! offset against the mapped length and copy what they read, so a file
+//! rewritten in place gives a wrong or failed extraction, and one truncated
+//! between the check and a read stops the process with `SIGBUS`. That risk
+//! is accepted here, as in every profiler that maps executables.
 //!
 //! # Debug links
 //!
