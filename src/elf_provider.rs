@@ -280,6 +280,42 @@ mod tests {
     }
 
     #[test]
+    fn the_manager_loads_files_through_references() {
+        use eim_core::{ExecutableInfoManager, Tracers};
+        use eim_sim::{SimConfig, SimMaps};
+        let provider = ElfProvider::with_extractor(|elf, _| {
+            let mut data = one_delta(elf);
+            data.add(StackDelta::new(
+                elf.entry() + 0x40,
+                hint::GAP,
+                info::INVALID,
+            ));
+            Ok(data)
+        });
+        let maps = SimMaps::new(SimConfig::default()).expect("maps");
+        let manager = ExecutableInfoManager::new(provider, maps, Tracers::none());
+        let file = ElfFileRef::new(testdata().join("upstream/volname"));
+        let id = file.file_id().expect("file id").host();
+        manager.add_or_inc_ref(id, &file).expect("loaded");
+        manager.add_or_inc_ref(id, &file).expect("second reference");
+        assert_eq!(manager.with_backend(|maps| maps.table_count()), 1);
+        file.close();
+        manager.remove_or_dec_ref(id).expect("released");
+        manager.remove_or_dec_ref(id).expect("unloaded");
+        assert!(manager.with_backend(|maps| maps.holds_no_file_data()));
+        // A file that has gone: an error, neither counted nor deferred.
+        let gone = ElfFileRef::new("/nonexistent/eim/exe");
+        let e = manager
+            .add_or_inc_ref(eim_core::FileId(1), &gone)
+            .expect_err("gone");
+        assert!(e.to_string().contains("/nonexistent/eim/exe"), "{e}");
+        let e = manager
+            .add_or_inc_ref(eim_core::FileId(1), &gone)
+            .expect_err("retried");
+        assert!(!matches!(e, eim_core::Error::Deferred { .. }), "{e}");
+    }
+
+    #[test]
     fn the_built_in_extraction_says_when_it_is_missing() {
         let volname = ElfFileRef::new(testdata().join("upstream/volname"));
         let r = ElfProvider::new().extract(&volname);
