@@ -1,15 +1,18 @@
 //! Reading unwind data from the files a user names on the command line.
 //!
-//! Every subcommand that takes files goes through [`read_input`], so a new
-//! kind of input (ELF executables, once extraction exists) is added here
+//! Every subcommand that takes unwind data goes through [`read_input`], so
+//! each kind of input (ELF executables, deltas files) is recognised here
 //! once and every subcommand accepts it.
 
+use std::io::Read;
 use std::path::Path;
 
 use anyhow::{bail, Context as _};
 
 use eim::deltas::IntervalData;
+use eim::provider::Provider;
 use eim::text::parse_deltas;
+use eim::{ElfFileRef, ElfProvider};
 
 /// The first bytes of an xz stream.
 const XZ_MAGIC: &[u8] = &[0xfd, b'7', b'z', b'X', b'Z', 0];
@@ -24,10 +27,35 @@ pub struct Input {
     pub data: IntervalData,
 }
 
-/// Reads a file in the oracle's deltas format, plain or xz-compressed.
-/// Compression is recognised by content, not by name, so a renamed file
-/// still reads.
+/// Whether the file starts with the ELF magic.
+fn is_elf(path: &Path) -> std::io::Result<bool> {
+    let mut magic = Vec::with_capacity(ELF_MAGIC.len());
+    std::fs::File::open(path)?
+        .take(ELF_MAGIC.len() as u64)
+        .read_to_end(&mut magic)?;
+    Ok(magic == ELF_MAGIC)
+}
+
+/// Extracts the stack deltas of an ELF file; the error is the provider's
+/// message (the caller names the file).
+pub fn read_elf(path: &Path, provider: &ElfProvider) -> anyhow::Result<Input> {
+    let file = ElfFileRef::new(path).with_max_size(provider.max_size());
+    let extraction = provider
+        .extract(&file)
+        .map_err(|e| anyhow::anyhow!(e.message))?;
+    Ok(Input {
+        path: path.display().to_string(),
+        data: extraction.data,
+    })
+}
+
+/// Reads an ELF executable (its deltas are extracted) or a file in the
+/// oracle's deltas format, plain or xz-compressed. The kind is recognised
+/// by content, not by name, so a renamed file still reads.
 pub fn read_input(path: &Path) -> anyhow::Result<Input> {
+    if is_elf(path)? {
+        return read_elf(path, &ElfProvider::new());
+    }
     let raw = std::fs::read(path)?;
     let bytes = if raw.starts_with(XZ_MAGIC) {
         let mut out = Vec::new();
@@ -38,7 +66,7 @@ pub fn read_input(path: &Path) -> anyhow::Result<Input> {
         raw
     };
     if bytes.starts_with(ELF_MAGIC) {
-        bail!("an ELF file: reading executables is not implemented yet; give its .deltas file");
+        bail!("an xz-compressed ELF file: decompress it first");
     }
     let text = std::str::from_utf8(&bytes).context("not a deltas file (not UTF-8 text)")?;
     if !text.starts_with("# file: ") {
@@ -83,7 +111,12 @@ mod tests {
     #[test]
     fn refuses_what_is_not_a_deltas_file() {
         for (name, bytes, reason) in [
-            ("elf", &b"\x7fELF\x02\x01"[..], "ELF"),
+            (
+                "elf",
+                &b"\x7fELF\x02\x01"[..],
+                "shorter than the 64-byte ELF header",
+            ),
+            ("elf32", &b"\x7fELF\x01\x01"[..], "32-bit ELF file"),
             ("bin", &[0xff, 0xfe, 0x00][..], "UTF-8"),
             ("readme", &b"hello\n"[..], "# file:"),
             ("bad", &b"# file: /x\nzz 1 2 3 4 5 6\n"[..], "line 2"),
@@ -93,5 +126,9 @@ mod tests {
             assert!(format!("{err:#}").contains(reason), "{name}: {err:#}");
         }
         assert!(read_input(Path::new("/nonexistent/eim/input")).is_err());
+        let mut packed_elf = Vec::new();
+        lzma_rs::xz_compress(&mut &b"\x7fELF\x02\x01\x01"[..], &mut packed_elf).expect("compress");
+        let err = read_input(&temp("elf.xz", &packed_elf)).expect_err("xz ELF");
+        assert!(format!("{err:#}").contains("xz-compressed ELF"), "{err:#}");
     }
 }

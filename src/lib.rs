@@ -10,6 +10,10 @@
 //!   maps' semantics ([`sim::SimMaps`]), so the manager runs (and can be
 //!   tested and demonstrated) without privileges.
 //!
+//! Files are read here, not in the core: [`ElfFileRef`] (a lazily opened,
+//! memory-mapped ELF file and its debug-file search) and [`ElfProvider`]
+//! (the stack-delta provider over it).
+//!
 //! Depending on `eim` alone keeps one version of each in a user's build and
 //! lets the split between the crates change without breaking users.
 //!
@@ -38,3 +42,9 @@
 
 pub use eim_core::*;
 pub use eim_sim as sim;
+
+pub mod elf_file;
+pub mod elf_provider;
+
+pub use elf_file::ElfFileRef;
+pub use elf_provider::ElfProvider;

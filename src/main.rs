@@ -8,7 +8,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod deltas;
 mod demo;
+mod each;
+mod fileid;
 mod input;
 mod synth;
 mod table;
@@ -35,9 +38,14 @@ enum Command {
     /// Load synthetic executables for simulated processes into a simulated
     /// kernel, let half of the processes exit, and report what the maps hold.
     Demo(demo::DemoArgs),
-    /// Print the kernel tables a fresh manager writes for each deltas file,
-    /// in upstream's `.encoded` format.
+    /// Print the kernel tables a fresh manager writes for each ELF file (or
+    /// deltas file), in upstream's `.encoded` format.
     Tables(tables::TablesArgs),
+    /// Print the stack deltas extracted from each ELF file, in the oracle's
+    /// `.deltas` format.
+    Deltas(deltas::DeltasArgs),
+    /// Print the file ids of each ELF file: `<128-bit id> <64-bit host id> <path>`.
+    Fileid(fileid::FileidArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -98,11 +106,15 @@ fn demo(args: &demo::DemoArgs) -> ExitCode {
     }
 }
 
-fn tables(args: &tables::TablesArgs) -> ExitCode {
+/// Runs a subcommand over files, writing to stdout.
+fn each(
+    run: impl FnOnce(
+        &mut std::io::BufWriter<std::io::StdoutLock<'static>>,
+    ) -> std::io::Result<each::Outcome>,
+) -> ExitCode {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    match tables::run(args, &mut out) {
-        Ok(tables::Outcome::Ok | tables::Outcome::Closed) => ExitCode::SUCCESS,
-        Ok(tables::Outcome::SomeFailed) => ExitCode::FAILURE,
+    match run(&mut out) {
+        Ok(outcome) => outcome.exit_code(),
         Err(e) => {
             eprintln!("eim: stdout: {e}");
             ExitCode::FAILURE
@@ -115,7 +127,9 @@ fn main() -> ExitCode {
     init_logging(cli.verbose);
     match &cli.command {
         Command::Demo(args) => demo(args),
-        Command::Tables(args) => tables(args),
+        Command::Tables(args) => each(|out| tables::run(args, out)),
+        Command::Deltas(args) => each(|out| deltas::run(args, out)),
+        Command::Fileid(args) => each(|out| fileid::run(args, out)),
     }
 }
 

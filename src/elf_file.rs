@@ -1,0 +1,980 @@
+//! The ELF file handle (upstream's `pfelf.Reference`) and the search for a
+//! file's separate debug file (`.gnu_debuglink`).
+//!
+//! [`ElfFileRef`] names a file and opens it on first use: it checks that the
+//! file is a complete 64-bit little-endian ELF file of a supported machine,
+//! maps it (small files are read instead), parses it once and keeps the
+//! result until [`ElfFileRef::close`] or drop. A failed open is not cached:
+//! the next use tries again, as upstream's does.
+//!
+//! Every error names the file and has a kind ([`ExtractErrorKind`]): a file
+//! (or directory, or process root) that does not exist is `NotFound`, so the
+//! manager neither counts nor defers it; a file that is not a usable ELF
+//! file is `Invalid`; one over the size limit is `TooLarge`; any other
+//! failure to read is `Io`.
+//!
+//! # Memory maps
+//!
+//! Mapping a file is `unsafe` in `memmap2` because the bytes can change
+//! under the map: writes by another process show through the (shared,
+//! read-only) map, and if the file is truncated, a read of a page past its
+//! new end raises `SIGBUS`. eim reads executables that are, or were just,
+//! mapped by running processes. Those are replaced by renaming a new file
+//! over them (package managers, linkers), which leaves the mapped inode
+//! alone, and writing into a running program's executable fails with
+//! `ETXTBSY` (shared libraries have no such protection). What is left is a
+//! file rewritten or truncated in place while eim reads it. To narrow that
+//! window eim maps exactly the length it checked, checks the length again
+//! after mapping, and reads files under [`READ_BELOW`] bytes into memory
+//! instead (a map saves nothing there). Strictly, bytes that change under
+//! a `&[u8]` break Rust's rules; in practice the parsers bounds-check every
+//! offset against the mapped length and copy what they read, so a file
+//! rewritten in place gives a wrong or failed extraction, and one truncated
+//! between the check and a read stops the process with `SIGBUS`. That risk
+//! is accepted here, as in every profiler that maps executables.
+//!
+//! # Debug links
+//!
+//! [`ElfFileRef::find_debug_file`] reads `.gnu_debuglink` (a file name, NUL,
+//! padding to a multiple of 4, then the CRC-32 of the debug file) and looks
+//! for the debug file, in this order, in the file's directory, its `.debug/`
+//! subdirectory, `/usr/lib/debug/<directory>/`, and
+//! `/usr/lib/debug/.build-id/<xx>/<rest>.debug` named by the file's GNU
+//! build-id note. A candidate is used only if its CRC-32 matches and it is
+//! a 64-bit little-endian ELF file. Not finding one is normal (no debug
+//! package installed) and gives `Ok(None)`, as upstream ignores it. But if
+//! the place the file was found in has gone (the process root, or the
+//! file's directory), the search fails with `NotFound`: the file has gone
+//! with its process, and that must not turn into a counted and deferred
+//! extraction error (upstream weakness 13).
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::ops::Deref;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use eim_core::elf::fileid::{file_id_of, FileId128};
+use eim_core::elf::{Elf, ElfError};
+use eim_core::provider::{ExtractError, ExtractErrorKind};
+use object::Object;
+
+/// The default size limit: 2 GiB.
+pub const DEFAULT_MAX_SIZE: u64 = 2 << 30;
+
+/// Files shorter than this are read into memory rather than mapped.
+pub const READ_BELOW: u64 = 64 * 1024;
+
+/// The size of an ELF64 file header.
+const EHDR64_SIZE: u64 = 64;
+
+/// Where distributions install separate debug files.
+const DEBUG_DIR: &str = "/usr/lib/debug";
+
+/// A file's bytes: read into memory or mapped.
+pub struct FileBytes(Repr);
+
+enum Repr {
+    Read(Vec<u8>),
+    Mapped(memmap2::Mmap),
+}
+
+impl Deref for FileBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Read(v) => v,
+            Repr::Mapped(m) => m,
+        }
+    }
+}
+
+impl AsRef<[u8]> for FileBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl FileBytes {
+    /// Whether the bytes are a memory map (rather than a copy).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.0, Repr::Mapped(_))
+    }
+
+    /// Loads exactly `len` bytes of `file`, which its metadata said it has.
+    fn load(file: &File, len: u64) -> io::Result<Self> {
+        let changed = || io::Error::other("the file changed size while it was being read");
+        if len < READ_BELOW {
+            let mut v = Vec::with_capacity(len as usize);
+            file.take(len + 1).read_to_end(&mut v)?;
+            if v.len() as u64 != len {
+                return Err(changed());
+            }
+            return Ok(Self(Repr::Read(v)));
+        }
+        let map_len = usize::try_from(len).map_err(|_| io::Error::other("too large to map"))?;
+        // SAFETY: a mapped file changed or truncated by another process
+        // changes these bytes or raises SIGBUS on access; see the module
+        // documentation for why that risk is accepted and how it is
+        // narrowed (exact length, checked again right below).
+        let map = unsafe { memmap2::MmapOptions::new().len(map_len).map(file)? };
+        if file.metadata()?.len() < len {
+            return Err(changed());
+        }
+        Ok(Self(Repr::Mapped(map)))
+    }
+}
+
+self_cell::self_cell!(
+    /// The bytes of a file and the ELF view parsed from them.
+    struct ParsedElf {
+        owner: FileBytes,
+        #[covariant]
+        dependent: Elf,
+    }
+);
+
+/// An opened, checked and parsed ELF file.
+pub struct OpenElf {
+    parsed: ParsedElf,
+}
+
+impl std::fmt::Debug for OpenElf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenElf")
+            .field("len", &self.len())
+            .field("arch", &self.elf().arch)
+            .field("mapped", &self.is_mapped())
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for DebugFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DebugFile")
+            .field("path", &self.path)
+            .field("len", &self.bytes.len())
+            .finish()
+    }
+}
+
+impl OpenElf {
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        self.parsed.borrow_owner()
+    }
+
+    /// Whether the bytes are a memory map.
+    pub fn is_mapped(&self) -> bool {
+        self.parsed.borrow_owner().is_mapped()
+    }
+
+    /// The parsed file.
+    pub fn elf(&self) -> &Elf<'_> {
+        self.parsed.borrow_dependent()
+    }
+
+    /// The file's size in bytes.
+    pub fn len(&self) -> u64 {
+        self.bytes().len() as u64
+    }
+
+    /// Always false: an ELF file has at least its header.
+    pub fn is_empty(&self) -> bool {
+        self.bytes().is_empty()
+    }
+
+    /// The file's 128-bit id (its host id is `.host()`).
+    pub fn file_id(&self) -> FileId128 {
+        file_id_of(self.bytes())
+    }
+}
+
+/// A separate debug file found through `.gnu_debuglink`.
+pub struct DebugFile {
+    /// Where it was found (inside the root, if the reference has one).
+    pub path: PathBuf,
+    bytes: FileBytes,
+}
+
+impl Deref for DebugFile {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl AsRef<[u8]> for DebugFile {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// The contents of a `.gnu_debuglink` section.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DebugLink {
+    /// The debug file's name (no directory).
+    pub name: String,
+    /// The CRC-32 (IEEE) of the whole debug file.
+    pub crc: u32,
+}
+
+/// Parses a `.gnu_debuglink` section: the name up to its NUL, padding to a
+/// multiple of 4 bytes, then the CRC-32 (little-endian: eim reads only
+/// little-endian files). `None` if the section is malformed or the name is
+/// not a plain, valid UTF-8 file name.
+pub fn parse_debuglink(section: &[u8]) -> Option<DebugLink> {
+    let nul = section.iter().position(|&b| b == 0)?;
+    let name = std::str::from_utf8(&section[..nul]).ok()?;
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return None;
+    }
+    let crc_at = (nul + 1).next_multiple_of(4);
+    let crc = section.get(crc_at..crc_at + 4)?;
+    Some(DebugLink {
+        name: name.to_string(),
+        crc: u32::from_le_bytes(crc.try_into().ok()?),
+    })
+}
+
+/// The error kind of an I/O error: a missing file or path component is
+/// `NotFound`, anything else `Io`.
+pub fn io_kind(e: &io::Error) -> ExtractErrorKind {
+    if is_not_found(e) {
+        ExtractErrorKind::NotFound
+    } else {
+        ExtractErrorKind::Io
+    }
+}
+
+fn is_not_found(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+    )
+}
+
+fn u16_at(b: &[u8], at: usize) -> u64 {
+    u16::from_le_bytes([b[at], b[at + 1]]) as u64
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Checks what `Elf::parse` takes for granted or reports tersely: the
+/// identification bytes, the header's length, and that the program and
+/// section header tables lie inside the file. Messages say what is wrong in
+/// a user's terms.
+pub fn check_header(b: &[u8]) -> Result<(), String> {
+    let len = b.len() as u64;
+    if b.len() < 4 || &b[..4] != b"\x7fELF" {
+        return Err("not an ELF file".into());
+    }
+    let truncated_header = || {
+        format!("truncated ELF file: {len} bytes, shorter than the {EHDR64_SIZE}-byte ELF header")
+    };
+    match b.get(4) {
+        None => return Err(truncated_header()),
+        Some(2) => {}
+        Some(1) => {
+            return Err(
+                "a 32-bit ELF file: only 64-bit little-endian ELF files are supported".into(),
+            )
+        }
+        Some(c) => return Err(format!("not a valid ELF file: unknown class {c}")),
+    }
+    match b.get(5) {
+        None => return Err(truncated_header()),
+        Some(1) => {}
+        Some(2) => {
+            return Err(
+                "a big-endian ELF file: only 64-bit little-endian ELF files are supported".into(),
+            )
+        }
+        Some(d) => return Err(format!("not a valid ELF file: unknown data encoding {d}")),
+    }
+    if len < EHDR64_SIZE {
+        return Err(truncated_header());
+    }
+    let tables = [
+        ("program", u64_at(b, 0x20), u16_at(b, 0x36), u16_at(b, 0x38)),
+        // With 0 sections but a table offset, the count is in entry 0.
+        (
+            "section",
+            u64_at(b, 0x28),
+            u16_at(b, 0x3a),
+            u16_at(b, 0x3c).max(1),
+        ),
+    ];
+    for (what, offset, entry_size, count) in tables {
+        if offset == 0 {
+            continue;
+        }
+        match offset.checked_add(entry_size * count) {
+            Some(end) if end <= len => {}
+            _ => {
+                return Err(format!(
+                    "truncated ELF file: the {what} header table ({count} entries of \
+                     {entry_size} bytes at offset {offset}) ends past the end of the file \
+                     ({len} bytes)"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks and parses a whole file's bytes.
+fn parse(bytes: FileBytes) -> Result<ParsedElf, String> {
+    check_header(&bytes)?;
+    let parsed = ParsedElf::try_new(bytes, |b| {
+        Elf::parse(b).map_err(|e| match e {
+            ElfError::UnsupportedMachine(m) => {
+                format!("unsupported machine {m:#x}: only x86-64 and arm64 ELF files are supported")
+            }
+            other => other.to_string(),
+        })
+    })?;
+    let (elf, len) = (
+        parsed.borrow_dependent(),
+        parsed.borrow_owner().len() as u64,
+    );
+    for section in elf.file.sections() {
+        use object::ObjectSection;
+        let index = section.index().0;
+        if let Some((offset, size)) = section.file_range() {
+            if offset.checked_add(size).is_none_or(|end| end > len) {
+                return Err(format!(
+                    "truncated ELF file: section {index} ({}) ends past the end of the file \
+                     ({len} bytes)",
+                    section.name().unwrap_or("?")
+                ));
+            }
+        }
+    }
+    Ok(parsed)
+}
+
+/// A lazily opened, cached ELF file (upstream's `pfelf.Reference`).
+///
+/// Thread-safe: concurrent first uses open the file once. The cached file
+/// is shared (`Arc`), so [`close`](Self::close) drops the handle's share at
+/// once, and the map goes when the last user is done with it.
+pub struct ElfFileRef {
+    path: PathBuf,
+    root: Option<PathBuf>,
+    max_size: u64,
+    cached: Mutex<Option<Arc<OpenElf>>>,
+}
+
+impl std::fmt::Debug for ElfFileRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElfFileRef")
+            .field("path", &self.path)
+            .field("root", &self.root)
+            .field("max_size", &self.max_size)
+            .field("open", &self.is_open())
+            .finish()
+    }
+}
+
+impl ElfFileRef {
+    /// A reference to the file at `path`; nothing is opened yet.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            root: None,
+            max_size: DEFAULT_MAX_SIZE,
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// Resolves the path, and the debug-file search, inside `root` (for
+    /// example `/proc/<pid>/root`, a process's view of the file system).
+    pub fn with_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.root = Some(root.into());
+        self
+    }
+
+    /// Refuses files (and skips debug files) larger than `bytes`.
+    pub fn with_max_size(mut self, bytes: u64) -> Self {
+        self.max_size = bytes;
+        self
+    }
+
+    /// The path as given (the name errors and reports use).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn max_size(&self) -> u64 {
+        self.max_size
+    }
+
+    fn name(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn error(&self, kind: ExtractErrorKind, message: impl Into<String>) -> ExtractError {
+        ExtractError::new(kind, self.name(), message)
+    }
+
+    /// Where a path (as seen inside the root) is on this file system.
+    fn physical(&self, path: &Path) -> PathBuf {
+        match &self.root {
+            None => path.to_path_buf(),
+            Some(root) => {
+                // Lexically, so that `..` cannot climb out of the root.
+                let mut inner = PathBuf::new();
+                for c in path.components() {
+                    match c {
+                        Component::Normal(part) => inner.push(part),
+                        Component::ParentDir => {
+                            inner.pop();
+                        }
+                        _ => {}
+                    }
+                }
+                root.join(inner)
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<OpenElf>>> {
+        self.cached.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the file is open (cached).
+    pub fn is_open(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    /// The opened file, opening it on first use. Errors are not cached.
+    pub fn get(&self) -> Result<Arc<OpenElf>, ExtractError> {
+        let mut cached = self.lock();
+        if let Some(open) = &*cached {
+            return Ok(open.clone());
+        }
+        let open = Arc::new(self.open()?);
+        *cached = Some(open.clone());
+        Ok(open)
+    }
+
+    /// Drops the cached file. The next [`get`](Self::get) opens it again.
+    pub fn close(&self) {
+        let open = self.lock().take();
+        drop(open);
+    }
+
+    /// The file's 128-bit id.
+    pub fn file_id(&self) -> Result<FileId128, ExtractError> {
+        Ok(self.get()?.file_id())
+    }
+
+    fn open(&self) -> Result<OpenElf, ExtractError> {
+        let physical = self.physical(&self.path);
+        let io = |what: &str, e: io::Error| self.error(io_kind(&e), format!("{what}: {e}"));
+        let file = File::open(&physical).map_err(|e| io("cannot open", e))?;
+        let meta = file.metadata().map_err(|e| io("cannot stat", e))?;
+        if !meta.is_file() {
+            return Err(self.error(ExtractErrorKind::Invalid, "not a regular file"));
+        }
+        let len = meta.len();
+        if len > self.max_size {
+            return Err(self.error(
+                ExtractErrorKind::TooLarge,
+                format!(
+                    "{len} bytes, larger than the limit of {} bytes",
+                    self.max_size
+                ),
+            ));
+        }
+        let bytes = FileBytes::load(&file, len).map_err(|e| io("cannot read", e))?;
+        let parsed = parse(bytes).map_err(|m| self.error(ExtractErrorKind::Invalid, m))?;
+        tracing::trace!(path = %self.name(), len, "opened");
+        Ok(OpenElf { parsed })
+    }
+
+    /// The debug-file candidates for `link`, as paths inside the root, in
+    /// search order.
+    fn debug_candidates(&self, link: &DebugLink, build_id: Option<&[u8]>) -> Vec<PathBuf> {
+        let parent = self.path.parent().unwrap_or(Path::new(""));
+        // The directory as an absolute path, lexically (symbolic links are
+        // not resolved: inside a root they would point outside it).
+        let dir = if self.root.is_some() {
+            Path::new("/").join(parent)
+        } else {
+            std::path::absolute(parent).unwrap_or_else(|_| parent.to_path_buf())
+        };
+        let under_debug = |p: &Path| -> PathBuf {
+            let rel: PathBuf = p
+                .components()
+                .filter(|c| matches!(c, Component::Normal(_)))
+                .collect();
+            Path::new(DEBUG_DIR).join(rel)
+        };
+        let mut out = vec![
+            dir.join(&link.name),
+            dir.join(".debug").join(&link.name),
+            under_debug(&dir).join(&link.name),
+        ];
+        if let Some(id) = build_id.filter(|id| id.len() >= 2) {
+            let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+            out.push(
+                Path::new(DEBUG_DIR)
+                    .join(".build-id")
+                    .join(&hex[..2])
+                    .join(format!("{}.debug", &hex[2..])),
+            );
+        }
+        out
+    }
+
+    /// Finds the separate debug file of `open` (this reference's file): see
+    /// the module documentation. `Ok(None)` when the file has no debug link
+    /// or no candidate matches; `Err` (kind `NotFound`) when the file's
+    /// root or directory has gone.
+    pub fn find_debug_file(&self, open: &OpenElf) -> Result<Option<DebugFile>, ExtractError> {
+        let Some(section) = open.elf().section(".gnu_debuglink") else {
+            return Ok(None);
+        };
+        let Some(link) = parse_debuglink(section.data) else {
+            tracing::debug!(path = %self.name(), "malformed .gnu_debuglink section");
+            return Ok(None);
+        };
+        let build_id = open.elf().file.build_id().ok().flatten();
+        for candidate in self.debug_candidates(&link, build_id) {
+            let physical = self.physical(&candidate);
+            match self.try_debug_candidate(&physical, &link) {
+                Ok(Some(bytes)) => {
+                    tracing::debug!(path = %self.name(), debug = %physical.display(), "found the debug file");
+                    return Ok(Some(DebugFile {
+                        path: physical,
+                        bytes,
+                    }));
+                }
+                Ok(None) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => {
+                    tracing::debug!(debug = %physical.display(), "skipped: {e}");
+                }
+            }
+        }
+        // Nothing found. Normal, unless the file's whole world has gone.
+        let anchor = match &self.root {
+            Some(root) => root.clone(),
+            None => self
+                .path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf(),
+        };
+        match std::fs::metadata(&anchor) {
+            Err(e) if is_not_found(&e) => Err(self.error(
+                ExtractErrorKind::NotFound,
+                format!(
+                    "{} has gone while looking for the debug file {}",
+                    anchor.display(),
+                    link.name
+                ),
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    /// The candidate's bytes if it is the debug file `link` names.
+    fn try_debug_candidate(
+        &self,
+        physical: &Path,
+        link: &DebugLink,
+    ) -> io::Result<Option<FileBytes>> {
+        let file = File::open(physical)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Ok(None);
+        }
+        if meta.len() > self.max_size {
+            tracing::warn!(
+                debug = %physical.display(),
+                len = meta.len(),
+                "debug file larger than the limit of {} bytes: not used",
+                self.max_size
+            );
+            return Ok(None);
+        }
+        let bytes = FileBytes::load(&file, meta.len())?;
+        let crc = crc32fast::hash(&bytes);
+        if crc != link.crc {
+            tracing::debug!(debug = %physical.display(), "CRC-32 {crc:08x}, expected {:08x}", link.crc);
+            return Ok(None);
+        }
+        if let Err(e) = check_header(&bytes) {
+            tracing::debug!(debug = %physical.display(), "not usable: {e}");
+            return Ok(None);
+        }
+        Ok(Some(bytes))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A minimal ELF64 little-endian file: the header, the given sections
+    /// (name, type, contents) and a section name table.
+    pub(crate) fn tiny_elf(machine: u16, sections: &[(&str, u32, &[u8])]) -> Vec<u8> {
+        let mut out = vec![0u8; 64];
+        let mut shstrtab = vec![0u8];
+        let mut headers = Vec::new(); // (name offset, type, offset, size)
+        for (name, kind, data) in sections {
+            let name_at = shstrtab.len() as u32;
+            shstrtab.extend_from_slice(name.as_bytes());
+            shstrtab.push(0);
+            while !out.len().is_multiple_of(8) {
+                out.push(0);
+            }
+            headers.push((name_at, *kind, out.len() as u64, data.len() as u64));
+            out.extend_from_slice(data);
+        }
+        let strtab_name = shstrtab.len() as u32;
+        shstrtab.extend_from_slice(b".shstrtab\0");
+        headers.push((strtab_name, 3, out.len() as u64, shstrtab.len() as u64));
+        out.extend_from_slice(&shstrtab);
+        while !out.len().is_multiple_of(8) {
+            out.push(0);
+        }
+        let shoff = out.len() as u64;
+        out.extend_from_slice(&[0u8; 64]); // the null section
+        for (name, kind, offset, size) in &headers {
+            out.extend_from_slice(&name.to_le_bytes());
+            out.extend_from_slice(&kind.to_le_bytes());
+            out.extend_from_slice(&0u64.to_le_bytes()); // flags
+            out.extend_from_slice(&0u64.to_le_bytes()); // addr
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&size.to_le_bytes());
+            out.extend_from_slice(&[0u8; 8]); // link, info
+            out.extend_from_slice(&1u64.to_le_bytes()); // align
+            out.extend_from_slice(&0u64.to_le_bytes()); // entsize
+        }
+        let shnum = headers.len() as u16 + 1;
+        let h = &mut out[..64];
+        h[..8].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);
+        h[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
+        h[18..20].copy_from_slice(&machine.to_le_bytes());
+        h[20..24].copy_from_slice(&1u32.to_le_bytes());
+        h[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
+        h[0x34..0x36].copy_from_slice(&64u16.to_le_bytes());
+        h[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        h[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        h[0x3c..0x3e].copy_from_slice(&shnum.to_le_bytes());
+        h[0x3e..0x40].copy_from_slice(&(shnum - 1).to_le_bytes());
+        out
+    }
+
+    pub(crate) const X86_64: u16 = 62;
+    const SHT_PROGBITS: u32 = 1;
+    const SHT_NOTE: u32 = 7;
+
+    fn debuglink_section(name: &str, crc: u32) -> Vec<u8> {
+        let mut v = name.as_bytes().to_vec();
+        v.push(0);
+        while !v.len().is_multiple_of(4) {
+            v.push(0);
+        }
+        v.extend_from_slice(&crc.to_le_bytes());
+        v
+    }
+
+    fn build_id_note(id: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&4u32.to_le_bytes());
+        v.extend_from_slice(&(id.len() as u32).to_le_bytes());
+        v.extend_from_slice(&3u32.to_le_bytes()); // NT_GNU_BUILD_ID
+        v.extend_from_slice(b"GNU\0");
+        v.extend_from_slice(id);
+        while !v.len().is_multiple_of(4) {
+            v.push(0);
+        }
+        v
+    }
+
+    /// A debug file and an executable linking to it (with a build id).
+    fn linked_pair(build_id: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let debug = tiny_elf(X86_64, &[(".debug_frame", SHT_PROGBITS, b"frames")]);
+        let crc = crc32fast::hash(&debug);
+        let exe = tiny_elf(
+            X86_64,
+            &[
+                (".note.gnu.build-id", SHT_NOTE, &build_id_note(build_id)),
+                (
+                    ".gnu_debuglink",
+                    SHT_PROGBITS,
+                    &debuglink_section("exe.debug", crc),
+                ),
+            ],
+        );
+        (exe, debug)
+    }
+
+    pub(crate) fn tempdir() -> tempfile::TempDir {
+        tempfile::tempdir().expect("temp dir")
+    }
+
+    fn write(path: &Path, bytes: &[u8]) {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, bytes).expect("write");
+    }
+
+    pub(crate) fn testdata() -> PathBuf {
+        let dir = std::env::var_os("EIM_TESTDATA")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata"));
+        assert!(
+            dir.join("upstream").is_dir(),
+            "no test data at {}",
+            dir.display()
+        );
+        dir
+    }
+
+    #[test]
+    fn opens_lazily_caches_and_closes() {
+        let path = testdata().join("upstream/volname");
+        let r = ElfFileRef::new(&path);
+        assert!(!r.is_open());
+        let a = r.get().expect("volname opens");
+        assert!(r.is_open());
+        let b = r.get().expect("cached");
+        assert!(Arc::ptr_eq(&a, &b), "opened once");
+        assert_eq!(a.len(), 6136);
+        assert!(!a.is_mapped(), "a small file is read");
+        assert_eq!(a.elf().entry(), 0x9f0);
+        assert_eq!(a.file_id().to_string(), "9bb76b8b80cc90a1afc778507ac1d64c");
+        r.close();
+        assert!(!r.is_open());
+        let c = r.get().expect("opens again");
+        assert!(!Arc::ptr_eq(&a, &c));
+
+        let big = ElfFileRef::new(testdata().join("upstream/schrodinger-libpython3.8.so.1.0"));
+        let open = big.get().expect("libpython opens");
+        assert!(open.is_mapped(), "a large file is mapped");
+        assert_eq!(open.file_id().host().to_string(), "ea4fa5c64744b2ef");
+    }
+
+    #[test]
+    fn errors_are_not_cached() {
+        let dir = tempdir();
+        let path = dir.path().join("later");
+        let r = ElfFileRef::new(&path);
+        let e = r.get().expect_err("missing");
+        assert_eq!(e.kind, ExtractErrorKind::NotFound);
+        assert_eq!(e.path, path.display().to_string());
+        write(&path, &tiny_elf(X86_64, &[]));
+        r.get().expect("now there");
+    }
+
+    #[test]
+    fn refusals_say_why_and_have_a_kind() {
+        use ExtractErrorKind::*;
+        let dir = tempdir();
+        let good = tiny_elf(X86_64, &[(".text", SHT_PROGBITS, b"\xc3")]);
+        let mut class32 = good.clone();
+        class32[4] = 1;
+        let mut big_endian = good.clone();
+        big_endian[5] = 2;
+        let mut bad_section = good.clone();
+        // Section 1 (.text) claims 4096 bytes.
+        let shoff = u64_at(&good, 0x28) as usize;
+        bad_section[shoff + 64 + 0x20..shoff + 64 + 0x28].copy_from_slice(&4096u64.to_le_bytes());
+        let cases: Vec<(&str, Vec<u8>, ExtractErrorKind, &str)> = vec![
+            (
+                "text",
+                b"hello, world\n".to_vec(),
+                Invalid,
+                "not an ELF file",
+            ),
+            ("empty", vec![], Invalid, "not an ELF file"),
+            (
+                "magic-only",
+                b"\x7fELF".to_vec(),
+                Invalid,
+                "shorter than the 64-byte ELF header",
+            ),
+            (
+                "header-cut",
+                good[..40].to_vec(),
+                Invalid,
+                "shorter than the 64-byte ELF header",
+            ),
+            (
+                "table-cut",
+                good[..good.len() - 10].to_vec(),
+                Invalid,
+                "section header table",
+            ),
+            (
+                "section-cut",
+                bad_section,
+                Invalid,
+                "section 1 (.text) ends past the end",
+            ),
+            ("elf32", class32, Invalid, "32-bit ELF file"),
+            ("be", big_endian, Invalid, "big-endian ELF file"),
+            (
+                "riscv",
+                tiny_elf(243, &[]),
+                Invalid,
+                "unsupported machine 0xf3",
+            ),
+        ];
+        for (name, bytes, kind, says) in cases {
+            let path = dir.path().join(name);
+            write(&path, &bytes);
+            let e = ElfFileRef::new(&path)
+                .get()
+                .err()
+                .unwrap_or_else(|| panic!("{name} opened"));
+            assert_eq!(e.kind, kind, "{name}: {e}");
+            assert!(e.message.contains(says), "{name}: {e}");
+            assert!(
+                e.to_string().starts_with(&path.display().to_string()),
+                "{name}: {e}"
+            );
+        }
+        let e = ElfFileRef::new(dir.path()).get().expect_err("a directory");
+        assert_eq!(
+            (e.kind, e.message.as_str()),
+            (Invalid, "not a regular file")
+        );
+        let path = dir.path().join("good");
+        write(&path, &good);
+        let e = ElfFileRef::new(&path)
+            .with_max_size(100)
+            .get()
+            .expect_err("too large");
+        assert_eq!(e.kind, TooLarge, "{e}");
+        assert!(
+            e.message.contains("larger than the limit of 100 bytes"),
+            "{e}"
+        );
+        ElfFileRef::new(&path)
+            .with_max_size(good.len() as u64)
+            .get()
+            .expect("at the limit");
+    }
+
+    #[test]
+    fn debuglink_sections_parse_with_their_padding() {
+        for name in ["a", "ab", "abc", "abcd", "libc.so.6.debug"] {
+            let s = debuglink_section(name, 0xdead_beef);
+            let link = parse_debuglink(&s).expect(name);
+            assert_eq!(link.name, name);
+            assert_eq!(link.crc, 0xdead_beef);
+        }
+        // The CRC sits after the NUL, aligned to 4: "abc\0" then the CRC.
+        assert_eq!(debuglink_section("abc", 1).len(), 8);
+        assert_eq!(debuglink_section("abcd", 1).len(), 12);
+        for bad in [
+            &b"abc"[..],
+            b"abc\0",
+            b"abc\0\x01\x02\x03",
+            b"\0\0\0\0\x01\0\0\0",
+            b"../x\0\0\0\0\x01\0\0\0",
+        ] {
+            assert_eq!(parse_debuglink(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_debug_file_is_found_in_every_place_and_checked() {
+        let build_id = [0xab, 0xcd, 0xef, 0x01];
+        let (exe, debug) = linked_pair(&build_id);
+        let mut wrong = debug.clone();
+        wrong.extend_from_slice(b"changed");
+        let places = [
+            "opt/app/exe.debug",
+            "opt/app/.debug/exe.debug",
+            "usr/lib/debug/opt/app/exe.debug",
+            "usr/lib/debug/.build-id/ab/cdef01.debug",
+        ];
+        for (i, place) in places.iter().enumerate() {
+            let root = tempdir();
+            write(&root.path().join("opt/app/exe"), &exe);
+            // Earlier places hold a file of the right name but another CRC.
+            for earlier in &places[..i] {
+                write(&root.path().join(earlier), &wrong);
+            }
+            write(&root.path().join(place), &debug);
+            let r = ElfFileRef::new("/opt/app/exe").with_root(root.path());
+            let open = r.get().expect("exe");
+            let found = r.find_debug_file(&open).expect("no error").expect(place);
+            assert_eq!(found.path, root.path().join(place));
+            assert_eq!(&*found, &debug[..]);
+        }
+        // Only wrong candidates, or none: nothing, and no error.
+        let root = tempdir();
+        write(&root.path().join("opt/app/exe"), &exe);
+        let r = ElfFileRef::new("/opt/app/exe").with_root(root.path());
+        let open = r.get().expect("exe");
+        assert!(r.find_debug_file(&open).expect("no error").is_none());
+        write(&root.path().join(places[0]), &wrong);
+        assert!(r.find_debug_file(&open).expect("no error").is_none());
+        // A file without a debug link has no debug file.
+        let plain = ElfFileRef::new(testdata().join("upstream/vdso.arch64.withframe"));
+        assert!(plain
+            .find_debug_file(&plain.get().expect("vdso"))
+            .expect("ok")
+            .is_none());
+    }
+
+    #[test]
+    fn without_a_root_the_search_starts_in_the_files_directory() {
+        let (exe, debug) = linked_pair(&[1, 2, 3]);
+        let dir = tempdir();
+        write(&dir.path().join("exe"), &exe);
+        write(&dir.path().join(".debug/exe.debug"), &debug);
+        let r = ElfFileRef::new(dir.path().join("exe"));
+        let open = r.get().expect("exe");
+        let found = r.find_debug_file(&open).expect("ok").expect("found");
+        assert_eq!(found.path, dir.path().join(".debug/exe.debug"));
+    }
+
+    #[test]
+    fn a_vanished_root_is_not_found_not_an_error() {
+        // The process exits while its file is analysed: its root goes, the
+        // mapped file stays readable, the debug-file lookup hits ENOENT.
+        let (exe, _debug) = linked_pair(&[9, 9]);
+        let root = tempdir();
+        write(&root.path().join("bin/exe"), &exe);
+        let r = ElfFileRef::new("/bin/exe").with_root(root.path());
+        let open = r.get().expect("exe");
+        let root_path = root.path().to_path_buf();
+        root.close().expect("remove the root");
+        let e = r.find_debug_file(&open).expect_err("NotFound");
+        assert_eq!(e.kind, ExtractErrorKind::NotFound, "{e}");
+        assert!(e.message.contains(&root_path.display().to_string()), "{e}");
+        assert_eq!(e.path, "/bin/exe");
+        // Without a root, the file's directory plays that part.
+        let dir = tempdir();
+        let path = dir.path().join("exe");
+        write(&path, &exe);
+        let r = ElfFileRef::new(&path);
+        let open = r.get().expect("exe");
+        std::fs::remove_dir_all(dir.path()).expect("remove");
+        assert_eq!(
+            r.find_debug_file(&open).err().map(|e| e.kind),
+            Some(ExtractErrorKind::NotFound)
+        );
+    }
+
+    #[test]
+    fn references_are_shareable() {
+        fn sync_send<T: Sync + Send>() {}
+        sync_send::<ElfFileRef>();
+        sync_send::<Arc<OpenElf>>();
+    }
+}

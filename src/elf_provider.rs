@@ -1,0 +1,329 @@
+//! The stack-delta provider for ELF files (upstream's
+//! `elfunwindinfo` provider): opens the file through its [`ElfFileRef`],
+//! runs the extraction with the debug-file lookup as its callback, and
+//! counts successes and failures the way upstream does (a file that has
+//! gone is not a failure).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use eim_core::deltas::IntervalData;
+use eim_core::elf::Elf;
+use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
+
+use crate::elf_file::{DebugFile, ElfFileRef, DEFAULT_MAX_SIZE};
+
+/// The debug-file callback the extraction calls (at most when it needs
+/// one): the bytes of the file's separate debug file, or `None`.
+pub type DebugLinkFn<'a> = dyn FnMut() -> Option<DebugFile> + 'a;
+
+/// An extraction: a parsed ELF file and its debug-file callback in, its
+/// stack deltas or a message out.
+pub type ExtractFn =
+    dyn Fn(&Elf<'_>, &mut DebugLinkFn<'_>) -> Result<IntervalData, String> + Send + Sync;
+
+/// Whether this build has the stack-delta extraction ([`extract`] works).
+pub const EXTRACTION_AVAILABLE: bool = false;
+
+/// The message [`extract`] fails with while the extraction is missing.
+pub const EXTRACTION_MISSING: &str =
+    "stack-delta extraction is not in this build yet (core::elf::extract)";
+
+/// The extraction eim uses: `eim_core::elf::extract`, in upstream's stage
+/// order. The one place it is wired in.
+pub fn extract(elf: &Elf<'_>, debuglink: &mut DebugLinkFn<'_>) -> Result<IntervalData, String> {
+    let _ = (elf, debuglink);
+    Err(EXTRACTION_MISSING.to_string())
+}
+
+/// Upstream's provider statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Statistics {
+    /// Files extracted.
+    pub success: u64,
+    /// Files that failed, except those that had gone (`NotFound`).
+    pub extraction_errors: u64,
+}
+
+/// Extracts stack deltas from ELF files.
+pub struct ElfProvider {
+    extractor: Arc<ExtractFn>,
+    max_size: u64,
+    success: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Default for ElfProvider {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for ElfProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElfProvider")
+            .field("max_size", &self.max_size)
+            .field("statistics", &self.statistics())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ElfProvider {
+    /// The provider with eim's extraction and a 2 GiB size limit.
+    pub fn new() -> Self {
+        Self::with_extractor(extract)
+    }
+
+    /// A provider running `extractor` instead (tests, experiments).
+    pub fn with_extractor(
+        extractor: impl Fn(&Elf<'_>, &mut DebugLinkFn<'_>) -> Result<IntervalData, String>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        Self {
+            extractor: Arc::new(extractor),
+            max_size: DEFAULT_MAX_SIZE,
+            success: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        }
+    }
+
+    /// Refuses (`TooLarge`) files larger than `bytes`, whatever the limit
+    /// of the reference that opened them.
+    pub fn with_max_size(mut self, bytes: u64) -> Self {
+        self.max_size = bytes;
+        self
+    }
+
+    pub fn max_size(&self) -> u64 {
+        self.max_size
+    }
+
+    /// The counters so far.
+    pub fn statistics(&self) -> Statistics {
+        Statistics {
+            success: self.success.load(Ordering::Relaxed),
+            extraction_errors: self.errors.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The counters so far, set back to zero (upstream's
+    /// `GetAndResetStatistics`).
+    pub fn get_and_reset_statistics(&self) -> Statistics {
+        Statistics {
+            success: self.success.swap(0, Ordering::Relaxed),
+            extraction_errors: self.errors.swap(0, Ordering::Relaxed),
+        }
+    }
+
+    fn extract_deltas(&self, file: &ElfFileRef) -> Result<IntervalData, ExtractError> {
+        let open = file.get()?;
+        let name = file.path().display().to_string();
+        if open.len() > self.max_size {
+            return Err(ExtractError::new(
+                ExtractErrorKind::TooLarge,
+                name,
+                format!(
+                    "{} bytes, larger than the limit of {} bytes",
+                    open.len(),
+                    self.max_size
+                ),
+            ));
+        }
+        // A debug-file lookup that finds the file gone ends the extraction
+        // with its NotFound, whatever the extraction makes of the `None`.
+        let mut gone = None;
+        let result = {
+            let mut debuglink = || match file.find_debug_file(&open) {
+                Ok(found) => found,
+                Err(e) => {
+                    gone = Some(e);
+                    None
+                }
+            };
+            (self.extractor)(open.elf(), &mut debuglink)
+        };
+        if let Some(e) = gone {
+            return Err(e);
+        }
+        result.map_err(|message| {
+            ExtractError::new(
+                ExtractErrorKind::Invalid,
+                name,
+                format!("failed to extract stack deltas: {message}"),
+            )
+        })
+    }
+}
+
+impl Provider for ElfProvider {
+    type Elf = ElfFileRef;
+
+    fn extract(&self, file: &ElfFileRef) -> Result<Extraction, ExtractError> {
+        match self.extract_deltas(file) {
+            Ok(data) => {
+                self.success.fetch_add(1, Ordering::Relaxed);
+                Ok(Extraction { data, tsd: None })
+            }
+            Err(e) => {
+                if !e.is_not_found() {
+                    self.errors.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elf_file::tests::{tempdir, testdata, tiny_elf, X86_64};
+    use eim_core::deltas::{hint, info, StackDelta};
+
+    fn one_delta(elf: &Elf<'_>) -> IntervalData {
+        let mut data = IntervalData::new();
+        data.add(StackDelta::new(elf.entry(), hint::KEEP, info::STOP));
+        data
+    }
+
+    #[test]
+    fn counts_like_upstream() {
+        use ExtractErrorKind::*;
+        let p = ElfProvider::with_extractor(|elf, _| Ok(one_delta(elf)));
+        let volname = ElfFileRef::new(testdata().join("upstream/volname"));
+        let ex = p.extract(&volname).expect("extracted");
+        assert_eq!(ex.data.len(), 1);
+        assert_eq!(ex.data.deltas[0].address, 0x9f0);
+
+        let missing = ElfFileRef::new("/nonexistent/eim/file");
+        assert_eq!(p.extract(&missing).map_err(|e| e.kind), Err(NotFound));
+        let dir = tempdir();
+        let text = dir.path().join("text");
+        std::fs::write(&text, "not elf").expect("write");
+        let e = p.extract(&ElfFileRef::new(&text)).expect_err("not ELF");
+        assert_eq!(e.kind, Invalid);
+        assert_eq!(
+            p.get_and_reset_statistics(),
+            Statistics {
+                success: 1,
+                extraction_errors: 1
+            },
+            "NotFound is not counted"
+        );
+        assert_eq!(p.statistics(), Statistics::default());
+
+        let failing = ElfProvider::with_extractor(|_, _| Err("bad CIE".into()));
+        let e = failing.extract(&volname).expect_err("fails");
+        assert_eq!(e.kind, Invalid);
+        assert_eq!(e.message, "failed to extract stack deltas: bad CIE");
+        assert!(e
+            .to_string()
+            .ends_with("volname: failed to extract stack deltas: bad CIE"));
+        assert_eq!(failing.statistics().extraction_errors, 1);
+
+        let small = ElfProvider::with_extractor(|elf, _| Ok(one_delta(elf))).with_max_size(6000);
+        let e = small.extract(&volname).expect_err("too large");
+        assert_eq!(e.kind, TooLarge);
+        assert_eq!(small.statistics().extraction_errors, 1);
+    }
+
+    #[test]
+    fn a_debug_file_gone_with_its_process_stays_not_found() {
+        // A file with a debug link, in a root that vanishes after the file
+        // is opened; the extraction asks for the debug file and, seeing
+        // None, would carry on: the provider still reports NotFound and
+        // counts nothing (upstream weakness 13).
+        let debug = tiny_elf(X86_64, &[]);
+        let mut link = b"exe.debug\0\0\0".to_vec();
+        link.extend_from_slice(&crc32fast::hash(&debug).to_le_bytes());
+        let exe = tiny_elf(X86_64, &[(".gnu_debuglink", 1, &link)]);
+        let root = tempdir();
+        std::fs::create_dir_all(root.path().join("bin")).expect("mkdir");
+        std::fs::write(root.path().join("bin/exe"), &exe).expect("write");
+        let file = ElfFileRef::new("/bin/exe").with_root(root.path());
+
+        let asked = Arc::new(AtomicU64::new(0));
+        let counter = asked.clone();
+        let p = ElfProvider::with_extractor(move |elf, debuglink| {
+            counter.fetch_add(1, Ordering::Relaxed);
+            match debuglink() {
+                Some(d) => Ok(IntervalData::from_deltas(vec![StackDelta::new(
+                    d.len() as u64,
+                    0,
+                    info::STOP,
+                )])),
+                None => Ok(one_delta(elf)),
+            }
+        });
+        // With the root there (and no debug file) the extraction goes on.
+        assert!(p.extract(&file).is_ok());
+        // With the debug file there, its bytes reach the extraction.
+        std::fs::write(root.path().join("bin/exe.debug"), &debug).expect("write");
+        let ex = p.extract(&file).expect("with debug file");
+        assert_eq!(ex.data.deltas[0].address, debug.len() as u64);
+        std::fs::remove_file(root.path().join("bin/exe.debug")).expect("rm");
+
+        file.get().expect("opened before the process exits");
+        root.close().expect("the process exits");
+        let e = p.extract(&file).expect_err("gone");
+        assert_eq!(e.kind, ExtractErrorKind::NotFound, "{e}");
+        assert_eq!(asked.load(Ordering::Relaxed), 3);
+        assert_eq!(
+            p.statistics(),
+            Statistics {
+                success: 2,
+                extraction_errors: 0
+            }
+        );
+    }
+
+    #[test]
+    fn the_manager_loads_files_through_references() {
+        use eim_core::{ExecutableInfoManager, Tracers};
+        use eim_sim::{SimConfig, SimMaps};
+        let provider = ElfProvider::with_extractor(|elf, _| {
+            let mut data = one_delta(elf);
+            data.add(StackDelta::new(
+                elf.entry() + 0x40,
+                hint::GAP,
+                info::INVALID,
+            ));
+            Ok(data)
+        });
+        let maps = SimMaps::new(SimConfig::default()).expect("maps");
+        let manager = ExecutableInfoManager::new(provider, maps, Tracers::none());
+        let file = ElfFileRef::new(testdata().join("upstream/volname"));
+        let id = file.file_id().expect("file id").host();
+        manager.add_or_inc_ref(id, &file).expect("loaded");
+        manager.add_or_inc_ref(id, &file).expect("second reference");
+        assert_eq!(manager.with_backend(|maps| maps.table_count()), 1);
+        file.close();
+        manager.remove_or_dec_ref(id).expect("released");
+        manager.remove_or_dec_ref(id).expect("unloaded");
+        assert!(manager.with_backend(|maps| maps.holds_no_file_data()));
+        // A file that has gone: an error, neither counted nor deferred.
+        let gone = ElfFileRef::new("/nonexistent/eim/exe");
+        let e = manager
+            .add_or_inc_ref(eim_core::FileId(1), &gone)
+            .expect_err("gone");
+        assert!(e.to_string().contains("/nonexistent/eim/exe"), "{e}");
+        let e = manager
+            .add_or_inc_ref(eim_core::FileId(1), &gone)
+            .expect_err("retried");
+        assert!(!matches!(e, eim_core::Error::Deferred { .. }), "{e}");
+    }
+
+    #[test]
+    fn the_built_in_extraction_says_when_it_is_missing() {
+        let volname = ElfFileRef::new(testdata().join("upstream/volname"));
+        let r = ElfProvider::new().extract(&volname);
+        if EXTRACTION_AVAILABLE {
+            assert!(r.is_ok(), "{r:?}");
+        } else {
+            let e = r.expect_err("missing");
+            assert!(e.message.contains(EXTRACTION_MISSING), "{e}");
+        }
+    }
+}
