@@ -62,9 +62,7 @@ const X86_BODY_AT: usize = X86_CALL_AT + X86_CALL.len();
 /// musl x86-64: the fixed prologue, then `_start_c` made only of MOV, LEA
 /// and XOR up to the JMP into `__libc_start_main`; the stub ends with it.
 fn x86_stub_len(code: &[u8]) -> usize {
-    if code[..X86_HEAD.len()] != X86_HEAD
-        || code[X86_CALL_AT..X86_BODY_AT] != X86_CALL
-    {
+    if code[..X86_HEAD.len()] != X86_HEAD || code[X86_CALL_AT..X86_BODY_AT] != X86_CALL {
         return 0;
     }
     let body = &code[X86_BODY_AT..];
@@ -160,6 +158,10 @@ pub(crate) fn a64_class(word: u32) -> A64Class {
     let Some(inst) = a64_decode(word) else {
         return A64Class::Undecodable;
     };
+    if !bitmask_immediate_valid(word) {
+        // Go's decoder refuses reserved bitmask immediates.
+        return A64Class::Undecodable;
+    }
     match inst.opcode {
         Opcode::ADD | Opcode::ADRP | Opcode::AND | Opcode::LDR | Opcode::MOVK | Opcode::MOVZ => {
             A64Class::Plain
@@ -223,6 +225,29 @@ fn is_mov_alias(word: u32) -> bool {
     false
 }
 
+/// False for a logical-immediate instruction (AND, ORR, EOR, ANDS) whose
+/// bitmask immediate is a reserved encoding (`DecodeBitMasks` undefined).
+/// Other instructions are always valid here.
+fn bitmask_immediate_valid(word: u32) -> bool {
+    if word & 0x1f80_0000 != 0x1200_0000 {
+        return true;
+    }
+    let sf = word >> 31 == 1;
+    let n = (word >> 22) & 1;
+    let imms = (word >> 10) & 0x3f;
+    if !sf && n == 1 {
+        return false;
+    }
+    // The element size is 2^len, len = HighestSetBit(N:NOT(imms)).
+    let combined = (n << 6) | (!imms & 0x3f);
+    if combined < 2 {
+        return false;
+    }
+    let len = 31 - combined.leading_zeros();
+    let levels = (1u32 << len) - 1;
+    imms & levels != levels
+}
+
 /// The Arm ARM's `MoveWidePreferred(sf, N, imms, immr)`: whether a bitmask
 /// immediate is better written with MOVZ or MOVN.
 fn move_wide_preferred(sf: bool, n: u32, imms: u32, immr: u32) -> bool {
@@ -279,7 +304,10 @@ mod tests {
         assert_eq!(a64_class(0xd503_201f), A64Class::Other); // nop
         assert_eq!(a64_class(0xd65f_03c0), A64Class::Other); // ret
         assert_eq!(a64_class(0xd63f_0200), A64Class::Other); // blr x16
-        assert_eq!(a64_class(0x0000_0000), A64Class::Undecodable); // udf
+                                                             // udf #0: yaxpeax decodes it, Go's decoder does not; refused either way.
+        assert_eq!(a64_class(0x0000_0000), A64Class::Other);
+        // orr w0, wzr, #<reserved>: not an instruction.
+        assert_eq!(a64_class(0x3200_7fe0), A64Class::Undecodable);
     }
 
     #[test]
@@ -290,7 +318,10 @@ mod tests {
         assert!(!move_wide_preferred(true, 1, 16, 0));
         // 0x5555.. repeats with 2-bit elements: not a 64-bit element.
         assert!(!move_wide_preferred(true, 0, 0x3c, 0));
-        // #0xfffffffffffffff0 (60 ones): MOVN can do it.
-        assert!(move_wide_preferred(true, 1, 59, 60));
+        // #0x7fffffffffffffff (63 ones): MOVN can do it.
+        assert!(move_wide_preferred(true, 1, 62, 0));
+        // #0xfffffffffffffff0 (60 ones): MOVN could, but the rule (and Go's
+        // decoder, which follows it) only looks for at most 14 zeros here.
+        assert!(!move_wide_preferred(true, 1, 59, 60));
     }
 }

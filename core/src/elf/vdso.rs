@@ -49,7 +49,11 @@ pub fn synthesize(elf: &Elf<'_>) -> Option<IntervalData> {
         let size = sym.size();
         if sym.name_bytes().ok() == Some(SIGRETURN) {
             deltas.push(StackDelta::new(addr, hint::NONE, info::SIGNAL));
-            deltas.push(StackDelta::new(addr.wrapping_add(size), hint::NONE, info::LR));
+            deltas.push(StackDelta::new(
+                addr.wrapping_add(size),
+                hint::NONE,
+                info::LR,
+            ));
             continue;
         }
         // Upstream skips a symbol whose code cannot be read.
