@@ -351,3 +351,111 @@ fn libpython_rows_of_upstreams_eh_frame_test() {
         ],
     );
 }
+
+// ---- timing (not an assertion; run with --release) ----
+
+/// (Minimum, median) wall time of `f` over `runs` runs, after one warm-up
+/// run. The minimum is the figure least disturbed by other load.
+fn time_ms(runs: usize, mut f: impl FnMut()) -> (f64, f64) {
+    f();
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    (times[0], times[runs / 2])
+}
+
+/// Every row of every FDE of `.eh_frame`, decoded by gimli: the floor a
+/// CFI walk can reach.
+fn gimli_rows(elf: &Elf<'_>) -> usize {
+    use gimli::{BaseAddresses, CieOrFde, EhFrame, UnwindContext, UnwindSection};
+    let Some(section) = elf.section(".eh_frame") else {
+        return 0;
+    };
+    let eh = EhFrame::new(section.data, gimli::LittleEndian);
+    let bases = BaseAddresses::default().set_eh_frame(section.address);
+    let mut ctx = UnwindContext::new();
+    let mut entries = eh.entries(&bases);
+    let mut rows = 0;
+    while let Ok(Some(entry)) = entries.next() {
+        if let CieOrFde::Fde(partial) = entry {
+            let Ok(fde) = partial.parse(|_, b, o| eh.cie_from_offset(b, o)) else {
+                continue;
+            };
+            let Ok(mut table) = fde.rows(&eh, &bases, &mut ctx) else {
+                continue;
+            };
+            while let Ok(Some(row)) = table.next_row() {
+                std::hint::black_box(row.cfa());
+                rows += 1;
+            }
+        }
+    }
+    rows
+}
+
+#[test]
+#[ignore = "timing; run with: cargo test --release -p eim-core --test elf_oracle -- --ignored --nocapture"]
+fn extraction_timing() {
+    let mut files = vec![PathBuf::from("/usr/lib/x86_64-linux-gnu/libc.so.6")];
+    if let Some(home) = std::env::var_os("HOME") {
+        let lib = Path::new(&home).join(".rustup/toolchains/stable-x86_64-unknown-linux-gnu/lib");
+        if let Ok(dir) = std::fs::read_dir(lib) {
+            files.extend(dir.flatten().map(|e| e.path()).filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("librustc_driver-") && n.ends_with(".so"))
+            }));
+        }
+    }
+    // Every non-Go oracle input, against upstream's recorded median.
+    let root = testdata();
+    let timings = std::fs::read_to_string(root.join("oracle/TIMINGS.tsv")).expect("timings");
+    for line in timings.lines().skip(1) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let (name, path, upstream_ms) = (cols[0], cols[1], cols[4]);
+        if name.starts_with("gocorpus") {
+            continue;
+        }
+        let file = if path.starts_with('/') {
+            PathBuf::from(path)
+        } else {
+            root.join("oracle").join(path)
+        };
+        let bytes = read(&file);
+        let elf = Elf::parse(&bytes).unwrap();
+        let (min, median) = time_ms(21, || {
+            std::hint::black_box(extract(&elf, None).unwrap());
+        });
+        let upstream: f64 = upstream_ms.parse().unwrap();
+        eprintln!(
+            "{name}: {min:.3} ms (median {median:.3}); upstream median {upstream:.3} ms: {:.1}x",
+            upstream / median
+        );
+    }
+    for path in files {
+        let bytes = read(&path);
+        let elf = Elf::parse(&bytes).unwrap();
+        let deltas = extract(&elf, None).unwrap().len();
+        let ours = time_ms(21, || {
+            std::hint::black_box(extract(&elf, None).unwrap());
+        });
+        let rows = gimli_rows(&elf);
+        let gimli = time_ms(21, || {
+            std::hint::black_box(gimli_rows(&elf));
+        });
+        eprintln!(
+            "{}: {deltas} deltas in {:.2} ms (median {:.2}); gimli row walk ({rows} rows) {:.2} ms (median {:.2}); ratio of minima {:.2}",
+            path.display(),
+            ours.0,
+            ours.1,
+            gimli.0,
+            gimli.1,
+            ours.0 / gimli.0
+        );
+    }
+}

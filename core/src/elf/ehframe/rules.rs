@@ -10,7 +10,7 @@ use crate::elf::Arch;
 
 /// The unwind info for a row. `BaseReg` CFAs (hand-written assembly with
 /// a general register as CFA base) are only kept when `allow_generic_regs`.
-#[inline]
+#[inline(always)]
 pub(super) fn unwind_info(arch: Arch, regs: &Regs, allow_generic_regs: bool) -> UnwindInfo {
     let info = match arch {
         Arch::X86_64 => x86_64(regs),
@@ -28,6 +28,7 @@ fn pack_deref_param(pre: i32, post: i32) -> Option<i32> {
     ((0..=0x20).contains(&post) && post % 8 == 0).then(|| pre.wrapping_add(post / 8))
 }
 
+#[inline(always)]
 fn x86_64(regs: &Regs) -> UnwindInfo {
     let (cfa, fp, ra) = (regs.cfa, regs.fp, regs.ra);
     if cfa.reg == REG_UNDEFINED || ra.reg == REG_UNDEFINED {
@@ -97,6 +98,7 @@ fn x86_64(regs: &Regs) -> UnwindInfo {
     out
 }
 
+#[inline(always)]
 fn aarch64(regs: &Regs) -> UnwindInfo {
     let (cfa, ra) = (regs.cfa, regs.ra);
     if cfa.reg == REG_UNDEFINED || ra.reg == REG_UNDEFINED {

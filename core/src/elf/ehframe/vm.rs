@@ -349,13 +349,27 @@ impl<'c> Vm<'c> {
 
     /// Runs instructions up to and including the next one that moves the
     /// location, or to the end of the instructions.
+    #[inline(always)]
     pub fn step(&mut self, r: &mut Reader<'_>) -> Result<(), EntryError> {
         while r.has_data() {
-            let mut opcode = r.u8();
-            let mut operand = 0u8;
-            if opcode & cfa::HIGH_MASK != 0 {
-                operand = opcode & !cfa::HIGH_MASK;
-                opcode &= cfa::HIGH_MASK;
+            let opcode = r.u8();
+            // The three "high" opcodes carry their operand in the low bits.
+            let operand = opcode & !cfa::HIGH_MASK;
+            match opcode & cfa::HIGH_MASK {
+                cfa::ADVANCE_LOC => {
+                    self.advance(u64::from(operand));
+                    return Ok(());
+                }
+                cfa::OFFSET => {
+                    let off = r.uleb() as i64;
+                    self.rule(u64::from(operand), REG_CFA, off);
+                    continue;
+                }
+                cfa::RESTORE => {
+                    self.restore(u64::from(operand));
+                    continue;
+                }
+                _ => {}
             }
             match opcode {
                 cfa::NOP | cfa::GNU_WINDOW_SAVE => {}
@@ -386,24 +400,15 @@ impl<'c> Vm<'c> {
                     self.advance(u64::from(d));
                     return Ok(());
                 }
-                cfa::ADVANCE_LOC => {
-                    self.advance(u64::from(operand));
-                    return Ok(());
-                }
                 cfa::OFFSET_EXTENDED => {
                     let reg = r.uleb();
                     let off = r.uleb() as i64;
                     self.rule(reg, REG_CFA, off);
                 }
-                cfa::OFFSET => {
-                    let off = r.uleb() as i64;
-                    self.rule(u64::from(operand), REG_CFA, off);
-                }
                 cfa::RESTORE_EXTENDED => {
                     let reg = r.uleb();
                     self.restore(reg);
                 }
-                cfa::RESTORE => self.restore(u64::from(operand)),
                 cfa::UNDEFINED => {
                     let reg = r.uleb();
                     self.rule(reg, REG_UNDEFINED, 0);

@@ -13,6 +13,11 @@ use crate::elf::{Arch, Elf, Region};
 /// `.eh_frame_hdr` fixed part: version, eh_frame_ptr encoding, fde_count
 /// encoding, table encoding.
 const HDR_SIZE: usize = 4;
+/// `.eh_frame` bytes per delta are about 6 on x86-64 (more on arm64):
+/// reserving up front spares the walk the copies and the page faults of
+/// growing a large output (pages reserved but never written cost nothing).
+const SECTION_BYTES_PER_DELTA: usize = 6;
+
 /// The only search-table encoding used: datarel, signed 4-byte.
 const TABLE_ENC: u8 = 0x3b;
 
@@ -120,35 +125,45 @@ impl<'d> Table<'d> {
 /// re-parse CIEs).
 #[derive(Default)]
 struct CieCache {
-    last: Option<(u64, Cie)>,
-    all: HashMap<u64, Cie>,
+    cies: Vec<Cie>,
+    index: HashMap<u64, usize>,
+    /// The last CIE used (most FDEs share their predecessor's CIE).
+    last: Option<(u64, usize)>,
 }
 
 impl CieCache {
     /// The CIE at `pos`; `fde` is the reader of the FDE naming it.
-    fn get(&mut self, fde: &Reader<'_>, pos: u64, arch: Arch) -> Result<Cie, EntryError> {
-        if let Some((at, cie)) = self.last {
-            if at == pos {
-                return Ok(cie);
-            }
-        }
-        let cie = match self.all.get(&pos) {
-            Some(cie) => *cie,
-            None => {
-                let mut r = *fde;
-                r.pos = pos;
-                let cie = parse_cie(r, arch)?;
-                self.all.insert(pos, cie);
-                cie
+    fn get(&mut self, fde: &Reader<'_>, pos: u64, arch: Arch) -> Result<&Cie, EntryError> {
+        let at = match self.last {
+            Some((last, at)) if last == pos => at,
+            _ => {
+                let at = match self.index.get(&pos) {
+                    Some(&at) => at,
+                    None => {
+                        let mut r = *fde;
+                        r.pos = pos;
+                        self.cies.push(parse_cie(r, arch)?);
+                        let at = self.cies.len() - 1;
+                        self.index.insert(pos, at);
+                        at
+                    }
+                };
+                self.last = Some((pos, at));
+                at
             }
         };
-        self.last = Some((pos, cie));
-        Ok(cie)
+        self.cies.get(at).ok_or(EntryError::CieBeyondEnd(pos))
     }
 }
 
-/// Walks the FDEs of one section and emits their deltas.
+/// Walks the FDEs of one section.
 struct Walker<'a, 'd, F: ?Sized> {
+    cies: CieCache,
+    out: Emitter<'a, 'd, F>,
+}
+
+/// Turns FDEs into deltas.
+struct Emitter<'a, 'd, F: ?Sized> {
     /// Machine of the file whose CFI is walked.
     arch: Arch,
     /// The file being extracted: where signal trampolines are read.
@@ -156,10 +171,26 @@ struct Walker<'a, 'd, F: ?Sized> {
     allow_generic_regs: bool,
     filter: &'a mut F,
     deltas: &'a mut IntervalData,
-    cies: CieCache,
 }
 
 impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
+    /// Parses the FDE at `r.pos` and emits its deltas; returns its size.
+    /// `sorted` is passed to the first delta's append (later ones are
+    /// sorted within the FDE).
+    fn fde(&mut self, r: &mut Reader<'_>, table_ip: u64, sorted: bool) -> Result<u64, HeaderError> {
+        let fde_at = r.pos;
+        let (len, cie_pos) = parse_header(r, false)?;
+        let cie = self.cies.get(r, cie_pos, self.out.arch)?;
+        let range = parse_fde_range(r, cie, table_ip, fde_at)?;
+        let out = &mut self.out;
+        if out.filter.keep(range.start, range.len, out.deltas) {
+            out.emit(*r, cie, range, sorted, fde_at)?;
+        }
+        Ok(len)
+    }
+}
+
+impl<F: FdeFilter + ?Sized> Emitter<'_, '_, F> {
     fn is_sigreturn_trampoline(&self, range: FdeRange) -> bool {
         let code: &[u8] = match self.code.arch {
             Arch::X86_64 => &SIGRETURN_X86_64,
@@ -172,23 +203,11 @@ impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
                 .is_some_and(|bytes| *bytes == *code)
     }
 
-    /// Parses the FDE at `r.pos` and emits its deltas; returns its size.
-    /// `sorted` is passed to the first delta's append (later ones are
-    /// sorted within the FDE).
-    fn fde(&mut self, r: &mut Reader<'_>, table_ip: u64, sorted: bool) -> Result<u64, HeaderError> {
-        let fde_at = r.pos;
-        let (len, cie_pos) = parse_header(r, false)?;
-        let cie = self.cies.get(r, cie_pos, self.arch)?;
-        let range = parse_fde_range(r, &cie, table_ip, fde_at)?;
-        if self.filter.keep(range.start, range.len, self.deltas) {
-            self.emit(r, &cie, range, sorted, fde_at)?;
-        }
-        Ok(len)
-    }
-
+    /// `r` is at the FDE's instructions (taken by value so that the hot
+    /// loop keeps the cursor in registers).
     fn emit(
         &mut self,
-        r: &mut Reader<'_>,
+        mut r: Reader<'_>,
         cie: &Cie,
         range: FdeRange,
         mut sorted: bool,
@@ -204,7 +223,7 @@ impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
             let mut hints = hint::KEEP;
             while r.has_data() {
                 let ip = vm.loc;
-                vm.step(r)?;
+                vm.step(&mut r)?;
                 let row = unwind_info(self.arch, &vm.cur, self.allow_generic_regs);
                 self.deltas.add_ex(StackDelta::new(ip, hints, row), sorted);
                 sorted = true;
@@ -229,7 +248,9 @@ impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
         );
         Ok(())
     }
+}
 
+impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
     /// Walks the FDEs in search-table order (sorted by address).
     fn walk_table(&mut self, hdr: &Region<'_>, eh: &Region<'_>) -> Result<(), CfiError> {
         let mut table = Table::new(hdr)?;
@@ -254,7 +275,7 @@ impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
     /// Walks every record of a section in file order (unsorted), skipping
     /// CIEs and empty records.
     fn walk_linear(&mut self, section: &Region<'_>, debug_frame: bool) -> Result<(), CfiError> {
-        self.filter.mark_unsorted();
+        self.out.filter.mark_unsorted();
         let size = section.data.len() as u64;
         let mut at = 0;
         while at < size {
@@ -284,13 +305,18 @@ pub fn parse_eh_frame<F: FdeFilter + ?Sized>(
     let Some(eh) = eh else {
         return Ok(());
     };
+    deltas
+        .deltas
+        .reserve(eh.data.len() / SECTION_BYTES_PER_DELTA);
     let mut walker = Walker {
-        arch: elf.arch,
-        code: elf,
-        allow_generic_regs,
-        filter,
-        deltas,
         cies: CieCache::default(),
+        out: Emitter {
+            arch: elf.arch,
+            code: elf,
+            allow_generic_regs,
+            filter,
+            deltas,
+        },
     };
     match hdr {
         Some(hdr) => walker.walk_table(&hdr, &eh),
@@ -311,13 +337,18 @@ pub fn parse_debug_frame<F: FdeFilter + ?Sized>(
     let Some(section) = elf.section_region(".debug_frame", MAX_SECTION_BYTES) else {
         return Ok(());
     };
+    deltas
+        .deltas
+        .reserve(section.data.len() / SECTION_BYTES_PER_DELTA);
     let mut walker = Walker {
-        arch: elf.arch,
-        code,
-        allow_generic_regs,
-        filter,
-        deltas,
         cies: CieCache::default(),
+        out: Emitter {
+            arch: elf.arch,
+            code,
+            allow_generic_regs,
+            filter,
+            deltas,
+        },
     };
     walker.walk_linear(&section, true)
 }
