@@ -1,2 +1,331 @@
-//! The extraction stages in upstream's order (spec 5.2). Placeholder until
-//! implemented.
+//! The extraction stages in upstream's order (spec 5.2): entry stub,
+//! `.gopclntab`, `.eh_frame`, `.debug_frame`, the `.gnu_debuglink` file's
+//! `.debug_frame`, the pending entry deltas, and the final sort.
+//!
+//! Core does no I/O: the debug-link file is opened by the caller through a
+//! [`DebugLinkOpener`] callback.
+
+use std::fmt;
+use std::ops::Range;
+
+use super::ehframe::{self, CfiError, FdeFilter};
+use super::gopclntab::{self, GoError};
+use super::{entry, Elf};
+use crate::deltas::{hint, info, IntervalData, StackDelta};
+use crate::provider::ExtractErrorKind;
+
+/// With fewer deltas than this after the file's own sources, the
+/// debug-link file's `.debug_frame` is parsed too
+/// (`numIntervalsToOmitDebugLink`).
+pub const DEBUG_LINK_THRESHOLD: usize = 20;
+
+/// Bytes read at the entry point for the entry-stub matchers.
+const ENTRY_CODE_BYTES: usize = 128;
+
+/// Why the caller could not provide the debug-link file.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct DebugFileError {
+    pub kind: ExtractErrorKind,
+    pub message: String,
+}
+
+impl DebugFileError {
+    pub fn new(kind: ExtractErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// The contents of a debug-link file, however the caller holds them
+/// (a `Vec<u8>`, a memory map).
+pub type DebugBytes = Box<dyn AsRef<[u8]>>;
+
+/// Opens the debug-link file named `name` (the `.gnu_debuglink` name) with
+/// link CRC `crc`: `Ok(None)` if there is no such file (not an error, as
+/// upstream). The bytes are checked against the CRC here, so the caller
+/// may return any candidate; a mismatch counts as "no file".
+pub type DebugLinkOpener<'a> =
+    dyn FnMut(&str, u32) -> Result<Option<DebugBytes>, DebugFileError> + 'a;
+
+/// The stage an extraction failed in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    Golang,
+    EhFrame,
+    DebugFrame,
+    /// The `.debug_frame` of the debug-link file.
+    Debug,
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Stage::Golang => "golang",
+            Stage::EhFrame => "eh_frame",
+            Stage::DebugFrame => "debug_frame",
+            Stage::Debug => "debug",
+        })
+    }
+}
+
+/// What went wrong inside a stage.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Cause {
+    #[error(transparent)]
+    Go(#[from] GoError),
+    #[error(transparent)]
+    Cfi(#[from] CfiError),
+    #[error(transparent)]
+    DebugFile(#[from] DebugFileError),
+}
+
+/// An extraction failure: the stage (worded as upstream's stage wrappers)
+/// and the cause. [`ExtractError::kind`] keeps a debug-link opener's
+/// `NotFound` distinguishable, unlike upstream's `%v` wrapping.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("failure to parse {stage} stack deltas: {cause}")]
+pub struct ExtractError {
+    pub stage: Stage,
+    #[source]
+    pub cause: Cause,
+}
+
+impl ExtractError {
+    fn new(stage: Stage, cause: impl Into<Cause>) -> Self {
+        Self {
+            stage,
+            cause: cause.into(),
+        }
+    }
+
+    /// `NotFound`/`Io`/... as the debug-link opener said; `Invalid` for
+    /// malformed unwind data.
+    pub fn kind(&self) -> ExtractErrorKind {
+        match &self.cause {
+            Cause::DebugFile(e) => e.kind,
+            Cause::Go(_) | Cause::Cfi(_) => ExtractErrorKind::Invalid,
+        }
+    }
+
+    /// The provider-level error for the file at `path`.
+    pub fn to_provider_error(&self, path: impl Into<String>) -> crate::provider::ExtractError {
+        crate::provider::ExtractError::new(self.kind(), path, self.to_string())
+    }
+}
+
+/// Upstream's `extractionFilter`: drops FDEs that the Go table covers, that
+/// overlap the entry stub, or (from unsorted sources) start at 0, and puts
+/// the entry stub's deltas in place.
+#[derive(Debug, Default)]
+struct Filter {
+    /// Code covered by `.gopclntab` (empty if none).
+    go: Range<u64>,
+    /// The entry stub (empty if none).
+    entry: Range<u64>,
+    entry_pending: bool,
+    eh_frames: bool,
+    golang_frames: bool,
+    unsorted: bool,
+}
+
+impl Filter {
+    fn add_entry_deltas(&mut self, deltas: &mut IntervalData) {
+        deltas.add_ex(
+            StackDelta::new(self.entry.start, hint::KEEP, info::STOP),
+            !self.unsorted,
+        );
+        deltas.add(StackDelta::new(self.entry.end, hint::NONE, info::INVALID));
+        self.eh_frames = true;
+        self.entry_pending = false;
+    }
+}
+
+impl FdeFilter for Filter {
+    fn mark_unsorted(&mut self) {
+        self.unsorted = true;
+    }
+
+    fn keep(&mut self, ip_start: u64, ip_len: u64, deltas: &mut IntervalData) -> bool {
+        // Address arithmetic wraps, as upstream's uintptr does.
+        let ip_end = ip_start.wrapping_add(ip_len);
+        if self.go.start <= ip_start && ip_end <= self.go.end {
+            return false;
+        }
+        // .debug_frame sometimes has broken FDEs at address 0.
+        if self.unsorted && ip_start == 0 {
+            return false;
+        }
+        if self.entry_pending && ip_start >= self.entry.start {
+            self.add_entry_deltas(deltas);
+        }
+        if ip_end > self.entry.start && self.entry.end >= ip_start {
+            return false;
+        }
+        self.eh_frames = true;
+        true
+    }
+}
+
+/// Whether unwinding may use general registers as CFA base: only for
+/// OpenSSL's libcrypto, whose hand-written assembly needs it.
+fn allows_generic_registers(elf: &Elf<'_>) -> bool {
+    elf.soname()
+        .is_some_and(|name| name.starts_with(b"libcrypto.so."))
+}
+
+/// The entry stub's range, if the entry code is a known stub.
+fn entry_stub(elf: &Elf<'_>) -> Option<Range<u64>> {
+    let start = elf.entry();
+    if start == 0 {
+        return None;
+    }
+    let code = elf.virtual_memory(start, ENTRY_CODE_BYTES)?;
+    match entry::stub_len(elf.arch, &code) {
+        0 => None,
+        len => Some(start..start.wrapping_add(len as u64)),
+    }
+}
+
+/// The CRC-32 (IEEE) `.gnu_debuglink` uses.
+fn crc32(data: &[u8]) -> u32 {
+    const TABLE: [u32; 256] = {
+        let mut table = [0u32; 256];
+        let mut i = 0;
+        while i < 256 {
+            let mut c = i as u32;
+            let mut k = 0;
+            while k < 8 {
+                c = if c & 1 != 0 {
+                    0xedb8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+                k += 1;
+            }
+            table[i] = c;
+            i += 1;
+        }
+        table
+    };
+    !data.iter().fold(!0u32, |crc, &b| {
+        TABLE[usize::from((crc as u8) ^ b)] ^ (crc >> 8)
+    })
+}
+
+/// Stage 5: the debug-link file's `.debug_frame`.
+fn debug_link_stage(
+    elf: &Elf<'_>,
+    allow_generic_regs: bool,
+    open: &mut DebugLinkOpener<'_>,
+    filter: &mut Filter,
+    deltas: &mut IntervalData,
+) -> Result<(), ExtractError> {
+    let Some(link) = elf.debug_link() else {
+        return Ok(());
+    };
+    let Some(file) = open(&link.name, link.crc).map_err(|e| ExtractError::new(Stage::Debug, e))?
+    else {
+        return Ok(());
+    };
+    let bytes = (*file).as_ref();
+    if crc32(bytes) != link.crc {
+        return Ok(());
+    }
+    let Ok(debug) = Elf::parse(bytes) else {
+        return Ok(());
+    };
+    ehframe::parse_debug_frame(&debug, elf, allow_generic_regs, filter, deltas)
+        .map_err(|e| ExtractError::new(Stage::Debug, e))
+}
+
+/// Extracts the stack deltas of `elf` (upstream's `extractFile`).
+///
+/// `debug_link` stands for upstream's file reference: without it the
+/// debug-link stage is skipped; with it, a file with fewer than
+/// [`DEBUG_LINK_THRESHOLD`] deltas has its `.gnu_debuglink` file opened
+/// through it.
+pub fn extract(
+    elf: &Elf<'_>,
+    debug_link: Option<&mut DebugLinkOpener<'_>>,
+) -> Result<IntervalData, ExtractError> {
+    let mut deltas = IntervalData::new();
+    let mut filter = Filter::default();
+    let allow_generic_regs = allows_generic_registers(elf);
+
+    if let Some(range) = entry_stub(elf) {
+        filter.entry = range;
+        filter.entry_pending = true;
+    }
+    if let Some(range) =
+        gopclntab::extract(elf, &mut deltas).map_err(|e| ExtractError::new(Stage::Golang, e))?
+    {
+        filter.go = range;
+        filter.golang_frames = true;
+    }
+    ehframe::parse_eh_frame(elf, allow_generic_regs, &mut filter, &mut deltas)
+        .map_err(|e| ExtractError::new(Stage::EhFrame, e))?;
+    ehframe::parse_debug_frame(elf, elf, allow_generic_regs, &mut filter, &mut deltas)
+        .map_err(|e| ExtractError::new(Stage::DebugFrame, e))?;
+    if let Some(open) = debug_link {
+        if deltas.len() < DEBUG_LINK_THRESHOLD {
+            debug_link_stage(elf, allow_generic_regs, open, &mut filter, &mut deltas)?;
+        }
+    }
+    if filter.entry_pending {
+        filter.add_entry_deltas(&mut deltas);
+    }
+    if filter.unsorted || (filter.eh_frames && filter.golang_frames) {
+        deltas.sort_and_dedup();
+    }
+    Ok(deltas)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32_matches_the_ieee_check_value() {
+        assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
+        assert_eq!(crc32(b""), 0);
+    }
+
+    #[test]
+    fn the_filter_drops_go_code_and_the_entry_stub() {
+        let mut f = Filter {
+            go: 0x1000..0x2000,
+            entry: 0x3000..0x3040,
+            entry_pending: true,
+            ..Filter::default()
+        };
+        let mut d = IntervalData::new();
+        assert!(!f.keep(0x1000, 0x1000, &mut d), "inside the Go range");
+        assert!(f.keep(0x2000, 0x10, &mut d));
+        assert!(d.is_empty() && f.entry_pending);
+        assert!(!f.keep(0x3030, 0x20, &mut d), "overlaps the entry stub");
+        assert!(
+            !f.entry_pending,
+            "entry deltas come before the first FDE at or after it"
+        );
+        assert_eq!(
+            d.deltas,
+            vec![
+                StackDelta::new(0x3000, hint::KEEP, info::STOP),
+                StackDelta::new(0x3040, hint::NONE, info::INVALID),
+            ]
+        );
+        assert!(f.keep(0x3041, 0x10, &mut d));
+    }
+
+    #[test]
+    fn without_an_entry_stub_fdes_at_zero_are_dropped() {
+        // Upstream's overlap test with an empty entry range [0, 0).
+        let mut f = Filter::default();
+        let mut d = IntervalData::new();
+        assert!(!f.keep(0, 0x10, &mut d));
+        assert!(f.keep(1, 0x10, &mut d));
+    }
+}

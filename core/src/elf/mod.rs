@@ -19,8 +19,13 @@ pub mod fileid;
 pub mod gopclntab;
 pub mod vdso;
 
-use object::read::elf::{ElfFile64, FileHeader};
+use std::borrow::Cow;
+
+use object::elf::{PT_DYNAMIC, PT_GNU_EH_FRAME, PT_LOAD, SHF_COMPRESSED, SHT_NOBITS};
+use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
 use object::{LittleEndian, Object, ObjectSection};
+
+pub use extract::{extract, DebugFileError, DebugLinkOpener, ExtractError, Stage};
 
 /// The architectures eim extracts for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -47,6 +52,31 @@ pub struct Elf<'d> {
     pub data: &'d [u8],
     pub file: ElfFile64<'d, LittleEndian>,
     pub arch: Arch,
+}
+
+/// Bytes of the file and the virtual address they are loaded at: a section,
+/// or a window of a segment.
+#[derive(Clone, Copy, Debug)]
+pub struct Region<'d> {
+    pub vaddr: u64,
+    pub data: &'d [u8],
+}
+
+/// A program header's placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub offset: u64,
+    pub vaddr: u64,
+    pub filesz: u64,
+    pub memsz: u64,
+}
+
+/// The contents of `.gnu_debuglink`: the debug file's name and the CRC-32
+/// of its whole contents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DebugLink {
+    pub name: String,
+    pub crc: u32,
 }
 
 /// A section's address and contents (empty for `SHT_NOBITS`).
@@ -91,5 +121,153 @@ impl<'d> Elf<'d> {
 
     pub fn entry(&self) -> u64 {
         self.file.entry()
+    }
+
+    /// The file bytes at `offset..offset + len`, if the file has them.
+    fn bytes_at(&self, offset: u64, len: u64) -> Option<&'d [u8]> {
+        let start = usize::try_from(offset).ok()?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        self.data.get(start..end)
+    }
+
+    /// Upstream's `elfRegionFromSection`: the first section called `name`,
+    /// unless it is `SHT_NOBITS` or compressed, larger than `max` bytes, or
+    /// not inside the file.
+    pub fn section_region(&self, name: &str, max: u64) -> Option<Region<'d>> {
+        let section = self.file.section_by_name(name)?;
+        let header = section.elf_section_header();
+        let e = LittleEndian;
+        if header.sh_type(e) == SHT_NOBITS || header.sh_flags(e) & u64::from(SHF_COMPRESSED) != 0 {
+            return None;
+        }
+        let size = header.sh_size(e);
+        if size > max {
+            return None;
+        }
+        Some(Region {
+            vaddr: header.sh_addr(e),
+            data: self.bytes_at(header.sh_offset(e), size)?,
+        })
+    }
+
+    /// All program headers of type `kind`, in header order.
+    pub fn segments(&self, kind: u32) -> impl Iterator<Item = Segment> + '_ {
+        let e = LittleEndian;
+        self.file
+            .elf_program_headers()
+            .iter()
+            .filter(move |p| p.p_type(e) == kind)
+            .map(move |p| Segment {
+                offset: p.p_offset(e),
+                vaddr: p.p_vaddr(e),
+                filesz: p.p_filesz(e),
+                memsz: p.p_memsz(e),
+            })
+    }
+
+    /// The first `PT_LOAD` whose memory range holds `addr`, and the offset
+    /// of `addr` in it.
+    fn load_segment_at(&self, addr: u64) -> Option<(Segment, u64)> {
+        self.segments(PT_LOAD)
+            .find(|s| addr >= s.vaddr && addr - s.vaddr < s.memsz)
+            .map(|s| (s, addr - s.vaddr))
+    }
+
+    /// `len` bytes at virtual address `addr`, as upstream's `VirtualMemory`
+    /// reads them: from the first `PT_LOAD` whose memory range holds
+    /// `addr`, zero-filled between its file and memory sizes; `None` if
+    /// the range runs past the segment's memory size or the file.
+    pub fn virtual_memory(&self, addr: u64, len: usize) -> Option<Cow<'d, [u8]>> {
+        let (seg, offset) = self.load_segment_at(addr)?;
+        let end = offset.checked_add(len as u64)?;
+        if end <= seg.filesz {
+            return self
+                .bytes_at(seg.offset.checked_add(offset)?, len as u64)
+                .map(Cow::Borrowed);
+        }
+        if end > seg.memsz {
+            return None;
+        }
+        let mut out = vec![0; len];
+        if offset < seg.filesz {
+            let from_file = self.bytes_at(seg.offset.checked_add(offset)?, seg.filesz - offset)?;
+            out.get_mut(..from_file.len())?.copy_from_slice(from_file);
+        }
+        Some(Cow::Owned(out))
+    }
+
+    /// Upstream's `EHFrame`: the memory from the start of `PT_GNU_EH_FRAME`
+    /// to the end of the file part of the first `PT_LOAD` holding it.
+    /// `Ok(None)` when there is no such pair; `Err` when the window is
+    /// larger than `max` bytes or not inside the file.
+    pub fn eh_frame_segment(&self, max: u64) -> Result<Option<Region<'d>>, &'static str> {
+        let Some(hdr) = self.segments(PT_GNU_EH_FRAME).next() else {
+            return Ok(None);
+        };
+        let Some(load) = self
+            .segments(PT_LOAD)
+            .find(|l| hdr.vaddr >= l.vaddr && hdr.vaddr < l.vaddr.wrapping_add(l.filesz))
+        else {
+            return Ok(None);
+        };
+        let skip = hdr.vaddr - load.vaddr;
+        let size = load.filesz - skip;
+        if size > max {
+            return Err("segment is too large");
+        }
+        let data = load
+            .offset
+            .checked_add(skip)
+            .and_then(|off| self.bytes_at(off, size))
+            .ok_or("segment is not inside the file")?;
+        Ok(Some(Region {
+            vaddr: hdr.vaddr,
+            data,
+        }))
+    }
+
+    /// `DT_SONAME`, read through `DT_STRTAB` (both from `PT_DYNAMIC`).
+    pub fn soname(&self) -> Option<Vec<u8>> {
+        const DT_STRTAB: u64 = 5;
+        const DT_SONAME: u64 = 14;
+        const MAX_NAME: usize = 256;
+        let dynamic = self.segments(PT_DYNAMIC).next()?;
+        let entries = self.bytes_at(dynamic.offset, dynamic.filesz)?;
+        let (mut strtab, mut soname) = (None, None);
+        for entry in entries.chunks_exact(16) {
+            let (tag, val) = entry.split_at(8);
+            let tag = u64::from_le_bytes(tag.try_into().ok()?);
+            let val = u64::from_le_bytes(val.try_into().ok()?);
+            match tag {
+                0 => break,
+                DT_STRTAB => strtab = Some(val),
+                DT_SONAME => soname = Some(val),
+                _ => {}
+            }
+        }
+        let addr = strtab?.checked_add(soname?)?;
+        let (seg, offset) = self.load_segment_at(addr)?;
+        let len = (seg.memsz - offset).min(MAX_NAME as u64) as usize;
+        let bytes = self.virtual_memory(addr, len)?;
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        Some(bytes.get(..end)?.to_vec())
+    }
+
+    /// The `.gnu_debuglink` section, if present and well formed.
+    pub fn debug_link(&self) -> Option<DebugLink> {
+        let data = self.section_region(".gnu_debuglink", 1 << 20)?.data;
+        let nul = data.iter().position(|&b| b == 0)?;
+        let name: String = data
+            .get(..nul)?
+            .utf8_chunks()
+            .map(|chunk| chunk.valid())
+            .collect();
+        // The CRC follows the name's NUL, aligned to 4 bytes.
+        let crc_at = (nul + 1).next_multiple_of(4);
+        let crc = data.get(crc_at..crc_at.checked_add(4)?)?;
+        Some(DebugLink {
+            name,
+            crc: u32::from_le_bytes(crc.try_into().ok()?),
+        })
     }
 }

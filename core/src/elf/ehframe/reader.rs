@@ -1,0 +1,265 @@
+//! A cursor over CFI bytes with upstream's overread rule: a read past the
+//! current end yields zeros and moves the position past the end, and the
+//! caller checks [`Reader::is_valid`] where upstream does. Matching that
+//! rule (rather than failing at the first short read) is what makes eim
+//! accept and reject exactly the inputs upstream accepts and rejects.
+//!
+//! Positions are `u64` offsets into `data`; `end <= data.len()` always
+//! holds, so an in-bounds read never indexes outside `data`. Every read
+//! consumes at least one byte or fails, so loops over a reader end.
+
+use super::EntryError;
+
+/// DWARF pointer encodings (`DW_EH_PE_*`).
+pub(super) mod pe {
+    pub const ABSPTR: u8 = 0x00;
+    pub const UDATA2: u8 = 0x02;
+    pub const UDATA4: u8 = 0x03;
+    pub const UDATA8: u8 = 0x04;
+    pub const SDATA2: u8 = 0x0a;
+    pub const SDATA4: u8 = 0x0b;
+    pub const SDATA8: u8 = 0x0c;
+    /// Format and sign bits.
+    pub const FORMAT_MASK: u8 = 0x0f;
+    pub const PCREL: u8 = 0x10;
+    pub const DATAREL: u8 = 0x30;
+    pub const ADJUST_MASK: u8 = 0x70;
+    pub const INDIRECT: u8 = 0x80;
+    pub const OMIT: u8 = 0xff;
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Reader<'a> {
+    pub data: &'a [u8],
+    pub pos: u64,
+    pub end: u64,
+    /// Virtual address of `data[0]`, for pc- and data-relative pointers.
+    pub vaddr: u64,
+    /// `.debug_frame` rules for CIE ids and CIE pointers.
+    pub debug_frame: bool,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(data: &'a [u8], pos: u64, vaddr: u64, debug_frame: bool) -> Self {
+        Self {
+            data,
+            pos,
+            end: data.len() as u64,
+            vaddr,
+            debug_frame,
+        }
+    }
+
+    #[inline]
+    pub fn has_data(&self) -> bool {
+        self.pos < self.end
+    }
+
+    #[inline]
+    pub fn is_valid(&self) -> bool {
+        self.pos <= self.end
+    }
+
+    #[inline]
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let start = self.pos;
+        self.pos = start.saturating_add(N as u64);
+        if self.pos <= self.end {
+            if let Some(bytes) = self
+                .data
+                .get(start as usize..)
+                .and_then(|s| s.first_chunk::<N>())
+            {
+                return *bytes;
+            }
+        }
+        [0; N]
+    }
+
+    #[inline]
+    pub fn u8(&mut self) -> u8 {
+        let at = self.pos;
+        self.pos = at.saturating_add(1);
+        if at < self.end {
+            self.data.get(at as usize).copied().unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
+    #[inline]
+    pub fn u16(&mut self) -> u16 {
+        u16::from_le_bytes(self.take())
+    }
+
+    #[inline]
+    pub fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take())
+    }
+
+    #[inline]
+    pub fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+
+    /// Unsigned LEB128; bits beyond 64 are dropped.
+    #[inline]
+    pub fn uleb(&mut self) -> u64 {
+        let mut val = 0u64;
+        let mut shift = 0u32;
+        loop {
+            let b = self.u8();
+            if shift < 64 {
+                val |= u64::from(b & 0x7f) << shift;
+            }
+            shift = shift.saturating_add(7);
+            if b & 0x80 == 0 {
+                return val;
+            }
+        }
+    }
+
+    /// Signed LEB128; bits beyond 64 are dropped.
+    #[inline]
+    pub fn sleb(&mut self) -> i64 {
+        let mut val = 0i64;
+        let mut shift = 0u32;
+        loop {
+            let b = self.u8();
+            if shift < 64 {
+                val |= i64::from(b & 0x7f) << shift;
+            }
+            shift = shift.saturating_add(7);
+            if b & 0x80 == 0 {
+                if b & 0x40 != 0 && shift < 64 {
+                    val |= -1i64 << shift;
+                }
+                return val;
+            }
+        }
+    }
+
+    /// Moves the position forward by `n` (an operand length).
+    #[inline]
+    pub fn skip(&mut self, n: u64) {
+        self.pos = self.pos.saturating_add(n);
+    }
+
+    /// The next `n` bytes, or `None` (with the position past the end) if
+    /// they run past the end.
+    pub fn bytes(&mut self, n: u64) -> Option<&'a [u8]> {
+        let start = self.pos;
+        self.skip(n);
+        if !self.is_valid() {
+            return None;
+        }
+        self.data.get(start as usize..self.pos as usize)
+    }
+
+    /// A NUL-terminated string. Like upstream, the terminator is searched
+    /// in the whole data, not only up to `end`; unlike upstream (which
+    /// indexes out of range), a missing terminator is `None`.
+    pub fn cstr(&mut self) -> Option<&'a [u8]> {
+        let rest = self.data.get(usize::try_from(self.pos).ok()?..)?;
+        let len = rest.iter().position(|&b| b == 0)?;
+        self.pos += len as u64 + 1;
+        rest.get(..len)
+    }
+
+    /// A pointer in encoding `enc` (`DW_EH_PE_omit` reads nothing and
+    /// gives 0).
+    pub fn ptr(&mut self, enc: u8) -> Result<u64, EntryError> {
+        if enc == pe::OMIT {
+            return Ok(0);
+        }
+        let pos = self.pos;
+        let mut val = match enc & pe::FORMAT_MASK {
+            pe::UDATA2 => u64::from(self.u16()),
+            pe::UDATA4 => u64::from(self.u32()),
+            pe::ABSPTR | pe::UDATA8 | pe::SDATA8 => self.u64(),
+            pe::SDATA2 => self.u16() as i16 as u64,
+            pe::SDATA4 => self.u32() as i32 as u64,
+            _ => return Err(EntryError::PointerFormat(enc)),
+        };
+        match enc & pe::ADJUST_MASK {
+            pe::ABSPTR => {}
+            pe::PCREL => val = val.wrapping_add(pos).wrapping_add(self.vaddr),
+            pe::DATAREL => val = val.wrapping_add(self.vaddr),
+            _ => return Err(EntryError::PointerAdjust(enc)),
+        }
+        if enc & pe::INDIRECT != 0 {
+            return Err(EntryError::PointerIndirect(enc));
+        }
+        Ok(val)
+    }
+}
+
+/// Bytes one field in encoding `enc` takes (0 for unsupported formats).
+pub(super) fn format_len(enc: u8) -> u64 {
+    match enc & 0x07 {
+        pe::UDATA2 => 2,
+        pe::UDATA4 => 4,
+        pe::ABSPTR | pe::UDATA8 => 8,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_past_the_end_give_zeros_and_invalidate() {
+        let mut r = Reader::new(&[1, 2, 3], 0, 0, false);
+        assert_eq!(r.u16(), 0x0201);
+        assert!(r.is_valid());
+        assert_eq!(r.u16(), 0);
+        assert!(!r.is_valid());
+        assert!(!r.has_data());
+    }
+
+    #[test]
+    fn leb128_values() {
+        let mut r = Reader::new(&[0xe5, 0x8e, 0x26, 0x7f, 0x80, 0x7f], 0, 0, false);
+        assert_eq!(r.uleb(), 624_485);
+        assert_eq!(r.sleb(), -1);
+        assert_eq!(r.sleb(), -128);
+        assert!(r.is_valid());
+    }
+
+    #[test]
+    fn an_unterminated_leb_stops_at_the_end() {
+        let mut r = Reader::new(&[0xff; 20], 0, 0, false);
+        let _ = r.uleb();
+        assert!(!r.is_valid());
+    }
+
+    #[test]
+    fn pointer_encodings() {
+        let data = [0xfe, 0xff, 0xff, 0xff, 0x10, 0x00];
+        let mut r = Reader::new(&data, 0, 0x1000, false);
+        assert_eq!(r.ptr(pe::SDATA4 | pe::PCREL), Ok(0x1000 - 2));
+        assert_eq!(r.ptr(pe::UDATA2 | pe::DATAREL), Ok(0x1010));
+        let mut r = Reader::new(&data, 0, 0, false);
+        assert_eq!(r.ptr(pe::OMIT), Ok(0));
+        assert_eq!(r.pos, 0);
+        assert_eq!(r.ptr(0x01), Err(EntryError::PointerFormat(0x01)));
+        assert_eq!(
+            r.ptr(0x20 | pe::UDATA2),
+            Err(EntryError::PointerAdjust(0x22))
+        );
+        assert_eq!(
+            r.ptr(pe::INDIRECT | pe::UDATA2),
+            Err(EntryError::PointerIndirect(0x82))
+        );
+    }
+
+    #[test]
+    fn unterminated_strings_are_rejected() {
+        let mut r = Reader::new(b"zR", 0, 0, false);
+        assert_eq!(r.cstr(), None);
+        let mut r = Reader::new(b"zR\0x", 0, 0, false);
+        assert_eq!(r.cstr(), Some(&b"zR"[..]));
+        assert_eq!(r.pos, 3);
+    }
+}
