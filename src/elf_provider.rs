@@ -12,6 +12,7 @@ use eim_core::elf::Elf;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
 
 use crate::elf_file::{DebugFile, ElfFileRef, DEFAULT_MAX_SIZE};
+use eim_core::elf::extract::{DebugBytes, DebugFileError};
 
 /// The debug-file callback the extraction calls (at most when it needs
 /// one): the bytes of the file's separate debug file, or `None`.
@@ -22,18 +23,15 @@ pub type DebugLinkFn<'a> = dyn FnMut() -> Option<DebugFile> + 'a;
 pub type ExtractFn =
     dyn Fn(&Elf<'_>, &mut DebugLinkFn<'_>) -> Result<IntervalData, String> + Send + Sync;
 
-/// Whether this build has the stack-delta extraction ([`extract`] works).
-pub const EXTRACTION_AVAILABLE: bool = false;
-
-/// The message [`extract`] fails with while the extraction is missing.
-pub const EXTRACTION_MISSING: &str =
-    "stack-delta extraction is not in this build yet (core::elf::extract)";
-
 /// The extraction eim uses: `eim_core::elf::extract`, in upstream's stage
 /// order. The one place it is wired in.
 pub fn extract(elf: &Elf<'_>, debuglink: &mut DebugLinkFn<'_>) -> Result<IntervalData, String> {
-    let _ = (elf, debuglink);
-    Err(EXTRACTION_MISSING.to_string())
+    // The debug file is found (and its CRC checked) by `ElfFileRef`; core
+    // checks the CRC again against the link it reads itself.
+    let mut open = |_name: &str, _crc: u32| -> Result<Option<DebugBytes>, DebugFileError> {
+        Ok(debuglink().map(|file| Box::new(file) as DebugBytes))
+    };
+    eim_core::elf::extract::extract(elf, Some(&mut open)).map_err(|e| e.to_string())
 }
 
 /// Upstream's provider statistics.
@@ -316,14 +314,10 @@ mod tests {
     }
 
     #[test]
-    fn the_built_in_extraction_says_when_it_is_missing() {
+    fn the_built_in_extraction_gives_upstreams_volname_deltas() {
         let volname = ElfFileRef::new(testdata().join("upstream/volname"));
-        let r = ElfProvider::new().extract(&volname);
-        if EXTRACTION_AVAILABLE {
-            assert!(r.is_ok(), "{r:?}");
-        } else {
-            let e = r.expect_err("missing");
-            assert!(e.message.contains(EXTRACTION_MISSING), "{e}");
-        }
+        let r = ElfProvider::new().extract(&volname).expect("extracts");
+        assert_eq!(r.data.len(), 27);
+        assert_eq!(r.data.deltas[0].address, 0x850);
     }
 }

@@ -521,7 +521,6 @@ fn the_size_limit_is_configurable() {
 const NEEDS_EXTRACTION: &str = "needs the extraction orchestrator from the wt-cfi branch";
 
 #[test]
-#[ignore = "needs the extraction orchestrator from the wt-cfi branch"]
 fn deltas_equal_every_oracle_deltas_file() {
     let _ = NEEDS_EXTRACTION;
     for input in oracle_inputs() {
@@ -545,7 +544,6 @@ fn deltas_equal_every_oracle_deltas_file() {
 }
 
 #[test]
-#[ignore = "needs the extraction orchestrator from the wt-cfi branch"]
 fn plain_extraction_of_the_arm64_vdso_gives_no_deltas_as_upstream() {
     // No unwind sections: upstream's extraction yields 0 deltas (the
     // synthesized ones come only from the vDSO synthesis).
@@ -563,7 +561,6 @@ fn plain_extraction_of_the_arm64_vdso_gives_no_deltas_as_upstream() {
 }
 
 #[test]
-#[ignore = "needs the extraction orchestrator from the wt-cfi branch"]
 fn tables_of_every_oracle_elf_file_equal_upstream_encoding() {
     for input in oracle_inputs() {
         let expected = read_xz(&input.cwd.join(format!("{}.encoded.xz", input.name)));
