@@ -581,3 +581,35 @@ fn tables_of_every_oracle_elf_file_equal_upstream_encoding() {
         );
     }
 }
+
+#[test]
+fn deltas_vdso_prints_the_seven_synthetic_deltas() {
+    let vdso = testdata().join("upstream/vdso.arch64.withframe");
+    let out = eim()
+        .arg("deltas")
+        .arg("--vdso")
+        .arg(&vdso)
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    let rows: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(
+        rows,
+        [
+            "0 0 2 0 4 0 0",
+            "7d8 0 3 16 3 8 0",
+            "7e4 0 2 0 4 0 0",
+            "800 0 3 16 3 8 0",
+            "80c 0 2 0 4 0 0",
+            "8f8 0 0 3 0 0 0",
+            "900 0 2 0 4 0 0"
+        ]
+    );
+    eim()
+        .arg("deltas")
+        .arg("--vdso")
+        .arg(testdata().join("upstream/volname"))
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("not an arm64 vDSO image"));
+}
