@@ -459,3 +459,145 @@ fn extraction_timing() {
         );
     }
 }
+
+// ---- hostile input ----
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+
+    /// A real file with a few bytes changed (anywhere, or in its CFI):
+    /// extraction returns, without panicking, whatever it finds.
+    #[test]
+    fn mutated_files_never_panic(
+        anywhere in proptest::collection::vec((0usize..6136, proptest::prelude::any::<u8>()), 0..4),
+        cfi in proptest::collection::vec((0xbf8usize..0xd68, proptest::prelude::any::<u8>()), 1..6),
+    ) {
+        static VOLNAME: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+        let mut bytes = VOLNAME
+            .get_or_init(|| read(&testdata().join("upstream/volname")))
+            .clone();
+        for (at, b) in anywhere.into_iter().chain(cfi) {
+            if let Some(x) = bytes.get_mut(at) {
+                *x = b;
+            }
+        }
+        if let Ok(elf) = Elf::parse(&bytes) {
+            // The debug-link stage runs (few deltas) and gets the file itself.
+            let copy = bytes.clone();
+            let mut open = move |_: &str, _: u32| {
+                Ok(Some(Box::new(copy.clone()) as eim_core::elf::extract::DebugBytes))
+            };
+            let _ = extract(&elf, Some(&mut open));
+        }
+    }
+}
+
+// ---- the debug-link stage ----
+
+/// libpthread (6 deltas, a `.gnu_debuglink`) whose link CRC is rewritten to
+/// name the corpus file with a `.debug_frame` as its debug file.
+fn linked_pair() -> (Vec<u8>, Vec<u8>) {
+    use object::ObjectSection as _;
+    let root = testdata();
+    let debug = read(&root.join("oracle/bin/ccorpus-x86_64-O2-debugframe"));
+    let mut main = read(Path::new("/usr/lib/x86_64-linux-gnu/libpthread.so.0"));
+    let elf = Elf::parse(&main).unwrap();
+    let (offset, size) = elf
+        .file
+        .section_by_name(".gnu_debuglink")
+        .and_then(|s| s.file_range())
+        .expect("libpthread has a .gnu_debuglink");
+    let link = elf.debug_link().unwrap();
+    let crc_at = (offset + size - 4) as usize;
+    assert_eq!(
+        main[crc_at..crc_at + 4],
+        link.crc.to_le_bytes(),
+        "the CRC ends the section"
+    );
+    let crc = eim_core::elf::extract::debuglink_crc(&debug);
+    main[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+    (main, debug)
+}
+
+#[test]
+fn the_debug_link_file_adds_its_debug_frame() {
+    use eim_core::provider::ExtractErrorKind;
+    let (main, debug) = linked_pair();
+    let elf = Elf::parse(&main).unwrap();
+    let alone = extract(&elf, None).unwrap();
+    assert_eq!(alone.len(), 6);
+
+    let mut names = Vec::new();
+    let mut open = |name: &str, _crc: u32| {
+        names.push(name.to_string());
+        Ok(Some(
+            Box::new(debug.clone()) as eim_core::elf::extract::DebugBytes
+        ))
+    };
+    let linked = extract(&elf, Some(&mut open)).unwrap();
+    assert_eq!(names, vec![elf.debug_link().unwrap().name]);
+    assert!(
+        linked.len() > alone.len() + 10,
+        "the corpus' .debug_frame FDEs are added: {} deltas",
+        linked.len()
+    );
+    assert!(linked
+        .deltas
+        .windows(2)
+        .all(|w| w[0].address < w[1].address));
+
+    // A file with another CRC is no debug file: as if there were none.
+    let mut wrong = |_: &str, _: u32| {
+        Ok(Some(
+            Box::new(main.clone()) as eim_core::elf::extract::DebugBytes
+        ))
+    };
+    assert_eq!(extract(&elf, Some(&mut wrong)).unwrap(), alone);
+    let mut none = |_: &str, _: u32| Ok(None);
+    assert_eq!(extract(&elf, Some(&mut none)).unwrap(), alone);
+
+    // The opener's NotFound stays NotFound.
+    let mut gone = |_: &str, _: u32| {
+        Err(DebugFileError::new(
+            ExtractErrorKind::NotFound,
+            "the process is gone",
+        ))
+    };
+    let err = extract(&elf, Some(&mut gone)).unwrap_err();
+    assert_eq!(err.kind(), ExtractErrorKind::NotFound);
+    assert_eq!(
+        err.to_string(),
+        "failure to parse debug stack deltas: the process is gone"
+    );
+    assert!(err.to_provider_error("/x").is_not_found());
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+    /// The debug-link path with a damaged debug file (its CRC still
+    /// matching) and a damaged main file: no panic.
+    #[test]
+    fn mutated_debug_files_never_panic(
+        debug_frame in proptest::collection::vec((0x4038usize..0x41a0, proptest::prelude::any::<u8>()), 1..6),
+        main_cfi in proptest::collection::vec((0x2000usize..0x2098, proptest::prelude::any::<u8>()), 0..3),
+    ) {
+        static PAIR: std::sync::OnceLock<(Vec<u8>, Vec<u8>)> = std::sync::OnceLock::new();
+        let (main, debug) = PAIR.get_or_init(linked_pair);
+        let (mut main, mut debug) = (main.clone(), debug.clone());
+        for (at, b) in debug_frame {
+            debug[at] = b;
+        }
+        let crc = eim_core::elf::extract::debuglink_crc(&debug);
+        let crc_at = 0x3008 + 0x34 - 4;
+        main[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+        for (at, b) in main_cfi {
+            main[at] = b;
+        }
+        let elf = Elf::parse(&main).unwrap();
+        let mut open = move |_: &str, _: u32| {
+            Ok(Some(Box::new(debug.clone()) as eim_core::elf::extract::DebugBytes))
+        };
+        let _ = extract(&elf, Some(&mut open));
+    }
+}
