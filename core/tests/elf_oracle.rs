@@ -109,8 +109,31 @@ fn first_difference(ours: &str, theirs: &str) -> Option<String> {
 }
 
 /// Files that may differ until a stage owned elsewhere lands. Tighten at
-/// merge: every entry must then be removed.
-const PENDING: &[(&str, &str)] = &[];
+/// merge: every entry must then be removed. (No non-Go oracle file has an
+/// entry stub that upstream's matchers recognise, so none waits for
+/// `entry::stub_len`.)
+const PENDING: &[(&str, &str)] = &[
+    (
+        "gocorpus-go1.19-amd64",
+        "the gopclntab stage is not merged yet",
+    ),
+    (
+        "gocorpus-go1.19-arm64",
+        "the gopclntab stage is not merged yet",
+    ),
+    (
+        "gocorpus-go1.23-amd64",
+        "the gopclntab stage is not merged yet",
+    ),
+    (
+        "gocorpus-go1.23-amd64-stripped",
+        "the gopclntab stage is not merged yet",
+    ),
+    (
+        "gocorpus-go1.23-arm64",
+        "the gopclntab stage is not merged yet",
+    ),
+];
 
 struct Input {
     name: String,
@@ -126,9 +149,6 @@ fn inputs(root: &Path) -> Vec<Input> {
     for line in manifest.lines().skip(1) {
         let cols: Vec<&str> = line.split('\t').collect();
         let (name, path, sha) = (cols[0], cols[1], cols[3]);
-        if name.starts_with("gocorpus") {
-            continue;
-        }
         let absolute = path.starts_with('/');
         out.push(Input {
             name: name.to_string(),
@@ -158,7 +178,7 @@ fn inputs(root: &Path) -> Vec<Input> {
 }
 
 #[test]
-fn extraction_matches_upstream_for_every_non_go_file() {
+fn extraction_matches_upstream_for_every_oracle_file() {
     let root = testdata();
     let mut results = BTreeMap::new();
     for input in inputs(&root) {
@@ -600,4 +620,38 @@ proptest::proptest! {
         };
         let _ = extract(&elf, Some(&mut open));
     }
+}
+
+// ---- the ELF view the stages use ----
+
+#[test]
+fn without_section_headers_the_eh_frame_is_found_through_pt_gnu_eh_frame() {
+    let mut bytes = read(&testdata().join("upstream/volname"));
+    let with_sections = extract(&Elf::parse(&bytes).unwrap(), None).unwrap();
+    // e_shoff, e_shnum, e_shstrndx = 0
+    bytes[0x28..0x30].fill(0);
+    bytes[0x3c..0x40].fill(0);
+    let elf = Elf::parse(&bytes).unwrap();
+    assert!(elf.section_region(".eh_frame", u64::MAX).is_none());
+    assert_eq!(extract(&elf, None).unwrap(), with_sections);
+}
+
+#[test]
+fn entry_code_soname_and_debug_link() {
+    let bytes = read(&testdata().join("upstream/volname"));
+    let elf = Elf::parse(&bytes).unwrap();
+    assert_eq!(elf.entry(), 0x9f0);
+    let code = elf.virtual_memory(elf.entry(), 128).expect("entry code");
+    assert_eq!(code.len(), 128);
+    assert_eq!(code[..2], [0x31, 0xed], "xor %ebp,%ebp");
+    // past the end of every segment
+    assert!(elf.virtual_memory(0x10_0000, 1).is_none());
+    assert!(elf.debug_link().is_some_and(|l| !l.name.is_empty()));
+
+    let libc = read(Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+    let elf = Elf::parse(&libc).unwrap();
+    assert_eq!(elf.soname().as_deref(), Some(&b"libc.so.6"[..]));
+    let crypto = read(&testdata().join("upstream/libcrypto-alpine-test.so"));
+    let elf = Elf::parse(&crypto).unwrap();
+    assert_eq!(elf.soname(), None, "reduced to its unwind sections");
 }
