@@ -113,6 +113,11 @@ pub enum CfiError {
     /// upstream would read zeros for the missing ones).
     #[error("the .eh_frame_hdr search table is truncated at entry {0}")]
     TableTruncated(u64),
+    /// The walk parsed several times its section's size in records: a
+    /// search table naming the same FDEs over and over (eim stops;
+    /// upstream's walk would go on, quadratically).
+    #[error("the .eh_frame_hdr search table names the same FDEs too often")]
+    WorkLimit,
     /// An FDE named by the search table failed.
     #[error("failed to parse FDE: {0}")]
     TableFde(EntryError),

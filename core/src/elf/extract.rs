@@ -189,8 +189,8 @@ fn entry_stub(elf: &Elf<'_>) -> Option<Range<u64>> {
     }
 }
 
-/// The CRC-32 (IEEE) `.gnu_debuglink` uses.
-fn crc32(data: &[u8]) -> u32 {
+/// The CRC-32 (IEEE) of a whole file, as `.gnu_debuglink` records it.
+pub fn debuglink_crc(data: &[u8]) -> u32 {
     const TABLE: [u32; 256] = {
         let mut table = [0u32; 256];
         let mut i = 0;
@@ -231,7 +231,7 @@ fn debug_link_stage(
         return Ok(());
     };
     let bytes = (*file).as_ref();
-    if crc32(bytes) != link.crc {
+    if debuglink_crc(bytes) != link.crc {
         return Ok(());
     }
     let Ok(debug) = Elf::parse(bytes) else {
@@ -289,8 +289,8 @@ mod tests {
 
     #[test]
     fn crc32_matches_the_ieee_check_value() {
-        assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
-        assert_eq!(crc32(b""), 0);
+        assert_eq!(debuglink_crc(b"123456789"), 0xcbf4_3926);
+        assert_eq!(debuglink_crc(b""), 0);
     }
 
     #[test]

@@ -11,6 +11,10 @@
 //! * [`entry`]: entry-stub matchers.
 //! * [`vdso`]: synthetic deltas for the arm64 vDSO.
 //! * [`fileid`]: the 128-bit file id and the 64-bit host file id.
+//!
+//! [`Elf`] reads sections, segments, memory at virtual addresses, the
+//! SONAME and the debug link the way upstream's `pfelf` does, so that every
+//! stage sees the bytes upstream sees.
 
 pub mod ehframe;
 pub mod entry;

@@ -86,14 +86,14 @@ pub(super) fn parse_cie(mut r: Reader<'_>, arch: Arch) -> Result<Cie, EntryError
         at,
         error: Box::new(error),
     };
-    match parse_header(&mut r, true) {
-        Ok(_) => {}
+    let size = match parse_header(&mut r, true) {
+        Ok((size, _)) => size,
         Err(HeaderError::Fatal(e)) => return Err(wrap(e)),
         Err(HeaderError::Empty) => return Err(wrap(EntryError::Empty)),
         Err(HeaderError::UnexpectedType { id, .. }) => {
             return Err(wrap(EntryError::UnexpectedType(id)))
         }
-    }
+    };
     let version = r.u8();
     if !matches!(version, 1 | 3 | 4) {
         return Err(wrap(EntryError::CieVersion(version)));
@@ -113,6 +113,7 @@ pub(super) fn parse_cie(mut r: Reader<'_>, arch: Arch) -> Result<Cie, EntryError
         r.uleb()
     };
     let mut cie = Cie {
+        size,
         code_align,
         data_align,
         ra_reg,

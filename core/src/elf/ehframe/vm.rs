@@ -112,6 +112,8 @@ pub(super) fn split_off(off: i64) -> (i16, i16, i16, i16) {
 /// A parsed CIE: what its FDEs need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Cie {
+    /// Size of the CIE record in bytes.
+    pub size: u64,
     pub code_align: u64,
     pub data_align: i64,
     pub ra_reg: u64,
@@ -508,6 +510,7 @@ mod tests {
 
     fn cie(arch: Arch) -> Cie {
         Cie {
+            size: 0,
             code_align: 1,
             data_align: -8,
             ra_reg: 16,

@@ -18,6 +18,12 @@ const HDR_SIZE: usize = 4;
 /// growing a large output (pages reserved but never written cost nothing).
 const SECTION_BYTES_PER_DELTA: usize = 6;
 
+/// A walk may parse at most this many times its section's bytes (CIE and
+/// FDE records together). A valid section needs at most twice; only a
+/// search table naming the same FDEs over and over needs more, and would
+/// make upstream's walk quadratic.
+const WORK_PER_SECTION_BYTE: u64 = 8;
+
 /// The only search-table encoding used: datarel, signed 4-byte.
 const TABLE_ENC: u8 = 0x3b;
 
@@ -125,6 +131,8 @@ impl<'d> Table<'d> {
 /// re-parse CIEs).
 #[derive(Default)]
 struct CieCache {
+    /// Bytes of CIE records parsed.
+    parsed: u64,
     cies: Vec<Cie>,
     index: HashMap<u64, usize>,
     /// The last CIE used (most FDEs share their predecessor's CIE).
@@ -142,7 +150,9 @@ impl CieCache {
                     None => {
                         let mut r = *fde;
                         r.pos = pos;
-                        self.cies.push(parse_cie(r, arch)?);
+                        let cie = parse_cie(r, arch)?;
+                        self.parsed = self.parsed.saturating_add(cie.size);
+                        self.cies.push(cie);
                         let at = self.cies.len() - 1;
                         self.index.insert(pos, at);
                         at
@@ -160,6 +170,10 @@ impl CieCache {
 struct Walker<'a, 'd, F: ?Sized> {
     cies: CieCache,
     out: Emitter<'a, 'd, F>,
+    /// Bytes of FDE records parsed.
+    parsed: u64,
+    /// Most record bytes the walk may parse.
+    budget: u64,
 }
 
 /// Turns FDEs into deltas.
@@ -173,7 +187,25 @@ struct Emitter<'a, 'd, F: ?Sized> {
     deltas: &'a mut IntervalData,
 }
 
-impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
+impl<'a, 'd, F: FdeFilter + ?Sized> Walker<'a, 'd, F> {
+    fn new(section_size: usize, out: Emitter<'a, 'd, F>) -> Self {
+        Self {
+            cies: CieCache::default(),
+            out,
+            parsed: 0,
+            budget: (section_size as u64).saturating_mul(WORK_PER_SECTION_BYTE),
+        }
+    }
+
+    /// Accounts for an FDE record of `size` bytes.
+    fn spend(&mut self, size: u64) -> Result<(), CfiError> {
+        self.parsed = self.parsed.saturating_add(size);
+        if self.parsed.saturating_add(self.cies.parsed) > self.budget {
+            return Err(CfiError::WorkLimit);
+        }
+        Ok(())
+    }
+
     /// Parses the FDE at `r.pos` and emits its deltas; returns its size.
     /// `sorted` is passed to the first delta's append (later ones are
     /// sorted within the FDE).
@@ -262,7 +294,8 @@ impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
                 return Err(CfiError::TableTruncated(index));
             }
             match self.fde(&mut r, ip, index > 0) {
-                Ok(_) | Err(HeaderError::Empty) => {}
+                Ok(size) => self.spend(size)?,
+                Err(HeaderError::Empty) => {}
                 Err(HeaderError::UnexpectedType { id, .. }) => {
                     return Err(CfiError::TableFde(EntryError::UnexpectedType(id)))
                 }
@@ -285,6 +318,7 @@ impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
                 Err(HeaderError::Empty) => 4,
                 Err(HeaderError::Fatal(error)) => return Err(CfiError::Fde { at, error }),
             };
+            self.spend(len)?;
             // Records are at least 4 bytes, so the walk moves forward.
             at = at.saturating_add(len.max(4));
         }
@@ -308,16 +342,16 @@ pub fn parse_eh_frame<F: FdeFilter + ?Sized>(
     deltas
         .deltas
         .reserve(eh.data.len() / SECTION_BYTES_PER_DELTA);
-    let mut walker = Walker {
-        cies: CieCache::default(),
-        out: Emitter {
+    let mut walker = Walker::new(
+        eh.data.len(),
+        Emitter {
             arch: elf.arch,
             code: elf,
             allow_generic_regs,
             filter,
             deltas,
         },
-    };
+    );
     match hdr {
         Some(hdr) => walker.walk_table(&hdr, &eh),
         None => walker.walk_linear(&eh, false),
@@ -340,16 +374,16 @@ pub fn parse_debug_frame<F: FdeFilter + ?Sized>(
     deltas
         .deltas
         .reserve(section.data.len() / SECTION_BYTES_PER_DELTA);
-    let mut walker = Walker {
-        cies: CieCache::default(),
-        out: Emitter {
+    let mut walker = Walker::new(
+        section.data.len(),
+        Emitter {
             arch: elf.arch,
             code,
             allow_generic_regs,
             filter,
             deltas,
         },
-    };
+    );
     walker.walk_linear(&section, true)
 }
 
@@ -394,4 +428,297 @@ pub fn lookup_fde(elf: &Elf<'_>, addr: u64) -> Result<Option<FdeRange>, CfiError
         .map_err(CfiError::TableFde)?;
     let covers = addr >= range.start && addr - range.start < range.len;
     Ok(covers.then_some(range))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::KeepAll;
+    use super::*;
+    use crate::abi::{opcode, UnwindInfo};
+    use proptest::prelude::*;
+
+    /// A 64-byte ELF header with no sections and no segments.
+    fn bare_elf(machine: u16) -> Vec<u8> {
+        let mut h = vec![0u8; 64];
+        h[..4].copy_from_slice(b"\x7fELF");
+        h[4] = 2; // 64-bit
+        h[5] = 1; // little-endian
+        h[6] = 1; // version
+        h[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
+        h[18..20].copy_from_slice(&machine.to_le_bytes());
+        h[20..24].copy_from_slice(&1u32.to_le_bytes());
+        h[52..54].copy_from_slice(&64u16.to_le_bytes());
+        h[54..56].copy_from_slice(&56u16.to_le_bytes());
+        h[58..60].copy_from_slice(&64u16.to_le_bytes());
+        h
+    }
+
+    const VADDR: u64 = 0x1000;
+
+    /// Builds an `.eh_frame` at [`VADDR`]: one CIE ("zR", pcrel sdata4,
+    /// code align 1, data align -8, RA r16) and FDEs.
+    struct EhFrame {
+        data: Vec<u8>,
+    }
+
+    impl EhFrame {
+        fn new(cie_instructions: &[u8]) -> Self {
+            let mut body = vec![0, 0, 0, 0, 1]; // id 0, version 1
+            body.extend_from_slice(b"zR\0");
+            body.extend_from_slice(&[1, 0x78, 16, 1, 0x1b]);
+            body.extend_from_slice(cie_instructions);
+            let mut s = Self { data: vec![] };
+            s.record(body);
+            s
+        }
+
+        fn record(&mut self, mut body: Vec<u8>) {
+            while !(body.len() + 4).is_multiple_of(8) {
+                body.push(0); // DW_CFA_nop
+            }
+            self.data
+                .extend_from_slice(&(body.len() as u32).to_le_bytes());
+            self.data.extend_from_slice(&body);
+        }
+
+        /// Adds an FDE for `start .. start + len`; returns its offset.
+        fn fde(&mut self, start: u64, len: u32, instructions: &[u8]) -> u64 {
+            let at = self.data.len() as u64;
+            let id_pos = at + 4;
+            let mut body = (id_pos as u32).to_le_bytes().to_vec(); // back to the CIE at 0
+            let field = VADDR + id_pos + 4;
+            body.extend_from_slice(&(start.wrapping_sub(field) as i32).to_le_bytes());
+            body.extend_from_slice(&len.to_le_bytes());
+            body.push(0); // augmentation data length
+            body.extend_from_slice(instructions);
+            self.record(body);
+            at
+        }
+
+        /// A `.eh_frame_hdr` (placed just before the section) naming
+        /// `entries` as (start, FDE offset).
+        fn hdr(&self, entries: &[(u64, u64)]) -> (Vec<u8>, u64) {
+            self.hdr_at(VADDR - 0x100, entries)
+        }
+
+        fn hdr_at(&self, hdr_vaddr: u64, entries: &[(u64, u64)]) -> (Vec<u8>, u64) {
+            let mut h = vec![1, 0x1b, 0x03, 0x3b];
+            h.extend_from_slice(&0u32.to_le_bytes());
+            h.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+            for &(ip, fde) in entries {
+                h.extend_from_slice(&(ip.wrapping_sub(hdr_vaddr) as i32).to_le_bytes());
+                h.extend_from_slice(&((VADDR + fde).wrapping_sub(hdr_vaddr) as i32).to_le_bytes());
+            }
+            (h, hdr_vaddr)
+        }
+    }
+
+    /// `def_cfa rsp+8; offset r16 at cfa-8`
+    const X86_CIE: &[u8] = &[0x0c, 7, 8, 0x90, 1];
+    /// `advance 1; def_cfa_offset 16; offset rbp at cfa-16; advance 3;
+    /// def_cfa_register rbp; advance 0x20; def_cfa rsp+8`
+    const X86_FDE: &[u8] = &[
+        0x41, 0x0e, 16, 0x86, 2, 0x43, 0x0d, 6, 0x02, 0x20, 0x0c, 7, 8,
+    ];
+
+    enum Mode<'a> {
+        Linear { debug_frame: bool },
+        Table { hdr: &'a [u8], hdr_vaddr: u64 },
+    }
+
+    fn walk(data: &[u8], mode: Mode<'_>) -> Result<IntervalData, CfiError> {
+        let elf_bytes = bare_elf(object::elf::EM_X86_64);
+        let elf = Elf::parse(&elf_bytes).expect("bare ELF");
+        let mut deltas = IntervalData::new();
+        let mut filter = KeepAll;
+        let mut walker = Walker::new(
+            data.len(),
+            Emitter {
+                arch: Arch::X86_64,
+                code: &elf,
+                allow_generic_regs: false,
+                filter: &mut filter,
+                deltas: &mut deltas,
+            },
+        );
+        let section = Region { vaddr: VADDR, data };
+        match mode {
+            Mode::Linear { debug_frame } => walker.walk_linear(&section, debug_frame)?,
+            Mode::Table { hdr, hdr_vaddr } => walker.walk_table(
+                &Region {
+                    vaddr: hdr_vaddr,
+                    data: hdr,
+                },
+                &section,
+            )?,
+        }
+        Ok(deltas)
+    }
+
+    fn sp(param: i32, fp: i32) -> UnwindInfo {
+        UnwindInfo {
+            opcode: opcode::BASE_SP,
+            param,
+            fp_opcode: if fp == 0 { 0 } else { opcode::BASE_CFA },
+            fp_param: fp,
+            ..UnwindInfo::default()
+        }
+    }
+
+    fn sample() -> (EhFrame, Vec<(u64, u64)>) {
+        let mut eh = EhFrame::new(X86_CIE);
+        let a = eh.fde(0x2000, 0x40, X86_FDE);
+        let b = eh.fde(0x2040, 0x10, &[0x41, 0x0e, 16]);
+        (eh, vec![(0x2000, a), (0x2040, b)])
+    }
+
+    #[test]
+    fn an_fde_becomes_rows_and_an_end_marker() {
+        let (eh, entries) = sample();
+        let fp = UnwindInfo {
+            opcode: opcode::BASE_FP,
+            param: 16,
+            fp_opcode: opcode::BASE_CFA,
+            fp_param: -16,
+            ..UnwindInfo::default()
+        };
+        let want = vec![
+            StackDelta::new(0x2000, hint::KEEP, sp(8, 0)),
+            StackDelta::new(0x2001, hint::NONE, sp(16, -16)),
+            StackDelta::new(0x2004, hint::NONE, fp),
+            // rbp at CFA-16 is no longer between the CFA and the stack top;
+            // the next function starts at the end marker with the same rule,
+            // so the marker goes and this delta gains Keep
+            StackDelta::new(0x2024, hint::KEEP, sp(8, 0)),
+            StackDelta::new(0x2041, hint::NONE, sp(16, 0)),
+            StackDelta::new(0x2050, hint::GAP, info::INVALID),
+        ];
+        let (hdr, hdr_vaddr) = eh.hdr(&entries);
+        let table = walk(
+            &eh.data,
+            Mode::Table {
+                hdr: &hdr,
+                hdr_vaddr,
+            },
+        )
+        .unwrap();
+        assert_eq!(table.deltas, want);
+        let mut linear = walk(&eh.data, Mode::Linear { debug_frame: false }).unwrap();
+        linear.sort_and_dedup();
+        assert_eq!(linear.deltas, want);
+    }
+
+    #[test]
+    fn a_table_naming_one_fde_over_and_over_is_cut_off() {
+        let (eh, entries) = sample();
+        let (hdr, hdr_vaddr) = eh.hdr(&vec![entries[0]; 1000]);
+        assert_eq!(
+            walk(
+                &eh.data,
+                Mode::Table {
+                    hdr: &hdr,
+                    hdr_vaddr
+                }
+            )
+            .unwrap_err(),
+            CfiError::WorkLimit
+        );
+    }
+
+    #[test]
+    fn a_truncated_table_is_an_error() {
+        let (eh, entries) = sample();
+        // Past the table, upstream reads zeros: an FDE at the header's own
+        // address, before the section here...
+        let (mut hdr, hdr_vaddr) = eh.hdr(&entries);
+        hdr[8..12].copy_from_slice(&3u32.to_le_bytes()); // claims 3 entries
+        assert_eq!(
+            walk(
+                &eh.data,
+                Mode::Table {
+                    hdr: &hdr,
+                    hdr_vaddr
+                }
+            )
+            .unwrap_err(),
+            CfiError::FdeBeforeSection {
+                fde: hdr_vaddr,
+                section: VADDR
+            }
+        );
+        // ... and after it here, where eim stops.
+        let (mut hdr, hdr_vaddr) = eh.hdr_at(VADDR + 0x1000, &entries);
+        hdr[8..12].copy_from_slice(&3u32.to_le_bytes());
+        assert_eq!(
+            walk(
+                &eh.data,
+                Mode::Table {
+                    hdr: &hdr,
+                    hdr_vaddr
+                }
+            )
+            .unwrap_err(),
+            CfiError::TableTruncated(2)
+        );
+    }
+
+    #[test]
+    fn a_cie_named_by_the_table_is_an_error() {
+        let (eh, _) = sample();
+        let (hdr, hdr_vaddr) = eh.hdr(&[(0x2000, 0)]);
+        assert!(matches!(
+            walk(
+                &eh.data,
+                Mode::Table {
+                    hdr: &hdr,
+                    hdr_vaddr
+                }
+            ),
+            Err(CfiError::TableFde(EntryError::UnexpectedType(0)))
+        ));
+    }
+
+    #[test]
+    fn the_linear_walk_skips_cies_and_terminators() {
+        let (mut eh, _) = sample();
+        eh.data.extend_from_slice(&[0, 0, 0, 0]);
+        let d = walk(&eh.data, Mode::Linear { debug_frame: false }).unwrap();
+        // Unsorted: the second FDE's first row is appended after the first
+        // one's end marker at the same address; the final sort folds them.
+        assert_eq!(d.len(), 8, "{:?}", d.deltas);
+        assert_eq!(d.deltas[4].hints, hint::GAP);
+        assert_eq!(d.deltas[5].address, 0x2040);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Any bytes: no panic, and the walk ends.
+        #[test]
+        fn arbitrary_sections_never_panic(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = walk(&data, Mode::Linear { debug_frame: false });
+            let _ = walk(&data, Mode::Linear { debug_frame: true });
+        }
+
+        /// A valid section with a few bytes changed: no panic.
+        #[test]
+        fn mutated_sections_never_panic(
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+            table_edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..3),
+        ) {
+            let (mut eh, entries) = sample();
+            let (mut hdr, hdr_vaddr) = eh.hdr(&entries);
+            let len = eh.data.len();
+            for (at, b) in edits {
+                eh.data[at % len] = b;
+            }
+            let hlen = hdr.len();
+            for (at, b) in table_edits {
+                hdr[at % hlen] = b;
+            }
+            let _ = walk(&eh.data, Mode::Linear { debug_frame: false });
+            let _ = walk(&eh.data, Mode::Linear { debug_frame: true });
+            let _ = walk(&eh.data, Mode::Table { hdr: &hdr, hdr_vaddr });
+        }
+    }
 }
