@@ -108,33 +108,6 @@ fn first_difference(ours: &str, theirs: &str) -> Option<String> {
     None
 }
 
-/// Files that may differ until a stage owned elsewhere lands. Tighten at
-/// merge: every entry must then be removed. (No non-Go oracle file has an
-/// entry stub that upstream's matchers recognise, so none waits for
-/// `entry::stub_len`.)
-const PENDING: &[(&str, &str)] = &[
-    (
-        "gocorpus-go1.19-amd64",
-        "the gopclntab stage is not merged yet",
-    ),
-    (
-        "gocorpus-go1.19-arm64",
-        "the gopclntab stage is not merged yet",
-    ),
-    (
-        "gocorpus-go1.23-amd64",
-        "the gopclntab stage is not merged yet",
-    ),
-    (
-        "gocorpus-go1.23-amd64-stripped",
-        "the gopclntab stage is not merged yet",
-    ),
-    (
-        "gocorpus-go1.23-arm64",
-        "the gopclntab stage is not merged yet",
-    ),
-];
-
 struct Input {
     name: String,
     file: PathBuf,
@@ -166,6 +139,7 @@ fn inputs(root: &Path) -> Vec<Input> {
         "volname",
         "libcrypto-alpine-test.so",
         "schrodinger-libpython3.8.so.1.0",
+        "vdso.arch64.withframe",
     ] {
         out.push(Input {
             name: name.to_string(),
@@ -206,26 +180,22 @@ fn extraction_matches_upstream_for_every_oracle_file() {
         let ours = extract_text(&path, &bytes);
         results.insert(input.name, first_difference(&ours, &expected));
     }
-    let mut unexpected = Vec::new();
+    let mut different = Vec::new();
     for (name, diff) in &results {
-        let pending = PENDING.iter().find(|(n, _)| n == name);
-        match (diff, pending) {
-            (None, None) => eprintln!("identical: {name}"),
-            (None, Some((_, why))) => {
-                eprintln!("identical: {name} (allowlisted as pending: {why}; tighten the list)")
-            }
-            (Some(d), Some((_, why))) => eprintln!("pending:   {name}: {d} ({why})"),
-            (Some(d), None) => {
+        match diff {
+            None => eprintln!("identical: {name}"),
+            Some(d) => {
                 eprintln!("DIFFERENT: {name}: {d}");
-                unexpected.push(format!("{name}: {d}"));
+                different.push(format!("{name}: {d}"));
             }
         }
     }
     assert!(
-        unexpected.is_empty(),
-        "extraction differs from upstream:\n{}",
-        unexpected.join("\n")
+        results.len() >= 21,
+        "expected every oracle and upstream file, found {}",
+        results.len()
     );
+    assert!(different.is_empty(), "{}", different.join("\n"));
 }
 
 // ---- upstream's vectors (spec 5.8 and 10) ----
