@@ -64,6 +64,13 @@ impl StackDelta {
     }
 }
 
+/// `a == b`, without branches.
+#[inline(always)]
+fn same_rule(a: &UnwindInfo, b: &UnwindInfo) -> bool {
+    let bytes = |i: &UnwindInfo| u32::from_ne_bytes([i.opcode, i.fp_opcode, i.merge_opcode, i.pad]);
+    ((bytes(a) ^ bytes(b)) | (a.param ^ b.param) as u32 | (a.fp_param ^ b.fp_param) as u32) == 0
+}
+
 /// The unwind data of one file: deltas sorted by address.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IntervalData {
@@ -96,12 +103,27 @@ impl IntervalData {
     /// when it repeats the rule, replaces a same-address delta, or lands in
     /// the padding after an end-of-function marker. With `sorted == false`
     /// it only appends (the list is sorted and de-duplicated later).
+    #[inline(always)]
     pub fn add_ex(&mut self, mut delta: StackDelta, sorted: bool) {
         if delta.info.opcode == opcode::COMMAND {
             delta.info.fp_opcode = 0;
             delta.info.fp_param = 0;
         }
         if sorted {
+            // The common case inline: the tail is not an end marker, so
+            // only the tail is compared (as `fold` does).
+            if let Some(prev) = self.deltas.last_mut() {
+                if prev.hints & hint::GAP == 0 {
+                    if same_rule(&prev.info, &delta.info) {
+                        prev.hints |= delta.hints & hint::KEEP;
+                    } else if prev.address == delta.address {
+                        *prev = delta;
+                    } else {
+                        self.deltas.push(delta);
+                    }
+                    return;
+                }
+            }
             if let Some(folded) = self.fold(delta) {
                 self.deltas.push(folded);
             }

@@ -79,15 +79,14 @@ impl Regs {
             ra: Rule::new(keep, 0),
         }
     }
+}
 
-    /// The rule of DWARF register `reg`, if it is one of the tracked two.
-    #[inline]
-    fn tracked(&mut self, arch: Arch, reg: u64) -> Option<&mut Rule> {
-        match (arch, reg) {
-            (Arch::X86_64, x86::RBP) | (Arch::Aarch64, arm::FP) => Some(&mut self.fp),
-            (Arch::X86_64, x86::RIP) | (Arch::Aarch64, arm::LR) => Some(&mut self.ra),
-            _ => None,
-        }
+/// The DWARF numbers of the frame pointer and the return address.
+#[inline(always)]
+fn tracked_registers(arch: Arch) -> (u64, u64) {
+    match arch {
+        Arch::X86_64 => (x86::RBP, x86::RIP),
+        Arch::Aarch64 => (arm::FP, arm::LR),
     }
 }
 
@@ -304,7 +303,9 @@ const STACK_DEPTH: usize = 2;
 
 /// The machine running one CIE's or FDE's instructions.
 pub(super) struct Vm<'c> {
-    arch: Arch,
+    /// The DWARF numbers of the frame pointer and the return address.
+    fp_reg: u64,
+    ra_reg: u64,
     cie: &'c Cie,
     /// The current location (code address).
     pub loc: u64,
@@ -315,8 +316,10 @@ pub(super) struct Vm<'c> {
 
 impl<'c> Vm<'c> {
     pub fn new(arch: Arch, cie: &'c Cie, loc: u64, cur: Regs) -> Self {
+        let (fp_reg, ra_reg) = tracked_registers(arch);
         Self {
-            arch,
+            fp_reg,
+            ra_reg,
             cie,
             loc,
             cur,
@@ -331,21 +334,34 @@ impl<'c> Vm<'c> {
         self.loc = self.loc.wrapping_add(by as u64);
     }
 
+    /// The current rule of `reg`, if it is tracked.
+    #[inline(always)]
+    fn tracked(&mut self, reg: u64) -> Option<&mut Rule> {
+        if reg == self.fp_reg {
+            Some(&mut self.cur.fp)
+        } else if reg == self.ra_reg {
+            Some(&mut self.cur.ra)
+        } else {
+            None
+        }
+    }
+
     /// Sets tracked register `reg` to `base + off * data_align`.
-    #[inline]
+    #[inline(always)]
     fn rule(&mut self, reg: u64, base: u64, off: i64) {
         let data_align = self.cie.data_align;
-        if let Some(rule) = self.cur.tracked(self.arch, reg) {
+        if let Some(rule) = self.tracked(reg) {
             *rule = Rule::new(base, off.wrapping_mul(data_align));
         }
     }
 
     #[inline]
     fn restore(&mut self, reg: u64) {
-        let mut initial = self.cie.initial;
-        let from = initial.tracked(self.arch, reg).copied();
-        if let (Some(to), Some(from)) = (self.cur.tracked(self.arch, reg), from) {
-            *to = from;
+        let initial = &self.cie.initial;
+        if reg == self.fp_reg {
+            self.cur.fp = initial.fp;
+        } else if reg == self.ra_reg {
+            self.cur.ra = initial.ra;
         }
     }
 
@@ -353,8 +369,7 @@ impl<'c> Vm<'c> {
     /// location, or to the end of the instructions.
     #[inline(always)]
     pub fn step(&mut self, r: &mut Reader<'_>) -> Result<(), EntryError> {
-        while r.has_data() {
-            let opcode = r.u8();
+        while let Some(opcode) = r.next_if_any() {
             // The three "high" opcodes carry their operand in the low bits.
             let operand = opcode & !cfa::HIGH_MASK;
             match opcode & cfa::HIGH_MASK {
@@ -363,8 +378,14 @@ impl<'c> Vm<'c> {
                     return Ok(());
                 }
                 cfa::OFFSET => {
-                    let off = r.uleb() as i64;
-                    self.rule(u64::from(operand), REG_CFA, off);
+                    // Mostly callee-saved registers that are not tracked.
+                    match self.tracked(u64::from(operand)) {
+                        Some(_) => {
+                            let off = r.uleb() as i64;
+                            self.rule(u64::from(operand), REG_CFA, off);
+                        }
+                        None => r.skip_uleb(),
+                    }
                     continue;
                 }
                 cfa::RESTORE => {
@@ -463,7 +484,7 @@ impl<'c> Vm<'c> {
                 cfa::EXPRESSION => {
                     let reg = r.uleb();
                     if let Some(rule) = read_expression(r) {
-                        if let Some(to) = self.cur.tracked(self.arch, reg) {
+                        if let Some(to) = self.tracked(reg) {
                             *to = rule;
                         }
                     }
@@ -489,9 +510,7 @@ impl<'c> Vm<'c> {
                     let len = r.uleb();
                     r.skip(len);
                 }
-                cfa::GNU_ARGS_SIZE => {
-                    r.uleb();
-                }
+                cfa::GNU_ARGS_SIZE => r.skip_uleb(),
                 cfa::GNU_NEGATIVE_OFFSET_EXTENDED => {
                     let reg = r.uleb();
                     let off = r.sleb().wrapping_neg();

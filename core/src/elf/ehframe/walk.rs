@@ -99,7 +99,7 @@ impl<'d> Table<'d> {
     fn held(&self) -> u64 {
         let entry = 2 * format_len(TABLE_ENC);
         self.count
-            .min(self.r.end.saturating_sub(self.start) / entry)
+            .min(self.r.end().saturating_sub(self.start) / entry)
     }
 
     fn seek(&mut self, index: u64) {
@@ -141,28 +141,32 @@ struct CieCache {
 
 impl CieCache {
     /// The CIE at `pos`; `fde` is the reader of the FDE naming it.
+    #[inline]
     fn get(&mut self, fde: &Reader<'_>, pos: u64, arch: Arch) -> Result<&Cie, EntryError> {
         let at = match self.last {
             Some((last, at)) if last == pos => at,
-            _ => {
-                let at = match self.index.get(&pos) {
-                    Some(&at) => at,
-                    None => {
-                        let mut r = *fde;
-                        r.pos = pos;
-                        let cie = parse_cie(r, arch)?;
-                        self.parsed = self.parsed.saturating_add(cie.size);
-                        self.cies.push(cie);
-                        let at = self.cies.len() - 1;
-                        self.index.insert(pos, at);
-                        at
-                    }
-                };
-                self.last = Some((pos, at));
+            _ => self.lookup(fde, pos, arch)?,
+        };
+        self.cies.get(at).ok_or(EntryError::CieBeyondEnd(pos))
+    }
+
+    #[inline(never)]
+    fn lookup(&mut self, fde: &Reader<'_>, pos: u64, arch: Arch) -> Result<usize, EntryError> {
+        let at = match self.index.get(&pos) {
+            Some(&at) => at,
+            None => {
+                let mut r = *fde;
+                r.pos = pos;
+                let cie = parse_cie(r, arch)?;
+                self.parsed = self.parsed.saturating_add(cie.size);
+                self.cies.push(cie);
+                let at = self.cies.len() - 1;
+                self.index.insert(pos, at);
                 at
             }
         };
-        self.cies.get(at).ok_or(EntryError::CieBeyondEnd(pos))
+        self.last = Some((pos, at));
+        Ok(at)
     }
 }
 
