@@ -21,10 +21,13 @@ mod rules;
 mod vm;
 mod walk;
 
-pub use record::FdeRange;
-pub use walk::{lookup_fde, parse_debug_frame, parse_eh_frame};
+#[cfg(test)]
+pub(crate) use walk::PARTS_TAKEN_OVER;
 
-use crate::deltas::IntervalData;
+pub use record::FdeRange;
+pub use walk::{lookup_fde, parse_debug_frame, parse_eh_frame, parse_eh_frame_with};
+
+use crate::deltas::DeltaSink;
 
 /// Largest `.eh_frame` / `.debug_frame` (or `PT_GNU_EH_FRAME` window)
 /// read, as upstream's `maxBytesEHFrame`.
@@ -37,7 +40,64 @@ pub trait FdeFilter {
     fn mark_unsorted(&mut self);
     /// Whether to emit the deltas of the FDE covering
     /// `ip_start .. ip_start + ip_len`.
-    fn keep(&mut self, ip_start: u64, ip_len: u64, deltas: &mut IntervalData) -> bool;
+    fn keep(&mut self, ip_start: u64, ip_len: u64, deltas: &mut dyn DeltaSink) -> bool;
+}
+
+/// A filter that a walk split into parts (one thread each) can hand from
+/// one part to the next.
+///
+/// Contract: what [`FdeFilter::keep`] returns and appends depends only on
+/// its arguments and on the state that [`ForkFilter::same_state`]
+/// compares; `join` then gives the state walking both parts in a row
+/// gives.
+pub trait ForkFilter: FdeFilter + Clone + Send {
+    /// A guess of the state the walk will be in after the table entries
+    /// before a part, the last of which starts at `last_ip`. A wrong
+    /// guess costs time (the part is walked again), never correctness.
+    fn fork(&self, last_ip: u64) -> Self;
+    /// Whether `self` behaves as `other` from here on.
+    fn same_state(&self, other: &Self) -> bool;
+    /// Takes the state reached by walking a part from a state that
+    /// `same_state` found equal to `self`'s.
+    fn join(&mut self, end: Self);
+}
+
+/// How a `.eh_frame` walk through the search table may use threads: the
+/// table is cut into at most `threads` parts of at least
+/// `min_fdes_per_part` FDEs, walked at the same time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Parallelism {
+    pub threads: usize,
+    pub min_fdes_per_part: u64,
+}
+
+impl Parallelism {
+    /// One thread.
+    pub const SEQUENTIAL: Self = Self {
+        threads: 1,
+        min_fdes_per_part: u64::MAX,
+    };
+
+    /// Below this many FDEs per part, starting a thread (tens of
+    /// microseconds) costs more than it saves.
+    pub const DEFAULT_MIN_FDES_PER_PART: u64 = 1024;
+
+    /// The machine's cores (at most 4), with the default part size.
+    pub fn available() -> Self {
+        static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let threads = *THREADS
+            .get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(4)));
+        Self {
+            threads,
+            min_fdes_per_part: Self::DEFAULT_MIN_FDES_PER_PART,
+        }
+    }
+
+    /// How many parts a table of `fdes` entries is cut into.
+    fn parts(self, fdes: u64) -> u64 {
+        let by_size = fdes / self.min_fdes_per_part.max(1);
+        by_size.min(self.threads as u64).max(1)
+    }
 }
 
 /// A filter that keeps every FDE.
@@ -46,9 +106,19 @@ pub struct KeepAll;
 
 impl FdeFilter for KeepAll {
     fn mark_unsorted(&mut self) {}
-    fn keep(&mut self, _: u64, _: u64, _: &mut IntervalData) -> bool {
+    fn keep(&mut self, _: u64, _: u64, _: &mut dyn DeltaSink) -> bool {
         true
     }
+}
+
+impl ForkFilter for KeepAll {
+    fn fork(&self, _: u64) -> Self {
+        Self
+    }
+    fn same_state(&self, _: &Self) -> bool {
+        true
+    }
+    fn join(&mut self, _: Self) {}
 }
 
 /// Why a CIE or FDE could not be used. The messages follow upstream's.

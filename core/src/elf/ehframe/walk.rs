@@ -1,13 +1,15 @@
 //! Finding the CFI sections, walking their FDEs and emitting the deltas.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::reader::{format_len, Reader};
 use super::record::{parse_cie, parse_fde_range, parse_header, FdeRange, HeaderError};
 use super::rules::unwind_info;
 use super::vm::{Cie, Vm};
-use super::{CfiError, EntryError, FdeFilter, MAX_SECTION_BYTES};
-use crate::deltas::{hint, info, IntervalData, StackDelta};
+use super::{CfiError, EntryError, FdeFilter, ForkFilter, Parallelism, MAX_SECTION_BYTES};
+use crate::deltas::{hint, info, DeltaSink, Detached, IntervalData, StackDelta};
 use crate::elf::{Arch, Elf, Region};
 
 /// `.eh_frame_hdr` fixed part: version, eh_frame_ptr encoding, fde_count
@@ -171,9 +173,9 @@ impl CieCache {
 }
 
 /// Walks the FDEs of one section.
-struct Walker<'a, 'd, F: ?Sized> {
+struct Walker<'a, 'd, F: ?Sized, S = IntervalData> {
     cies: CieCache,
-    out: Emitter<'a, 'd, F>,
+    out: Emitter<'a, 'd, F, S>,
     /// Bytes of FDE records parsed.
     parsed: u64,
     /// Most record bytes the walk may parse.
@@ -181,18 +183,18 @@ struct Walker<'a, 'd, F: ?Sized> {
 }
 
 /// Turns FDEs into deltas.
-struct Emitter<'a, 'd, F: ?Sized> {
+struct Emitter<'a, 'd, F: ?Sized, S = IntervalData> {
     /// Machine of the file whose CFI is walked.
     arch: Arch,
     /// The file being extracted: where signal trampolines are read.
     code: &'a Elf<'d>,
     allow_generic_regs: bool,
     filter: &'a mut F,
-    deltas: &'a mut IntervalData,
+    deltas: &'a mut S,
 }
 
-impl<'a, 'd, F: FdeFilter + ?Sized> Walker<'a, 'd, F> {
-    fn new(section_size: usize, out: Emitter<'a, 'd, F>) -> Self {
+impl<'a, 'd, F: FdeFilter + ?Sized, S: DeltaSink> Walker<'a, 'd, F, S> {
+    fn new(section_size: usize, out: Emitter<'a, 'd, F, S>) -> Self {
         Self {
             cies: CieCache::default(),
             out,
@@ -226,7 +228,7 @@ impl<'a, 'd, F: FdeFilter + ?Sized> Walker<'a, 'd, F> {
     }
 }
 
-impl<F: FdeFilter + ?Sized> Emitter<'_, '_, F> {
+impl<F: FdeFilter + ?Sized, S: DeltaSink> Emitter<'_, '_, F, S> {
     fn is_sigreturn_trampoline(&self, range: FdeRange) -> bool {
         let code: &[u8] = match self.code.arch {
             Arch::X86_64 => &SIGRETURN_X86_64,
@@ -286,12 +288,29 @@ impl<F: FdeFilter + ?Sized> Emitter<'_, '_, F> {
     }
 }
 
-impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
+impl<F: FdeFilter + ?Sized, S: DeltaSink> Walker<'_, '_, F, S> {
     /// Walks the FDEs in search-table order (sorted by address).
     fn walk_table(&mut self, hdr: &Region<'_>, eh: &Region<'_>) -> Result<(), CfiError> {
         let mut table = Table::new(hdr)?;
-        let held = table.held();
-        for index in 0..table.count {
+        let (held, count) = (table.held(), table.count);
+        self.walk_entries(&mut table, eh, 0..count, held, None)
+    }
+
+    /// Walks the table entries `indices` (the table positioned at the
+    /// first), `held` of which the table holds. Stops early, with `Ok`,
+    /// when `cancel` is set.
+    fn walk_entries(
+        &mut self,
+        table: &mut Table<'_>,
+        eh: &Region<'_>,
+        indices: std::ops::Range<u64>,
+        held: u64,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<(), CfiError> {
+        for index in indices {
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Ok(());
+            }
             let (ip, fde) = table.next()?;
             let mut r = Table::fde_reader(eh, fde)?;
             if index >= held {
@@ -330,6 +349,174 @@ impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
     }
 }
 
+/// Parts walked again (`[0]`) and taken over (`[1]`), for the tests.
+#[cfg(test)]
+pub(crate) static PARTS_TAKEN_OVER: [std::sync::atomic::AtomicUsize; 2] = [
+    std::sync::atomic::AtomicUsize::new(0),
+    std::sync::atomic::AtomicUsize::new(0),
+];
+
+/// What walking one part of the search table on its own thread gave.
+struct PartResult<F> {
+    /// The filter state the part was walked from (a guess).
+    start: F,
+    /// The filter state it ended in.
+    end: F,
+    result: Result<(), CfiError>,
+    deltas: Detached,
+    cies: CieCache,
+    parsed: u64,
+}
+
+impl<F: ForkFilter> Walker<'_, '_, F> {
+    /// The search-table walk cut into parts: the first walked here, the
+    /// others on threads of their own, each from a guessed filter state
+    /// into a [`Detached`] run. A part is taken over only where that gives
+    /// exactly what the sequential walk gives (same filter state at its
+    /// start, the run attaches, the same CIEs, the work budget holds);
+    /// any other part (a wrong guess, an error) is walked again here,
+    /// sequentially, which is the sequential walk by definition.
+    fn walk_table_parallel(
+        &mut self,
+        hdr: &Region<'_>,
+        eh: &Region<'_>,
+        parallelism: Parallelism,
+        reserve: usize,
+    ) -> Result<(), CfiError> {
+        let mut table = Table::new(hdr)?;
+        let (held, count) = (table.held(), table.count);
+        let parts = parallelism.parts(count);
+        if parts <= 1 || held < count {
+            return self.walk_entries(&mut table, eh, 0..count, held, None);
+        }
+        let bounds: Vec<u64> = (0..=parts).map(|i| count / parts * i).collect();
+        let bounds = {
+            let mut b = bounds;
+            if let Some(last) = b.last_mut() {
+                *last = count;
+            }
+            b
+        };
+        let cancel = AtomicBool::new(false);
+        let (arch, code, allow_generic_regs, budget) = (
+            self.out.arch,
+            self.out.code,
+            self.out.allow_generic_regs,
+            self.budget,
+        );
+        std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for w in bounds.windows(2).skip(1) {
+                let (from, to) = (w[0], w[1]);
+                table.seek(from - 1);
+                let (last_ip, _) = table.next()?;
+                let start = self.out.filter.fork(last_ip);
+                let (hdr, eh, cancel) = (*hdr, *eh, &cancel);
+                let capacity = reserve / parts as usize;
+                handles.push((
+                    from..to,
+                    scope.spawn(move || {
+                        let mut filter = start.clone();
+                        let mut deltas = Detached::with_capacity(capacity);
+                        let mut walker = Walker {
+                            cies: CieCache::default(),
+                            out: Emitter {
+                                arch,
+                                code,
+                                allow_generic_regs,
+                                filter: &mut filter,
+                                deltas: &mut deltas,
+                            },
+                            parsed: 0,
+                            budget,
+                        };
+                        let result = Table::new(&hdr).and_then(|mut table| {
+                            table.seek(from);
+                            walker.walk_entries(&mut table, &eh, from..to, held, Some(cancel))
+                        });
+                        let (cies, parsed) = (walker.cies, walker.parsed);
+                        PartResult {
+                            start,
+                            end: filter,
+                            result,
+                            deltas,
+                            cies,
+                            parsed,
+                        }
+                    }),
+                ));
+            }
+            table.seek(0);
+            let first = self.walk_entries(&mut table, eh, 0..bounds[1], held, None);
+            if first.is_err() {
+                cancel.store(true, Ordering::Relaxed);
+                return first;
+            }
+            for (indices, handle) in handles {
+                let part = match handle.join() {
+                    Ok(part) => part,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                };
+                if !self.take_over(part) {
+                    table.seek(indices.start);
+                    if let Err(e) = self.walk_entries(&mut table, eh, indices, held, None) {
+                        cancel.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Adds a part walked on its own to this walk if that gives exactly
+    /// what walking it here would; else changes nothing and says so.
+    fn take_over(&mut self, part: PartResult<F>) -> bool {
+        let taken = self.try_take_over(part);
+        #[cfg(test)]
+        PARTS_TAKEN_OVER[usize::from(taken)].fetch_add(1, Ordering::Relaxed);
+        taken
+    }
+
+    fn try_take_over(&mut self, part: PartResult<F>) -> bool {
+        if part.result.is_err() || !self.out.filter.same_state(&part.start) {
+            return false;
+        }
+        // A CIE already parsed here must have parsed the same there (a
+        // CIE read through a different FDE may differ in broken files);
+        // the ones new here count towards the budget as they would have.
+        let mut new_cie_bytes = 0u64;
+        for (&pos, &at) in &part.cies.index {
+            let theirs = part.cies.cies.get(at);
+            match self.cies.index.get(&pos) {
+                Some(&mine) if self.cies.cies.get(mine) != theirs => return false,
+                Some(_) => {}
+                None => new_cie_bytes += theirs.map_or(0, |c| c.size),
+            }
+        }
+        let total = self
+            .parsed
+            .saturating_add(part.parsed)
+            .saturating_add(self.cies.parsed)
+            .saturating_add(new_cie_bytes);
+        if total > self.budget || part.deltas.attach_to(self.out.deltas).is_err() {
+            return false;
+        }
+        self.out.filter.join(part.end);
+        self.parsed = self.parsed.saturating_add(part.parsed);
+        for (pos, at) in part.cies.index {
+            if let (Entry::Vacant(slot), Some(cie)) =
+                (self.cies.index.entry(pos), part.cies.cies.get(at))
+            {
+                self.cies.cies.push(*cie);
+                slot.insert(self.cies.cies.len() - 1);
+                self.cies.parsed = self.cies.parsed.saturating_add(cie.size);
+            }
+        }
+        true
+    }
+}
+
 /// Adds the deltas of `elf`'s `.eh_frame` (spec 5.3): through the
 /// `.eh_frame_hdr` search table when it is usable, else by a linear walk.
 /// A file without `.eh_frame` adds nothing.
@@ -358,6 +545,38 @@ pub fn parse_eh_frame<F: FdeFilter + ?Sized>(
     );
     match hdr {
         Some(hdr) => walker.walk_table(&hdr, &eh),
+        None => walker.walk_linear(&eh, false),
+    }
+}
+
+/// [`parse_eh_frame`] with the search-table walk cut into parts walked on
+/// threads of their own (see [`Parallelism`]): the same deltas, the same
+/// filter state and the same error as the sequential walk.
+pub fn parse_eh_frame_with<F: ForkFilter>(
+    elf: &Elf<'_>,
+    allow_generic_regs: bool,
+    filter: &mut F,
+    deltas: &mut IntervalData,
+    parallelism: Parallelism,
+) -> Result<(), CfiError> {
+    let (hdr, eh) = find_eh_sections(elf)?;
+    let Some(eh) = eh else {
+        return Ok(());
+    };
+    let reserve = eh.data.len() / SECTION_BYTES_PER_DELTA;
+    deltas.deltas.reserve(reserve);
+    let mut walker = Walker::new(
+        eh.data.len(),
+        Emitter {
+            arch: elf.arch,
+            code: elf,
+            allow_generic_regs,
+            filter,
+            deltas,
+        },
+    );
+    match hdr {
+        Some(hdr) => walker.walk_table_parallel(&hdr, &eh, parallelism, reserve),
         None => walker.walk_linear(&eh, false),
     }
 }
