@@ -500,3 +500,57 @@ fn the_same_calls_with_the_same_faults_leave_kernel_and_sim_identical() {
         "the faults must bite: {failed_calls} failed calls"
     );
 }
+
+/// Capacity: with a small page map and small outer maps, the kernel's own
+/// E2BIG (partial batch, full outer map) gives the same results, rollbacks
+/// and map contents as the sim with the same capacities.
+#[test]
+fn full_maps_fail_cleanly_and_roll_back_as_in_the_sim() {
+    if !require_bpf() {
+        return;
+    }
+    let files = corpus();
+    let provider = Arc::new(MemoryProvider::new());
+    for (i, (_, data)) in files.iter().enumerate() {
+        provider.insert(FileId(i as u64 + 1), data.clone());
+    }
+    let kernel = ExecutableInfoManager::new(
+        provider.clone(),
+        KernelMaps::with_config(eim_bpf::KernelConfig {
+            pages: 96,
+            outer: 2,
+            ..eim_bpf::KernelConfig::default()
+        })
+        .expect("maps"),
+        Tracers::none(),
+    );
+    let sim = ExecutableInfoManager::new(
+        provider.clone(),
+        SimMaps::new(SimConfig {
+            pages: 96,
+            outer: 2,
+            ..SimConfig::default()
+        })
+        .expect("sim"),
+        Tracers::none(),
+    );
+    let mut failures = 0;
+    for i in 0..files.len() {
+        let id = FileId(i as u64 + 1);
+        let got = format!("{:?}", kernel.add_or_inc_ref(id, &id).map(|_| ()));
+        let want = format!("{:?}", sim.add_or_inc_ref(id, &id).map(|_| ()));
+        assert_eq!(got, want, "{}", files[i].0);
+        if got.starts_with("Err") {
+            eprintln!("{}: {got}", files[i].0);
+            assert!(got.contains("E2BIG"), "a kernel limit: {got}");
+            failures += 1;
+        }
+        let k = kernel.with_backend(|b| b.dump().expect("dump"));
+        let s = sim.with_backend(|b| sim_dump(b));
+        assert!(k == s, "{}: kernel and sim maps differ", files[i].0);
+    }
+    assert!(
+        failures >= 2,
+        "the limits must be reached: {failures} failures"
+    );
+}
