@@ -5,12 +5,16 @@
 //! * [`KernelMaps`]: the maps and the lookup program of the committed
 //!   `bpf/lookup.bpf.o`, and the [`eim_core::ops::Backend`] that applies map
 //!   ops to them with batch syscalls, exactly as `eim_sim::SimMaps` models.
+//! * [`pin`]: the bpffs directory the maps can be pinned in, and the
+//!   check of every re-opened pin.
 //! * [`lookup`]: the lookup program's codes and result record.
 
 pub mod lookup;
 pub mod maps;
+pub mod pin;
 pub mod sys;
 
 pub use aya;
 pub use lookup::{KernelResolved, LookupResult};
 pub use maps::{Dump, KernelConfig, KernelError, KernelMaps, LOOKUP_OBJECT};
+pub use pin::{PinReport, PinState};

@@ -26,11 +26,28 @@
 //! * `DeleteDeltaTable`, interpreter offsets: one single-element call.
 //!
 //! The page-key set assumes this backend is the only writer of the page
-//! map, which holds for maps it created itself (pinning and adoption of
-//! maps left by an earlier run are not implemented yet).
+//! map, which holds for maps it created itself.
+//!
+//! # Pinning
+//!
+//! With [`KernelConfig::pin_dir`] set, the 19 maps eim owns (the page map,
+//! the unwind-info array, the interpreter offsets and the 16 outer maps;
+//! not the lookup program's private result map) live pinned by name in that
+//! directory, on a bpffs that is mounted there if needed
+//! ([`crate::pin::ensure_bpffs`]). Each pin found there is checked against
+//! the expected type, key size, value size and max_entries and unpinned if
+//! it differs ([`crate::pin::check_pin`]); the pin paths are then given to
+//! aya with `EbpfLoader::map_pin_path`, which re-opens a pin that exists and
+//! otherwise creates the map and pins it. Loading the object that way (rather
+//! than loading it and then swapping in maps opened with
+//! `MapData::from_pin`) is what makes the lookup program itself read the
+//! pinned maps: aya relocates the program's map references to whatever maps
+//! it loaded. [`KernelMaps::pin_report`] says, per map, whether it was
+//! created, re-opened or recreated (and why).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
 
 use aya::maps::{Map, MapData};
 use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun};
@@ -43,6 +60,7 @@ use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::FileId;
 
 use crate::lookup::{LookupResult, RESULT_SIZE};
+use crate::pin::{self, MapShape, PinReport};
 use crate::sys::{self, SysError};
 
 /// The compiled lookup program and map definitions (`bpf/build.sh`).
@@ -52,13 +70,17 @@ const PROGRAM: &str = "eim_lookup";
 const RESULT_MAP: &str = "eim_lookup_result";
 
 /// Capacities of the maps (the object's values are the defaults; tests use
-/// tiny ones to reach the limits).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// tiny ones to reach the limits), and where to pin them.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelConfig {
     pub unwind_info: u32,
     pub interpreter_offsets: u32,
     pub pages: u32,
     pub outer: u32,
+    /// A directory to pin the maps in (for example `/sys/fs/bpf/eim`), or
+    /// `None` for maps that live only as long as this process holds them.
+    /// See the module documentation.
+    pub pin_dir: Option<PathBuf>,
 }
 
 impl Default for KernelConfig {
@@ -68,7 +90,61 @@ impl Default for KernelConfig {
             interpreter_offsets: capacity::INTERPRETER_OFFSETS,
             pages: capacity::PAGES,
             outer: capacity::OUTER,
+            pin_dir: None,
         }
+    }
+}
+
+impl KernelConfig {
+    /// The maps eim owns, by name, with the shape each must have.
+    pub fn owned_maps(&self) -> Vec<(String, MapShape)> {
+        let shape = |map_type, key: usize, value: usize, max_entries| MapShape {
+            map_type,
+            key_size: key as u32,
+            value_size: value as u32,
+            max_entries,
+        };
+        let mut maps = vec![
+            (
+                abi::map_name::PAGES.to_string(),
+                shape(
+                    sys::map_type::HASH,
+                    StackDeltaPageKey::SIZE,
+                    StackDeltaPageInfo::SIZE,
+                    self.pages,
+                ),
+            ),
+            (
+                abi::map_name::UNWIND_INFO.to_string(),
+                shape(
+                    sys::map_type::ARRAY,
+                    u32::SIZE,
+                    UnwindInfo::SIZE,
+                    self.unwind_info,
+                ),
+            ),
+            (
+                abi::map_name::INTERPRETER_OFFSETS.to_string(),
+                shape(
+                    sys::map_type::HASH,
+                    u64::SIZE,
+                    OffsetRange::SIZE,
+                    self.interpreter_offsets,
+                ),
+            ),
+        ];
+        maps.extend((SIZE_CLASS_MIN..=SIZE_CLASS_MAX).map(|class| {
+            (
+                abi::map_name::outer(class),
+                shape(
+                    sys::map_type::HASH_OF_MAPS,
+                    u64::SIZE,
+                    u32::SIZE,
+                    self.outer,
+                ),
+            )
+        }));
+        maps
     }
 }
 
@@ -91,6 +167,13 @@ pub enum KernelError {
     },
     #[error("the lookup result could not be decoded")]
     Result,
+    #[error("{what} {}: {source}", path.display())]
+    Pin {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Every map's contents, decoded into the shapes `eim_sim::SimMaps`
@@ -121,6 +204,7 @@ pub struct KernelMaps {
     inner: BTreeMap<(u16, FileId), OwnedFd>,
     /// The page keys present in the page map.
     page_keys: BTreeSet<StackDeltaPageKey>,
+    pin_report: Option<PinReport>,
 }
 
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<MapData, KernelError> {
@@ -153,22 +237,35 @@ impl KernelMaps {
         Self::with_config(KernelConfig::default())
     }
 
-    /// Creates fresh maps with the given capacities.
+    /// Creates the maps with the given capacities (fresh ones, or the ones
+    /// pinned in `config.pin_dir`, see the module documentation).
     pub fn with_config(config: KernelConfig) -> Result<Self, KernelError> {
-        let outer_names: Vec<String> = (SIZE_CLASS_MIN..=SIZE_CLASS_MAX)
-            .map(abi::map_name::outer)
-            .collect();
+        let owned = config.owned_maps();
+        let pin_report = match &config.pin_dir {
+            None => None,
+            Some(dir) => {
+                let mounted = pin::ensure_bpffs(dir)?;
+                let maps = owned
+                    .iter()
+                    .map(|(name, shape)| {
+                        Ok((name.clone(), pin::check_pin(&dir.join(name), shape)?))
+                    })
+                    .collect::<Result<Vec<_>, KernelError>>()?;
+                Some(PinReport {
+                    dir: dir.clone(),
+                    mounted,
+                    maps,
+                })
+            }
+        };
         let mut loader = EbpfLoader::new();
-        loader
-            .map_max_entries(abi::map_name::PAGES, config.pages)
-            .map_max_entries(abi::map_name::UNWIND_INFO, config.unwind_info)
-            .map_max_entries(
-                abi::map_name::INTERPRETER_OFFSETS,
-                config.interpreter_offsets,
-            );
-        for name in &outer_names {
-            loader.map_max_entries(name, config.outer);
+        for (name, shape) in &owned {
+            loader.map_max_entries(name, shape.max_entries);
+            if let Some(dir) = &config.pin_dir {
+                loader.map_pin_path(name, dir.join(name));
+            }
         }
+        let outer_names = &owned[3..];
         let mut ebpf = loader.load(LOOKUP_OBJECT)?;
         let program: &mut RawTracePoint = ebpf
             .program_mut(PROGRAM)
@@ -181,7 +278,7 @@ impl KernelMaps {
         let result = take(&mut ebpf, RESULT_MAP)?;
         let outers = outer_names
             .iter()
-            .map(|name| take(&mut ebpf, name))
+            .map(|(name, _)| take(&mut ebpf, name))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             config,
@@ -193,11 +290,17 @@ impl KernelMaps {
             result,
             inner: BTreeMap::new(),
             page_keys: BTreeSet::new(),
+            pin_report,
         })
     }
 
     pub fn config(&self) -> &KernelConfig {
         &self.config
+    }
+
+    /// How the pinned maps were opened (`None` without a pin directory).
+    pub fn pin_report(&self) -> Option<&PinReport> {
+        self.pin_report.as_ref()
     }
 
     fn outer(&self, class: u16) -> Option<&MapData> {

@@ -23,6 +23,7 @@ pub enum Cmd {
     MapLookupElem = 1,
     MapUpdateElem = 2,
     MapDeleteElem = 3,
+    ObjGet = 7,
     ObjGetInfoByFd = 15,
     MapLookupBatch = 24,
     MapUpdateBatch = 26,
@@ -153,6 +154,14 @@ struct InfoAttr {
     info: u64,
 }
 
+/// `union bpf_attr` for `BPF_OBJ_GET`.
+#[repr(C)]
+struct ObjAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+
 /// The head of `struct bpf_map_info`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -219,6 +228,28 @@ pub fn map_info(fd: BorrowedFd<'_>) -> Result<MapInfo, SysError> {
         processed: 0,
     })?;
     Ok(info)
+}
+
+/// `BPF_OBJ_GET`: opens the object pinned at `path` (ENOENT when nothing
+/// is pinned there).
+pub fn obj_get(path: &std::path::Path) -> Result<OwnedFd, SysError> {
+    use std::os::unix::ffi::OsStrExt;
+    let fail = |errno| SysError {
+        cmd: Cmd::ObjGet,
+        errno,
+        processed: 0,
+    };
+    let path =
+        std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| fail(libc::EINVAL))?;
+    let mut attr = ObjAttr {
+        pathname: path.as_ptr() as u64,
+        bpf_fd: 0,
+        file_flags: 0,
+    };
+    // SAFETY: `pathname` is a NUL-terminated string that outlives the call.
+    let fd = unsafe { bpf(Cmd::ObjGet, &mut attr) }.map_err(fail)?;
+    // SAFETY: the kernel returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 fn elem(

@@ -7,7 +7,9 @@
 //!   manager into real maps, resolves in the kernel exactly as the sim
 //!   reader and a direct search of its deltas say;
 //! * differential: the same calls with the same injected faults leave
-//!   `KernelMaps` and `SimMaps` with identical contents.
+//!   `KernelMaps` and `SimMaps` with identical contents;
+//! * pinning: maps pinned in a bpffs directory are shared by two instances,
+//!   re-opened by a later one, and recreated when their shape differs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,9 +17,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use eim_bpf::lookup::{code, error_name, have, kind};
-use eim_bpf::{sys, Dump, KernelMaps, KernelResolved, LookupResult};
+use eim_bpf::{sys, Dump, KernelConfig, KernelMaps, KernelResolved, LookupResult, PinState};
 use eim_core::abi::{
-    OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo, PAGE_MASK,
+    OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo, Wire, PAGE_MASK,
 };
 use eim_core::deltas::IntervalData;
 use eim_core::elf::{extract::extract, Elf};
@@ -535,22 +537,218 @@ fn full_maps_fail_cleanly_and_roll_back_as_in_the_sim() {
         Tracers::none(),
     );
     let mut failures = 0;
-    for i in 0..files.len() {
+    for (i, (name, _)) in files.iter().enumerate() {
         let id = FileId(i as u64 + 1);
         let got = format!("{:?}", kernel.add_or_inc_ref(id, &id).map(|_| ()));
         let want = format!("{:?}", sim.add_or_inc_ref(id, &id).map(|_| ()));
-        assert_eq!(got, want, "{}", files[i].0);
+        assert_eq!(got, want, "{name}");
         if got.starts_with("Err") {
-            eprintln!("{}: {got}", files[i].0);
+            eprintln!("{name}: {got}");
             assert!(got.contains("E2BIG"), "a kernel limit: {got}");
             failures += 1;
         }
         let k = kernel.with_backend(|b| b.dump().expect("dump"));
         let s = sim.with_backend(|b| sim_dump(b));
-        assert!(k == s, "{}: kernel and sim maps differ", files[i].0);
+        assert!(k == s, "{name}: kernel and sim maps differ");
     }
     assert!(
         failures >= 2,
         "the limits must be reached: {failures} failures"
     );
+}
+
+/// A pin directory of its own for one test, removed with its pins when
+/// dropped (and unmounted first if the test had a bpffs mounted on it).
+struct PinDir {
+    path: PathBuf,
+    unmount: bool,
+}
+
+impl PinDir {
+    /// `/sys/fs/bpf/eim-test-<pid>-<test>`, on the bpffs at `/sys/fs/bpf`
+    /// (mounted here if nothing is).
+    fn under_sys_fs_bpf(test: &str) -> Self {
+        let root = Path::new("/sys/fs/bpf");
+        if !eim_bpf::pin::is_bpffs(root).unwrap_or(false) {
+            eim_bpf::pin::ensure_bpffs(root).expect("mounting a bpffs on /sys/fs/bpf");
+        }
+        let path = root.join(format!("eim-test-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        Self {
+            path,
+            unmount: false,
+        }
+    }
+
+    fn config(&self) -> KernelConfig {
+        KernelConfig {
+            pin_dir: Some(self.path.clone()),
+            ..KernelConfig::default()
+        }
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        if self.unmount {
+            use std::os::unix::ffi::OsStrExt;
+            let c = std::ffi::CString::new(self.path.as_os_str().as_bytes()).expect("path");
+            // SAFETY: a NUL-terminated path.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            let _ = std::fs::remove_dir(&self.path);
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+fn states(k: &KernelMaps) -> BTreeMap<String, PinState> {
+    k.pin_report()
+        .expect("a pin report")
+        .maps
+        .iter()
+        .cloned()
+        .collect()
+}
+
+fn pinned_max_entries(dir: &Path, name: &str) -> u32 {
+    let fd = sys::obj_get(&dir.join(name)).expect("pinned");
+    sys::map_info(std::os::fd::AsFd::as_fd(&fd))
+        .expect("info")
+        .max_entries
+}
+
+/// The smallest corpus files that have deltas.
+fn small_files(n: usize) -> Vec<(String, IntervalData)> {
+    let mut files: Vec<_> = corpus()
+        .into_iter()
+        .filter(|(_, d)| !d.deltas.is_empty())
+        .collect();
+    files.sort_by_key(|(_, d)| d.deltas.len());
+    files.truncate(n);
+    files
+}
+
+#[test]
+fn pinned_maps_are_shared_reopened_and_recreated_when_their_shape_differs() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = PinDir::under_sys_fs_bpf("shape");
+    let first = KernelMaps::with_config(dir.config()).expect("maps");
+    let report = first.pin_report().expect("pinned").clone();
+    assert!(!report.mounted);
+    assert_eq!(report.maps.len(), 19, "{report:?}");
+    for (name, state) in &report.maps {
+        assert_eq!(*state, PinState::Created, "{name}");
+        assert!(dir.path.join(name).exists(), "{name} is pinned");
+    }
+    // A second instance re-opens every pin, and its lookup program reads
+    // what is loaded through the first one.
+    let second = KernelMaps::with_config(dir.config()).expect("maps");
+    assert!(
+        states(&second).values().all(|s| *s == PinState::Reopened),
+        "{:?}",
+        second.pin_report()
+    );
+    let (name, data) = small_files(1).pop().expect("a file");
+    let provider = Arc::new(MemoryProvider::new());
+    let id = FileId(0x77);
+    provider.insert(id, data.clone());
+    let manager = ExecutableInfoManager::new(provider, first, Tracers::none());
+    manager.add_or_inc_ref(id, &id).expect("load");
+    for addr in probes(&data, 200, 7) {
+        let r = second.lookup(id, addr).expect("lookup");
+        assert_eq!(
+            kernel_answer(&r),
+            expected(&data, addr),
+            "{name} at {addr:#x}"
+        );
+    }
+    drop(manager);
+    drop(second);
+
+    // Wrong shapes: a page map of another size (the config asks for 96
+    // entries) and an ARRAY pinned where the interpreter offsets belong.
+    let offsets = dir.path.join(eim_core::abi::map_name::INTERPRETER_OFFSETS);
+    std::fs::remove_file(&offsets).expect("unpin");
+    let array = sys::map_create(&sys::MapSpec {
+        map_type: sys::map_type::ARRAY,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 1,
+        map_flags: 0,
+        inner_map: None,
+        name: "eim_wrong",
+    })
+    .expect("array");
+    eim_bpf::aya::maps::MapData::from_fd(array)
+        .expect("map data")
+        .pin(&offsets)
+        .expect("pin");
+    let small = KernelMaps::with_config(KernelConfig {
+        pages: 96,
+        ..dir.config()
+    })
+    .expect("maps");
+    let got = states(&small);
+    let why = |name: &str| match &got[name] {
+        PinState::Recreated { why } => why.clone(),
+        other => panic!("{name}: {other:?}"),
+    };
+    assert_eq!(
+        why(eim_core::abi::map_name::PAGES),
+        format!(
+            "max_entries is {}, expected 96",
+            eim_core::abi::capacity::PAGES
+        )
+    );
+    assert_eq!(
+        why(eim_core::abi::map_name::INTERPRETER_OFFSETS),
+        format!(
+            "map_type is 2, expected 1, key_size is 4, expected 8, value_size is 4, expected {}, max_entries is 1, expected {}",
+            OffsetRange::SIZE,
+            eim_core::abi::capacity::INTERPRETER_OFFSETS
+        )
+    );
+    assert_eq!(
+        got.values().filter(|s| **s == PinState::Reopened).count(),
+        17
+    );
+    assert_eq!(
+        pinned_max_entries(&dir.path, eim_core::abi::map_name::PAGES),
+        96
+    );
+    drop(small);
+    // Back to the default size: recreated once more.
+    let again = KernelMaps::with_config(dir.config()).expect("maps");
+    assert!(matches!(
+        states(&again)[eim_core::abi::map_name::PAGES],
+        PinState::Recreated { .. }
+    ));
+    assert_eq!(
+        pinned_max_entries(&dir.path, eim_core::abi::map_name::PAGES),
+        eim_core::abi::capacity::PAGES
+    );
+}
+
+#[test]
+fn a_pin_directory_off_bpffs_gets_a_bpffs_mounted_on_it() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = PinDir {
+        path: std::env::temp_dir().join(format!("eim-pin-mount-{}", std::process::id())),
+        unmount: true,
+    };
+    let k = KernelMaps::with_config(dir.config()).expect("maps");
+    let report = k.pin_report().expect("pinned");
+    assert!(report.mounted);
+    assert!(eim_bpf::pin::is_bpffs(&dir.path).expect("statfs"));
+    assert!(dir.path.join(eim_core::abi::map_name::PAGES).exists());
+    drop(k);
+    let k = KernelMaps::with_config(dir.config()).expect("maps");
+    let report = k.pin_report().expect("pinned");
+    assert!(!report.mounted, "already a bpffs");
+    assert!(states(&k).values().all(|s| *s == PinState::Reopened));
 }
