@@ -16,5 +16,5 @@ pub mod sys;
 
 pub use aya;
 pub use lookup::{KernelResolved, LookupResult};
-pub use maps::{Dump, KernelConfig, KernelError, KernelMaps, LOOKUP_OBJECT};
+pub use maps::{Dump, KernelConfig, KernelError, KernelMaps, MapStats, LOOKUP_OBJECT};
 pub use pin::{PinReport, PinState};

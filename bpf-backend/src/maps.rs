@@ -44,6 +44,31 @@
 //! pinned maps: aya relocates the program's map references to whatever maps
 //! it loaded. [`KernelMaps::pin_report`] says, per map, whether it was
 //! created, re-opened or recreated (and why).
+//!
+//! # Crash recovery
+//!
+//! eim's book (which file owns which slot, table and page) lives only in
+//! the process, so a later start cannot tell which entries of re-opened
+//! pins belong to a plan that was cut short by a crash. The policy is
+//! therefore to **clean**: whenever at least one pin is re-opened, every
+//! entry eim owns is removed before the maps are used, in the order an
+//! unload uses, so that a reader running meanwhile never follows a page to
+//! a missing table or a table to a cleared slot it still reads:
+//!
+//! 1. every page entry (the keys read with `LOOKUP_BATCH`, removed with one
+//!    `DELETE_BATCH`), and every interpreter-offsets entry;
+//! 2. every outer-map entry of every size class (one `DELETE_BATCH` per
+//!    class that has any, so one RCU wait each), which frees the inner
+//!    arrays the dead process left referenced only by the outer maps;
+//! 3. every non-zero `unwind_info_array` slot, zeroed with one
+//!    `UPDATE_BATCH`.
+//!
+//! The counts removed are in [`PinReport::cleaned`]. Adopting the entries
+//! instead (rebuilding a book from the maps) is out of scope: it would need
+//! the files' identities and deltas, which the maps alone do not hold in a
+//! form the book can trust after a half-applied plan. Two live processes
+//! must not share one pin directory: the second one's start cleans the
+//! first one's entries.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -191,6 +216,53 @@ pub struct Dump {
     pub live_inner_maps: usize,
 }
 
+/// How many entries eim's maps hold (or, in [`PinReport::cleaned`], how
+/// many were removed), as the kernel reports them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MapStats {
+    /// `stack_delta_page_to_info` entries.
+    pub pages: usize,
+    /// Outer-map entries (published delta tables) by size class, for the
+    /// classes that have any.
+    pub tables: BTreeMap<u16, usize>,
+    /// `unwind_info_array` slots that are not all zero.
+    pub unwind_slots: usize,
+    /// `interpreter_offsets` entries.
+    pub interpreter_offsets: usize,
+}
+
+impl MapStats {
+    /// Whether no map holds anything.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// The keys of every entry eim owns, as flat buffers per map.
+struct Keys {
+    pages: Vec<u8>,
+    interpreter_offsets: Vec<u8>,
+    /// Per size class with entries: the file ids.
+    tables: Vec<(u16, Vec<u8>)>,
+    /// Non-zero unwind slots.
+    unwind_slots: Vec<u32>,
+}
+
+impl Keys {
+    fn stats(&self) -> MapStats {
+        MapStats {
+            pages: self.pages.len() / StackDeltaPageKey::SIZE,
+            tables: self
+                .tables
+                .iter()
+                .map(|(class, keys)| (*class, keys.len() / u64::SIZE))
+                .collect(),
+            unwind_slots: self.unwind_slots.len(),
+            interpreter_offsets: self.interpreter_offsets.len() / u64::SIZE,
+        }
+    }
+}
+
 /// eim's maps in the kernel.
 pub struct KernelMaps {
     config: KernelConfig,
@@ -255,6 +327,7 @@ impl KernelMaps {
                     dir: dir.clone(),
                     mounted,
                     maps,
+                    cleaned: None,
                 })
             }
         };
@@ -267,6 +340,7 @@ impl KernelMaps {
         }
         let outer_names = &owned[3..];
         let mut ebpf = loader.load(LOOKUP_OBJECT)?;
+        let clean = pin_report.as_ref().is_some_and(PinReport::any_reopened);
         let program: &mut RawTracePoint = ebpf
             .program_mut(PROGRAM)
             .ok_or_else(|| KernelError::Missing(format!("program {PROGRAM}")))?
@@ -280,7 +354,7 @@ impl KernelMaps {
             .iter()
             .map(|(name, _)| take(&mut ebpf, name))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
+        let mut maps = Self {
             config,
             ebpf,
             pages,
@@ -291,7 +365,91 @@ impl KernelMaps {
             inner: BTreeMap::new(),
             page_keys: BTreeSet::new(),
             pin_report,
+        };
+        if clean {
+            let cleaned = maps.clean()?;
+            if let Some(report) = &mut maps.pin_report {
+                report.cleaned = Some(cleaned);
+            }
+        }
+        Ok(maps)
+    }
+
+    /// The keys of every entry eim owns (one `LOOKUP_BATCH` per map, more
+    /// for big hashes).
+    fn keys(&self) -> Result<Keys, KernelError> {
+        let (pages, _) = sys::lookup_all(
+            fd(&self.pages),
+            StackDeltaPageKey::SIZE,
+            StackDeltaPageInfo::SIZE,
+            1024,
+        )?;
+        let (interpreter_offsets, _) = sys::lookup_all(
+            fd(&self.interpreter_offsets),
+            u64::SIZE,
+            OffsetRange::SIZE,
+            64,
+        )?;
+        let mut tables = Vec::new();
+        for (class, outer) in (SIZE_CLASS_MIN..=SIZE_CLASS_MAX).zip(&self.outers) {
+            let (keys, _) = sys::lookup_all(fd(outer), u64::SIZE, u32::SIZE, 1024)?;
+            if !keys.is_empty() {
+                tables.push((class, keys));
+            }
+        }
+        let (slots, infos) = sys::lookup_all(
+            fd(&self.unwind_info),
+            u32::SIZE,
+            UnwindInfo::SIZE,
+            self.config.unwind_info as usize,
+        )?;
+        let unwind_slots = slots
+            .chunks(u32::SIZE)
+            .zip(infos.chunks(UnwindInfo::SIZE))
+            .filter(|(_, info)| info.iter().any(|b| *b != 0))
+            .filter_map(|(slot, _)| u32::read(slot))
+            .collect();
+        Ok(Keys {
+            pages,
+            interpreter_offsets,
+            tables,
+            unwind_slots,
         })
+    }
+
+    /// How many entries each map holds, as the kernel says.
+    pub fn stats(&self) -> Result<MapStats, KernelError> {
+        Ok(self.keys()?.stats())
+    }
+
+    /// Removes every entry eim owns, top-down (see "Crash recovery" in the
+    /// module documentation), and says how many of each.
+    fn clean(&mut self) -> Result<MapStats, KernelError> {
+        let keys = self.keys()?;
+        let stats = keys.stats();
+        sys::delete_batch(fd(&self.pages), &keys.pages, stats.pages)?;
+        sys::delete_batch(
+            fd(&self.interpreter_offsets),
+            &keys.interpreter_offsets,
+            stats.interpreter_offsets,
+        )?;
+        for (class, files) in &keys.tables {
+            if let Some(outer) = self.outer(*class) {
+                sys::delete_batch(fd(outer), files, files.len() / u64::SIZE)?;
+            }
+        }
+        let slots = flatten(keys.unwind_slots.iter().copied());
+        let zeros = vec![0u8; keys.unwind_slots.len() * UnwindInfo::SIZE];
+        sys::update_batch(
+            fd(&self.unwind_info),
+            &slots,
+            &zeros,
+            keys.unwind_slots.len(),
+            0,
+        )?;
+        self.inner.clear();
+        self.page_keys.clear();
+        Ok(stats)
     }
 
     pub fn config(&self) -> &KernelConfig {

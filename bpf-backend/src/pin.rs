@@ -15,7 +15,7 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::maps::KernelError;
+use crate::maps::{KernelError, MapStats};
 use crate::sys::{self, MapInfo};
 
 /// `BPF_FS_MAGIC`: the `f_type` of a bpffs in `statfs`.
@@ -68,6 +68,9 @@ pub struct PinReport {
     pub mounted: bool,
     /// Every map eim owns, by name, in creation order.
     pub maps: Vec<(String, PinState)>,
+    /// What was removed from the re-opened maps (`None` when no pin was
+    /// re-opened): see "Crash recovery" in [`crate::maps`].
+    pub cleaned: Option<MapStats>,
 }
 
 impl PinReport {
