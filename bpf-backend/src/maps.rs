@@ -1,0 +1,694 @@
+//! [`KernelMaps`]: eim's maps in the running kernel, and the [`Backend`]
+//! that applies [`MapOp`]s to them.
+//!
+//! The maps come from the committed lookup object (`bpf/lookup.bpf.o`,
+//! embedded): loading it with aya creates the 19 maps from their BTF
+//! definitions (the outer maps with their inner templates, which aya cannot
+//! create on its own) and the lookup program, which [`KernelMaps::lookup`]
+//! runs with `BPF_PROG_TEST_RUN`.
+//!
+//! Every op is carried out exactly as `eim_sim::SimMaps` simulates it, with
+//! the batch syscalls of [`crate::sys`]:
+//!
+//! * `PutUnwindInfos`: one `UPDATE_BATCH`; on failure `done` is the kernel's
+//!   processed count.
+//! * `PutDeltaTable`: create the inner ARRAY of 2^class entries, fill it with
+//!   one `UPDATE_BATCH`, publish it with one `BPF_NOEXIST` update of the
+//!   outer map. All or nothing: on any failure the new inner fd is closed
+//!   (freeing the unpublished array) and `done` is 0. On success the fd is
+//!   kept, per (class, file id), so that reading and deleting the table never
+//!   needs `HashOfMaps::get` (which needs CAP_SYS_ADMIN).
+//! * `PutPages`: a batch cannot ask for `BPF_NOEXIST`, so absence is checked
+//!   against the page keys this backend wrote (no syscall per key); the
+//!   absent prefix is written with one `UPDATE_BATCH`, and `EEXIST` is
+//!   reported at the first present (or repeated) key.
+//! * `DeletePages`: one `DELETE_BATCH` (stops at the first missing key).
+//! * `DeleteDeltaTable`, interpreter offsets: one single-element call.
+//!
+//! The page-key set assumes this backend is the only writer of the page
+//! map, which holds for maps it created itself.
+//!
+//! # Pinning
+//!
+//! With [`KernelConfig::pin_dir`] set, the 19 maps eim owns (the page map,
+//! the unwind-info array, the interpreter offsets and the 16 outer maps;
+//! not the lookup program's private result map) live pinned by name in that
+//! directory, on a bpffs that is mounted there if needed
+//! ([`crate::pin::ensure_bpffs`]). Each pin found there is checked against
+//! the expected type, key size, value size and max_entries and unpinned if
+//! it differs ([`crate::pin::check_pin`]); the pin paths are then given to
+//! aya with `EbpfLoader::map_pin_path`, which re-opens a pin that exists and
+//! otherwise creates the map and pins it. Loading the object that way (rather
+//! than loading it and then swapping in maps opened with
+//! `MapData::from_pin`) is what makes the lookup program itself read the
+//! pinned maps: aya relocates the program's map references to whatever maps
+//! it loaded. [`KernelMaps::pin_report`] says, per map, whether it was
+//! created, re-opened or recreated (and why).
+//!
+//! # Crash recovery
+//!
+//! eim's book (which file owns which slot, table and page) lives only in
+//! the process, so a later start cannot tell which entries of re-opened
+//! pins belong to a plan that was cut short by a crash. The policy is
+//! therefore to **clean**: whenever at least one pin is re-opened, every
+//! entry eim owns is removed before the maps are used, in the order an
+//! unload uses, so that a reader running meanwhile never follows a page to
+//! a missing table or a table to a cleared slot it still reads:
+//!
+//! 1. every page entry (the keys read with `LOOKUP_BATCH`, removed with one
+//!    `DELETE_BATCH`), and every interpreter-offsets entry;
+//! 2. every outer-map entry of every size class (one `DELETE_BATCH` per
+//!    class that has any, so one RCU wait each), which frees the inner
+//!    arrays the dead process left referenced only by the outer maps;
+//! 3. every non-zero `unwind_info_array` slot, zeroed with one
+//!    `UPDATE_BATCH`.
+//!
+//! The counts removed are in [`PinReport::cleaned`]. Adopting the entries
+//! instead (rebuilding a book from the maps) is out of scope: it would need
+//! the files' identities and deltas, which the maps alone do not hold in a
+//! form the book can trust after a half-applied plan. Two live processes
+//! must not share one pin directory: the second one's start cleans the
+//! first one's entries.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+
+use aya::maps::{Map, MapData};
+use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun};
+use aya::{Ebpf, EbpfLoader};
+use eim_core::abi::{
+    self, capacity, OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo,
+    Wire, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
+};
+use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
+use eim_core::FileId;
+
+use crate::lookup::{LookupResult, RESULT_SIZE};
+use crate::pin::{self, MapShape, PinReport};
+use crate::sys::{self, SysError};
+
+/// The compiled lookup program and map definitions (`bpf/build.sh`).
+pub static LOOKUP_OBJECT: &[u8] = include_bytes!("../../bpf/lookup.bpf.o");
+
+const PROGRAM: &str = "eim_lookup";
+const RESULT_MAP: &str = "eim_lookup_result";
+
+/// Capacities of the maps (the object's values are the defaults; tests use
+/// tiny ones to reach the limits), and where to pin them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelConfig {
+    pub unwind_info: u32,
+    pub interpreter_offsets: u32,
+    pub pages: u32,
+    pub outer: u32,
+    /// A directory to pin the maps in (for example `/sys/fs/bpf/eim`), or
+    /// `None` for maps that live only as long as this process holds them.
+    /// See the module documentation.
+    pub pin_dir: Option<PathBuf>,
+}
+
+impl Default for KernelConfig {
+    fn default() -> Self {
+        Self {
+            unwind_info: capacity::UNWIND_INFO,
+            interpreter_offsets: capacity::INTERPRETER_OFFSETS,
+            pages: capacity::PAGES,
+            outer: capacity::OUTER,
+            pin_dir: None,
+        }
+    }
+}
+
+impl KernelConfig {
+    /// The maps eim owns, by name, with the shape each must have.
+    pub fn owned_maps(&self) -> Vec<(String, MapShape)> {
+        let shape = |map_type, key: usize, value: usize, max_entries| MapShape {
+            map_type,
+            key_size: key as u32,
+            value_size: value as u32,
+            max_entries,
+        };
+        let mut maps = vec![
+            (
+                abi::map_name::PAGES.to_string(),
+                shape(
+                    sys::map_type::HASH,
+                    StackDeltaPageKey::SIZE,
+                    StackDeltaPageInfo::SIZE,
+                    self.pages,
+                ),
+            ),
+            (
+                abi::map_name::UNWIND_INFO.to_string(),
+                shape(
+                    sys::map_type::ARRAY,
+                    u32::SIZE,
+                    UnwindInfo::SIZE,
+                    self.unwind_info,
+                ),
+            ),
+            (
+                abi::map_name::INTERPRETER_OFFSETS.to_string(),
+                shape(
+                    sys::map_type::HASH,
+                    u64::SIZE,
+                    OffsetRange::SIZE,
+                    self.interpreter_offsets,
+                ),
+            ),
+        ];
+        maps.extend((SIZE_CLASS_MIN..=SIZE_CLASS_MAX).map(|class| {
+            (
+                abi::map_name::outer(class),
+                shape(
+                    sys::map_type::HASH_OF_MAPS,
+                    u64::SIZE,
+                    u32::SIZE,
+                    self.outer,
+                ),
+            )
+        }));
+        maps
+    }
+}
+
+/// Why the maps could not be created or read.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("loading the lookup object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("loading the lookup program: {0}")]
+    Program(#[from] aya::programs::ProgramError),
+    #[error("the lookup object has no {0}")]
+    Missing(String),
+    #[error(transparent)]
+    Sys(#[from] SysError),
+    #[error("outer map of class {class} holds file {file_id} with map id {id}, which this backend does not hold")]
+    Untracked {
+        class: u16,
+        file_id: FileId,
+        id: u32,
+    },
+    #[error("the lookup result could not be decoded")]
+    Result,
+    #[error("{what} {}: {source}", path.display())]
+    Pin {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Every map's contents, decoded into the shapes `eim_sim::SimMaps`
+/// exposes, for differential tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dump {
+    pub pages: BTreeMap<StackDeltaPageKey, StackDeltaPageInfo>,
+    /// Published delta arrays by (class, file id): their capacity and their
+    /// entries up to the last non-zero one (what `InnerTable::entries` gives).
+    pub delta_tables: BTreeMap<(u16, FileId), (u32, Vec<StackDelta>)>,
+    /// Every `unwind_info_array` slot.
+    pub unwind_infos: Vec<UnwindInfo>,
+    pub interpreter_offsets: BTreeMap<FileId, OffsetRange>,
+    /// Inner arrays kept alive by this backend.
+    pub live_inner_maps: usize,
+}
+
+/// How many entries eim's maps hold (or, in [`PinReport::cleaned`], how
+/// many were removed), as the kernel reports them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MapStats {
+    /// `stack_delta_page_to_info` entries.
+    pub pages: usize,
+    /// Outer-map entries (published delta tables) by size class, for the
+    /// classes that have any.
+    pub tables: BTreeMap<u16, usize>,
+    /// `unwind_info_array` slots that are not all zero.
+    pub unwind_slots: usize,
+    /// `interpreter_offsets` entries.
+    pub interpreter_offsets: usize,
+}
+
+impl MapStats {
+    /// Whether no map holds anything.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// The keys of every entry eim owns, as flat buffers per map.
+struct Keys {
+    pages: Vec<u8>,
+    interpreter_offsets: Vec<u8>,
+    /// Per size class with entries: the file ids.
+    tables: Vec<(u16, Vec<u8>)>,
+    /// Non-zero unwind slots.
+    unwind_slots: Vec<u32>,
+}
+
+impl Keys {
+    fn stats(&self) -> MapStats {
+        MapStats {
+            pages: self.pages.len() / StackDeltaPageKey::SIZE,
+            tables: self
+                .tables
+                .iter()
+                .map(|(class, keys)| (*class, keys.len() / u64::SIZE))
+                .collect(),
+            unwind_slots: self.unwind_slots.len(),
+            interpreter_offsets: self.interpreter_offsets.len() / u64::SIZE,
+        }
+    }
+}
+
+/// eim's maps in the kernel.
+pub struct KernelMaps {
+    config: KernelConfig,
+    ebpf: Ebpf,
+    pages: MapData,
+    unwind_info: MapData,
+    interpreter_offsets: MapData,
+    outers: Vec<MapData>,
+    result: MapData,
+    /// The inner array published for each (class, file id).
+    inner: BTreeMap<(u16, FileId), OwnedFd>,
+    /// The page keys present in the page map.
+    page_keys: BTreeSet<StackDeltaPageKey>,
+    pin_report: Option<PinReport>,
+}
+
+fn take(ebpf: &mut Ebpf, name: &str) -> Result<MapData, KernelError> {
+    match ebpf.take_map(name) {
+        Some(Map::HashMap(m) | Map::Array(m) | Map::HashOfMaps(m)) => Ok(m),
+        _ => Err(KernelError::Missing(format!("map {name}"))),
+    }
+}
+
+fn fd(map: &MapData) -> BorrowedFd<'_> {
+    map.fd().as_fd()
+}
+
+fn failure(e: SysError) -> OpFailure {
+    OpFailure::new(Errno(e.errno), e.processed)
+}
+
+fn flatten<T: Wire>(items: impl Iterator<Item = T>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for item in items {
+        out.extend_from_slice(&item.to_bytes());
+    }
+    out
+}
+
+impl KernelMaps {
+    /// Creates fresh maps with the default capacities and loads the lookup
+    /// program.
+    pub fn new() -> Result<Self, KernelError> {
+        Self::with_config(KernelConfig::default())
+    }
+
+    /// Creates the maps with the given capacities (fresh ones, or the ones
+    /// pinned in `config.pin_dir`, see the module documentation).
+    pub fn with_config(config: KernelConfig) -> Result<Self, KernelError> {
+        let owned = config.owned_maps();
+        let pin_report = match &config.pin_dir {
+            None => None,
+            Some(dir) => {
+                let mounted = pin::ensure_bpffs(dir)?;
+                let maps = owned
+                    .iter()
+                    .map(|(name, shape)| {
+                        Ok((name.clone(), pin::check_pin(&dir.join(name), shape)?))
+                    })
+                    .collect::<Result<Vec<_>, KernelError>>()?;
+                Some(PinReport {
+                    dir: dir.clone(),
+                    mounted,
+                    maps,
+                    cleaned: None,
+                })
+            }
+        };
+        let mut loader = EbpfLoader::new();
+        for (name, shape) in &owned {
+            loader.map_max_entries(name, shape.max_entries);
+            if let Some(dir) = &config.pin_dir {
+                loader.map_pin_path(name, dir.join(name));
+            }
+        }
+        let outer_names = &owned[3..];
+        let mut ebpf = loader.load(LOOKUP_OBJECT)?;
+        let clean = pin_report.as_ref().is_some_and(PinReport::any_reopened);
+        let program: &mut RawTracePoint = ebpf
+            .program_mut(PROGRAM)
+            .ok_or_else(|| KernelError::Missing(format!("program {PROGRAM}")))?
+            .try_into()?;
+        program.load()?;
+        let pages = take(&mut ebpf, abi::map_name::PAGES)?;
+        let unwind_info = take(&mut ebpf, abi::map_name::UNWIND_INFO)?;
+        let interpreter_offsets = take(&mut ebpf, abi::map_name::INTERPRETER_OFFSETS)?;
+        let result = take(&mut ebpf, RESULT_MAP)?;
+        let outers = outer_names
+            .iter()
+            .map(|(name, _)| take(&mut ebpf, name))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut maps = Self {
+            config,
+            ebpf,
+            pages,
+            unwind_info,
+            interpreter_offsets,
+            outers,
+            result,
+            inner: BTreeMap::new(),
+            page_keys: BTreeSet::new(),
+            pin_report,
+        };
+        if clean {
+            let cleaned = maps.clean()?;
+            if let Some(report) = &mut maps.pin_report {
+                report.cleaned = Some(cleaned);
+            }
+        }
+        Ok(maps)
+    }
+
+    /// The keys of every entry eim owns (one `LOOKUP_BATCH` per map, more
+    /// for big hashes).
+    fn keys(&self) -> Result<Keys, KernelError> {
+        let (pages, _) = sys::lookup_all(
+            fd(&self.pages),
+            StackDeltaPageKey::SIZE,
+            StackDeltaPageInfo::SIZE,
+            1024,
+        )?;
+        let (interpreter_offsets, _) = sys::lookup_all(
+            fd(&self.interpreter_offsets),
+            u64::SIZE,
+            OffsetRange::SIZE,
+            64,
+        )?;
+        let mut tables = Vec::new();
+        for (class, outer) in (SIZE_CLASS_MIN..=SIZE_CLASS_MAX).zip(&self.outers) {
+            let (keys, _) = sys::lookup_all(fd(outer), u64::SIZE, u32::SIZE, 1024)?;
+            if !keys.is_empty() {
+                tables.push((class, keys));
+            }
+        }
+        let (slots, infos) = sys::lookup_all(
+            fd(&self.unwind_info),
+            u32::SIZE,
+            UnwindInfo::SIZE,
+            self.config.unwind_info as usize,
+        )?;
+        let unwind_slots = slots
+            .chunks(u32::SIZE)
+            .zip(infos.chunks(UnwindInfo::SIZE))
+            .filter(|(_, info)| info.iter().any(|b| *b != 0))
+            .filter_map(|(slot, _)| u32::read(slot))
+            .collect();
+        Ok(Keys {
+            pages,
+            interpreter_offsets,
+            tables,
+            unwind_slots,
+        })
+    }
+
+    /// How many entries each map holds, as the kernel says.
+    pub fn stats(&self) -> Result<MapStats, KernelError> {
+        Ok(self.keys()?.stats())
+    }
+
+    /// Removes every entry eim owns, top-down (see "Crash recovery" in the
+    /// module documentation), and says how many of each.
+    fn clean(&mut self) -> Result<MapStats, KernelError> {
+        let keys = self.keys()?;
+        let stats = keys.stats();
+        sys::delete_batch(fd(&self.pages), &keys.pages, stats.pages)?;
+        sys::delete_batch(
+            fd(&self.interpreter_offsets),
+            &keys.interpreter_offsets,
+            stats.interpreter_offsets,
+        )?;
+        for (class, files) in &keys.tables {
+            if let Some(outer) = self.outer(*class) {
+                sys::delete_batch(fd(outer), files, files.len() / u64::SIZE)?;
+            }
+        }
+        let slots = flatten(keys.unwind_slots.iter().copied());
+        let zeros = vec![0u8; keys.unwind_slots.len() * UnwindInfo::SIZE];
+        sys::update_batch(
+            fd(&self.unwind_info),
+            &slots,
+            &zeros,
+            keys.unwind_slots.len(),
+            0,
+        )?;
+        self.inner.clear();
+        self.page_keys.clear();
+        Ok(stats)
+    }
+
+    pub fn config(&self) -> &KernelConfig {
+        &self.config
+    }
+
+    /// How the pinned maps were opened (`None` without a pin directory).
+    pub fn pin_report(&self) -> Option<&PinReport> {
+        self.pin_report.as_ref()
+    }
+
+    fn outer(&self, class: u16) -> Option<&MapData> {
+        self.outers
+            .get(usize::from(class.checked_sub(SIZE_CLASS_MIN)?))
+    }
+
+    /// The fd of the inner array published for `file_id` in `class`.
+    pub fn inner_fd(&self, class: u16, file_id: FileId) -> Option<BorrowedFd<'_>> {
+        self.inner.get(&(class, file_id)).map(AsFd::as_fd)
+    }
+
+    /// The fds of eim's maps, for tests that poke at the kernel directly:
+    /// pages, unwind infos, interpreter offsets, and the outer map of `class`.
+    pub fn page_map_fd(&self) -> BorrowedFd<'_> {
+        fd(&self.pages)
+    }
+    pub fn unwind_info_fd(&self) -> BorrowedFd<'_> {
+        fd(&self.unwind_info)
+    }
+    pub fn interpreter_offsets_fd(&self) -> BorrowedFd<'_> {
+        fd(&self.interpreter_offsets)
+    }
+    pub fn outer_fd(&self, class: u16) -> Option<BorrowedFd<'_>> {
+        self.outer(class).map(fd)
+    }
+
+    fn put_delta_table(
+        &mut self,
+        file_id: FileId,
+        class: u16,
+        deltas: &[StackDelta],
+    ) -> Result<(), OpFailure> {
+        let fail = |errno: i32| OpFailure::new(Errno(errno), 0);
+        let outer = self.outer(class).ok_or(fail(libc::EINVAL))?;
+        let entries = abi::class_entries(class).ok_or(fail(libc::EINVAL))?;
+        let count = u32::try_from(deltas.len()).map_err(|_| fail(libc::E2BIG))?;
+        let inner = sys::map_create(&sys::MapSpec {
+            map_type: sys::map_type::ARRAY,
+            key_size: u32::SIZE as u32,
+            value_size: StackDelta::SIZE as u32,
+            max_entries: entries,
+            map_flags: 0,
+            inner_map: None,
+            name: "eim_deltas",
+        })
+        .map_err(|e| fail(e.errno))?;
+        let keys = flatten(0..count);
+        let values = flatten(deltas.iter().copied());
+        // On any failure below, `inner` is dropped: its fd closes and the
+        // unpublished array is freed.
+        sys::update_batch(inner.as_fd(), &keys, &values, deltas.len(), 0)
+            .map_err(|e| fail(e.errno))?;
+        let inner_id = (std::os::fd::AsRawFd::as_raw_fd(&inner) as u32).to_le_bytes();
+        sys::update_elem(
+            fd(outer),
+            &file_id.0.to_bytes(),
+            &inner_id,
+            sys::BPF_NOEXIST,
+        )
+        .map_err(|e| fail(e.errno))?;
+        self.inner.insert((class, file_id), inner);
+        Ok(())
+    }
+
+    fn put_pages(
+        &mut self,
+        pages: &[(StackDeltaPageKey, StackDeltaPageInfo)],
+    ) -> Result<(), OpFailure> {
+        let mut seen = BTreeSet::new();
+        let absent = pages
+            .iter()
+            .position(|(key, _)| !seen.insert(*key) || self.page_keys.contains(key))
+            .unwrap_or(pages.len());
+        let prefix = &pages[..absent];
+        let keys = flatten(prefix.iter().map(|(k, _)| *k));
+        let values = flatten(prefix.iter().map(|(_, v)| *v));
+        let written = sys::update_batch(fd(&self.pages), &keys, &values, prefix.len(), 0);
+        let done = match &written {
+            Ok(()) => prefix.len(),
+            Err(e) => e.processed.min(prefix.len()),
+        };
+        self.page_keys
+            .extend(prefix[..done].iter().map(|(k, _)| *k));
+        written.map_err(failure)?;
+        if absent < pages.len() {
+            return Err(OpFailure::new(Errno::EEXIST, absent));
+        }
+        Ok(())
+    }
+
+    fn delete_pages(&mut self, keys: &[StackDeltaPageKey]) -> Result<(), OpFailure> {
+        let flat = flatten(keys.iter().copied());
+        let deleted = sys::delete_batch(fd(&self.pages), &flat, keys.len());
+        let done = match &deleted {
+            Ok(()) => keys.len(),
+            Err(e) => e.processed.min(keys.len()),
+        };
+        for key in &keys[..done] {
+            self.page_keys.remove(key);
+        }
+        deleted.map_err(failure)
+    }
+
+    /// Reads every map (several batch lookups per map).
+    pub fn dump(&self) -> Result<Dump, KernelError> {
+        let mut dump = Dump {
+            live_inner_maps: self.inner.len(),
+            ..Dump::default()
+        };
+        let (k, v) = sys::lookup_all(
+            fd(&self.pages),
+            StackDeltaPageKey::SIZE,
+            StackDeltaPageInfo::SIZE,
+            1024,
+        )?;
+        for (k, v) in k
+            .chunks(StackDeltaPageKey::SIZE)
+            .zip(v.chunks(StackDeltaPageInfo::SIZE))
+        {
+            if let (Some(k), Some(v)) = (StackDeltaPageKey::read(k), StackDeltaPageInfo::read(v)) {
+                dump.pages.insert(k, v);
+            }
+        }
+        let (_, v) = sys::lookup_all(
+            fd(&self.unwind_info),
+            u32::SIZE,
+            UnwindInfo::SIZE,
+            self.config.unwind_info as usize,
+        )?;
+        dump.unwind_infos = v
+            .chunks(UnwindInfo::SIZE)
+            .filter_map(UnwindInfo::read)
+            .collect();
+        let (k, v) = sys::lookup_all(
+            fd(&self.interpreter_offsets),
+            u64::SIZE,
+            OffsetRange::SIZE,
+            64,
+        )?;
+        for (k, v) in k.chunks(u64::SIZE).zip(v.chunks(OffsetRange::SIZE)) {
+            if let (Some(k), Some(v)) = (u64::read(k), OffsetRange::read(v)) {
+                dump.interpreter_offsets.insert(FileId(k), v);
+            }
+        }
+        for (class, outer) in (SIZE_CLASS_MIN..=SIZE_CLASS_MAX).zip(&self.outers) {
+            let (k, v) = sys::lookup_all(fd(outer), u64::SIZE, u32::SIZE, 1024)?;
+            for (k, v) in k.chunks(u64::SIZE).zip(v.chunks(u32::SIZE)) {
+                let (Some(file), Some(id)) = (u64::read(k), u32::read(v)) else {
+                    continue;
+                };
+                let file_id = FileId(file);
+                // The outer map reads back map ids: the table must be the
+                // one this backend holds.
+                let inner = self
+                    .inner
+                    .get(&(class, file_id))
+                    .filter(|inner| sys::map_info(inner.as_fd()).is_ok_and(|info| info.id == id))
+                    .ok_or(KernelError::Untracked { class, file_id, id })?;
+                let entries = abi::class_entries(class).unwrap_or(0);
+                let (_, values) =
+                    sys::lookup_all(inner.as_fd(), u32::SIZE, StackDelta::SIZE, entries as usize)?;
+                let mut deltas: Vec<StackDelta> = values
+                    .chunks(StackDelta::SIZE)
+                    .filter_map(StackDelta::read)
+                    .collect();
+                while deltas.last() == Some(&StackDelta::default()) {
+                    deltas.pop();
+                }
+                dump.delta_tables
+                    .insert((class, file_id), (entries, deltas));
+            }
+        }
+        Ok(dump)
+    }
+
+    /// Runs the lookup program for `address` of `file_id`
+    /// (`BPF_PROG_TEST_RUN`, then one lookup of the result map).
+    pub fn lookup(&self, file_id: FileId, address: u64) -> Result<LookupResult, KernelError> {
+        let program: &RawTracePoint = self
+            .ebpf
+            .program(PROGRAM)
+            .ok_or_else(|| KernelError::Missing(format!("program {PROGRAM}")))?
+            .try_into()?;
+        let mut opts = RawTracePointRunOptions::new();
+        opts.args[0] = file_id.0;
+        opts.args[1] = address;
+        let run = program.test_run(opts)?;
+        let bytes = sys::lookup_elem(fd(&self.result), &0u32.to_le_bytes(), RESULT_SIZE)?
+            .ok_or(KernelError::Result)?;
+        LookupResult::decode(run.return_value, &bytes).ok_or(KernelError::Result)
+    }
+}
+
+impl Backend for KernelMaps {
+    fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
+        match op {
+            MapOp::PutUnwindInfos(infos) => {
+                let keys = flatten(infos.iter().map(|(slot, _)| u32::from(*slot)));
+                let values = flatten(infos.iter().map(|(_, info)| *info));
+                sys::update_batch(fd(&self.unwind_info), &keys, &values, infos.len(), 0)
+                    .map_err(failure)
+            }
+            MapOp::PutDeltaTable {
+                file_id,
+                map_id,
+                deltas,
+            } => self.put_delta_table(*file_id, *map_id, deltas),
+            MapOp::PutPages(pages) => self.put_pages(pages),
+            MapOp::DeletePages(keys) => self.delete_pages(keys),
+            MapOp::DeleteDeltaTable { file_id, map_id } => {
+                let outer = self
+                    .outer(*map_id)
+                    .ok_or(OpFailure::new(Errno::EINVAL, 0))?;
+                sys::delete_elem(fd(outer), &file_id.0.to_bytes())
+                    .map_err(|e| OpFailure::new(Errno(e.errno), 0))?;
+                self.inner.remove(&(*map_id, *file_id));
+                Ok(())
+            }
+            MapOp::PutInterpreterOffsets { file_id, range } => sys::update_elem(
+                fd(&self.interpreter_offsets),
+                &file_id.0.to_bytes(),
+                &range.to_bytes(),
+                sys::BPF_ANY,
+            )
+            .map_err(|e| OpFailure::new(Errno(e.errno), 0)),
+            MapOp::DeleteInterpreterOffsets { file_id } => {
+                sys::delete_elem(fd(&self.interpreter_offsets), &file_id.0.to_bytes())
+                    .map_err(|e| OpFailure::new(Errno(e.errno), 0))
+            }
+        }
+    }
+}

@@ -1,0 +1,607 @@
+//! A thin wrapper over the raw `bpf()` syscall for what aya 0.14 lacks:
+//! batch update / delete / lookup, and map creation with `inner_map_fd`
+//! (outer maps) and a chosen name. Plus the single-element calls the
+//! backend needs on maps it holds by fd, and `BPF_OBJ_GET_INFO_BY_FD`.
+//!
+//! Every call goes through [`bpf`], which counts it ([`syscalls`]), so that
+//! tests and benchmarks can state how many syscalls an operation costs.
+//!
+//! Errors carry the errno and, for batch calls, how many elements the
+//! kernel processed before it stopped (it writes that count back into the
+//! attribute even on failure).
+
+use std::ffi::c_void;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// `bpf()` commands used here (`enum bpf_cmd`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Cmd {
+    MapCreate = 0,
+    MapLookupElem = 1,
+    MapUpdateElem = 2,
+    MapDeleteElem = 3,
+    ObjGet = 7,
+    ObjGetInfoByFd = 15,
+    MapLookupBatch = 24,
+    MapUpdateBatch = 26,
+    MapDeleteBatch = 27,
+}
+
+/// Map types used here (`enum bpf_map_type`).
+pub mod map_type {
+    pub const HASH: u32 = 1;
+    pub const ARRAY: u32 = 2;
+    pub const HASH_OF_MAPS: u32 = 13;
+}
+
+/// Element flags of single-element updates.
+pub const BPF_ANY: u64 = 0;
+pub const BPF_NOEXIST: u64 = 1;
+pub const BPF_EXIST: u64 = 2;
+/// `map_flags`: the inner-map template accepts arrays of other sizes.
+pub const BPF_F_INNER_MAP: u32 = 1 << 12;
+
+/// A failed `bpf()` call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("bpf({cmd:?}): {} after {processed} elements", io::Error::from_raw_os_error(*errno))]
+pub struct SysError {
+    pub cmd: Cmd,
+    pub errno: i32,
+    /// Elements in effect before the call stopped (batch calls; 0 otherwise).
+    pub processed: usize,
+}
+
+impl SysError {
+    pub fn is(&self, errno: i32) -> bool {
+        self.errno == errno
+    }
+}
+
+static SYSCALLS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static THREAD_SYSCALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// `bpf()` calls issued through this module so far (all threads).
+pub fn syscalls() -> u64 {
+    SYSCALLS.load(Ordering::Relaxed)
+}
+
+/// `bpf()` calls issued through this module so far by the calling thread
+/// (what a test that runs beside others can attribute to its own work).
+pub fn thread_syscalls() -> u64 {
+    THREAD_SYSCALLS.with(std::cell::Cell::get)
+}
+
+/// Issues one `bpf()` call; `Err(errno)` on failure.
+///
+/// # Safety
+/// `attr` must be a valid attribute for `cmd` whose pointers are valid for
+/// what the kernel reads and writes through them.
+unsafe fn bpf<T>(cmd: Cmd, attr: &mut T) -> Result<i64, i32> {
+    SYSCALLS.fetch_add(1, Ordering::Relaxed);
+    THREAD_SYSCALLS.with(|n| n.set(n.get() + 1));
+    // SAFETY: per the function contract.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as u32 as libc::c_long,
+            attr as *mut T as *mut c_void,
+            std::mem::size_of::<T>() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO))
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `union bpf_attr` for `BPF_MAP_CREATE` (the prefix up to `map_extra`).
+#[repr(C)]
+#[derive(Default)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    inner_map_fd: u32,
+    numa_node: u32,
+    map_name: [u8; 16],
+    map_ifindex: u32,
+    btf_fd: u32,
+    btf_key_type_id: u32,
+    btf_value_type_id: u32,
+    btf_vmlinux_value_type_id: u32,
+    map_extra: u64,
+}
+
+/// `union bpf_attr` for the single-element commands.
+#[repr(C)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// `union bpf_attr` for the batch commands.
+#[repr(C)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// `union bpf_attr` for `BPF_OBJ_GET_INFO_BY_FD`.
+#[repr(C)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// `union bpf_attr` for `BPF_OBJ_GET`.
+#[repr(C)]
+struct ObjAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+
+/// The head of `struct bpf_map_info`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapInfo {
+    pub map_type: u32,
+    pub id: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub map_flags: u32,
+    pub name: [u8; 16],
+}
+
+/// What [`map_create`] creates.
+#[derive(Clone, Copy, Debug)]
+pub struct MapSpec<'a> {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub map_flags: u32,
+    /// The template of an outer map's inner maps.
+    pub inner_map: Option<BorrowedFd<'a>>,
+    /// At most 15 bytes of `[A-Za-z0-9_.]`; longer names are cut.
+    pub name: &'a str,
+}
+
+/// `BPF_MAP_CREATE`.
+pub fn map_create(spec: &MapSpec<'_>) -> Result<OwnedFd, SysError> {
+    let mut attr = MapCreateAttr {
+        map_type: spec.map_type,
+        key_size: spec.key_size,
+        value_size: spec.value_size,
+        max_entries: spec.max_entries,
+        map_flags: spec.map_flags,
+        inner_map_fd: spec.inner_map.map_or(0, |fd| fd.as_raw_fd() as u32),
+        ..Default::default()
+    };
+    let name = spec.name.as_bytes();
+    let n = name.len().min(15);
+    attr.map_name[..n].copy_from_slice(&name[..n]);
+    // SAFETY: the attribute holds no pointers.
+    let fd = unsafe { bpf(Cmd::MapCreate, &mut attr) }.map_err(|errno| SysError {
+        cmd: Cmd::MapCreate,
+        errno,
+        processed: 0,
+    })?;
+    // SAFETY: the kernel returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` for a map.
+pub fn map_info(fd: BorrowedFd<'_>) -> Result<MapInfo, SysError> {
+    let mut info = MapInfo::default();
+    let mut attr = InfoAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: std::mem::size_of::<MapInfo>() as u32,
+        info: &mut info as *mut MapInfo as u64,
+    };
+    // SAFETY: `info` is writable for `info_len` bytes.
+    unsafe { bpf(Cmd::ObjGetInfoByFd, &mut attr) }.map_err(|errno| SysError {
+        cmd: Cmd::ObjGetInfoByFd,
+        errno,
+        processed: 0,
+    })?;
+    Ok(info)
+}
+
+/// `BPF_OBJ_GET`: opens the object pinned at `path` (ENOENT when nothing
+/// is pinned there).
+pub fn obj_get(path: &std::path::Path) -> Result<OwnedFd, SysError> {
+    use std::os::unix::ffi::OsStrExt;
+    let fail = |errno| SysError {
+        cmd: Cmd::ObjGet,
+        errno,
+        processed: 0,
+    };
+    let path =
+        std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| fail(libc::EINVAL))?;
+    let mut attr = ObjAttr {
+        pathname: path.as_ptr() as u64,
+        bpf_fd: 0,
+        file_flags: 0,
+    };
+    // SAFETY: `pathname` is a NUL-terminated string that outlives the call.
+    let fd = unsafe { bpf(Cmd::ObjGet, &mut attr) }.map_err(fail)?;
+    // SAFETY: the kernel returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn elem(
+    cmd: Cmd,
+    fd: BorrowedFd<'_>,
+    key: &[u8],
+    value: *mut u8,
+    flags: u64,
+) -> Result<(), SysError> {
+    let mut attr = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        _pad: 0,
+        key: key.as_ptr() as u64,
+        value: value as u64,
+        flags,
+    };
+    // SAFETY: the caller passes key and value buffers of the map's sizes.
+    unsafe { bpf(cmd, &mut attr) }
+        .map(drop)
+        .map_err(|errno| SysError {
+            cmd,
+            errno,
+            processed: 0,
+        })
+}
+
+/// `BPF_MAP_LOOKUP_ELEM`: the value under `key` (`value_size` bytes), or
+/// `None` for ENOENT.
+pub fn lookup_elem(
+    fd: BorrowedFd<'_>,
+    key: &[u8],
+    value_size: usize,
+) -> Result<Option<Vec<u8>>, SysError> {
+    let mut value = vec![0u8; value_size];
+    match elem(Cmd::MapLookupElem, fd, key, value.as_mut_ptr(), 0) {
+        Ok(()) => Ok(Some(value)),
+        Err(e) if e.is(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `BPF_MAP_UPDATE_ELEM` (`value` must have the map's value size; for an
+/// outer map it is an inner map's fd as a `u32`).
+pub fn update_elem(
+    fd: BorrowedFd<'_>,
+    key: &[u8],
+    value: &[u8],
+    flags: u64,
+) -> Result<(), SysError> {
+    elem(
+        Cmd::MapUpdateElem,
+        fd,
+        key,
+        value.as_ptr() as *mut u8,
+        flags,
+    )
+}
+
+/// `BPF_MAP_DELETE_ELEM`.
+pub fn delete_elem(fd: BorrowedFd<'_>, key: &[u8]) -> Result<(), SysError> {
+    elem(Cmd::MapDeleteElem, fd, key, std::ptr::null_mut(), 0)
+}
+
+fn batch(
+    cmd: Cmd,
+    fd: BorrowedFd<'_>,
+    keys: *const u8,
+    values: *const u8,
+    count: usize,
+    elem_flags: u64,
+) -> Result<(), SysError> {
+    let mut attr = BatchAttr {
+        in_batch: 0,
+        out_batch: 0,
+        keys: keys as u64,
+        values: values as u64,
+        count: u32::try_from(count).map_err(|_| SysError {
+            cmd,
+            errno: libc::E2BIG,
+            processed: 0,
+        })?,
+        map_fd: fd.as_raw_fd() as u32,
+        elem_flags,
+        flags: 0,
+    };
+    // SAFETY: the callers check that the buffers hold `count` elements.
+    match unsafe { bpf(cmd, &mut attr) } {
+        Ok(_) => Ok(()),
+        Err(errno) => Err(SysError {
+            cmd,
+            errno,
+            processed: attr.count as usize,
+        }),
+    }
+}
+
+fn check_len(cmd: Cmd, buf: &[u8], count: usize, size: usize) -> Result<(), SysError> {
+    if size == 0 || buf.len() != count * size {
+        return Err(SysError {
+            cmd,
+            errno: libc::EINVAL,
+            processed: 0,
+        });
+    }
+    Ok(())
+}
+
+/// `BPF_MAP_UPDATE_BATCH`: `count` keys and values, end to end. The
+/// kernel stops at the first failing element; `processed` counts the ones
+/// written before it. `elem_flags` may only be 0 or `BPF_F_LOCK`.
+/// An empty batch issues no syscall.
+pub fn update_batch(
+    fd: BorrowedFd<'_>,
+    keys: &[u8],
+    values: &[u8],
+    count: usize,
+    elem_flags: u64,
+) -> Result<(), SysError> {
+    if count == 0 {
+        return Ok(());
+    }
+    check_len(Cmd::MapUpdateBatch, keys, count, keys.len() / count)?;
+    check_len(Cmd::MapUpdateBatch, values, count, values.len() / count)?;
+    batch(
+        Cmd::MapUpdateBatch,
+        fd,
+        keys.as_ptr(),
+        values.as_ptr(),
+        count,
+        elem_flags,
+    )
+}
+
+/// `BPF_MAP_DELETE_BATCH`: stops at the first missing key (ENOENT) with
+/// `processed` keys deleted. Not supported by ARRAY maps (ENOTSUPP).
+/// An empty batch issues no syscall.
+pub fn delete_batch(fd: BorrowedFd<'_>, keys: &[u8], count: usize) -> Result<(), SysError> {
+    if count == 0 {
+        return Ok(());
+    }
+    check_len(Cmd::MapDeleteBatch, keys, count, keys.len() / count)?;
+    batch(
+        Cmd::MapDeleteBatch,
+        fd,
+        keys.as_ptr(),
+        std::ptr::null(),
+        count,
+        0,
+    )
+}
+
+/// Every entry of a map with `BPF_MAP_LOOKUP_BATCH`, as flat key and value
+/// buffers (`n * key_size` and `n * value_size` bytes), `chunk` entries per
+/// call (grown when a hash bucket does not fit, ENOSPC).
+pub fn lookup_all(
+    fd: BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+    chunk: usize,
+) -> Result<(Vec<u8>, Vec<u8>), SysError> {
+    let cmd = Cmd::MapLookupBatch;
+    let mut chunk = chunk.max(1);
+    let mut all_keys = Vec::new();
+    let mut all_values = Vec::new();
+    // The batch token: a bucket index for hashes, a key for arrays.
+    let token_size = key_size.max(8);
+    let mut in_token = vec![0u8; token_size];
+    let mut out_token = vec![0u8; token_size];
+    let mut first = true;
+    loop {
+        let mut keys = vec![0u8; chunk * key_size];
+        let mut values = vec![0u8; chunk * value_size];
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { in_token.as_ptr() as u64 },
+            out_batch: out_token.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: chunk as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: the buffers hold `chunk` keys and values and a token.
+        let result = unsafe { bpf(cmd, &mut attr) };
+        let got = attr.count as usize;
+        match result {
+            Ok(_) | Err(libc::ENOENT) => {
+                all_keys.extend_from_slice(&keys[..got * key_size]);
+                all_values.extend_from_slice(&values[..got * value_size]);
+                if result.is_err() {
+                    return Ok((all_keys, all_values));
+                }
+            }
+            Err(libc::ENOSPC) if got == 0 && chunk < (1 << 24) => {
+                chunk *= 2;
+                continue;
+            }
+            Err(errno) => {
+                return Err(SysError {
+                    cmd,
+                    errno,
+                    processed: all_keys.len() / key_size.max(1),
+                })
+            }
+        }
+        first = false;
+        std::mem::swap(&mut in_token, &mut out_token);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    /// Creates a map, or `None` (with a loud note) without BPF privileges.
+    fn create(map_type: u32, key: u32, value: u32, entries: u32) -> Option<OwnedFd> {
+        match map_create(&MapSpec {
+            map_type,
+            key_size: key,
+            value_size: value,
+            max_entries: entries,
+            map_flags: 0,
+            inner_map: None,
+            name: "eim_sys_test",
+        }) {
+            Ok(fd) => Some(fd),
+            Err(e) if e.is(libc::EPERM) => {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\n***** SKIPPED: bpf() is not permitted (needs root/CAP_BPF) *****"
+                );
+                assert!(
+                    std::env::var("EIM_REQUIRE_BPF").as_deref() != Ok("1"),
+                    "EIM_REQUIRE_BPF=1 but bpf() is not permitted"
+                );
+                None
+            }
+            Err(e) => panic!("map_create: {e}"),
+        }
+    }
+
+    fn flat<const N: usize>(items: impl IntoIterator<Item = [u8; N]>) -> Vec<u8> {
+        items.into_iter().flatten().collect()
+    }
+
+    #[test]
+    fn hash_batch_update_lookup_delete_and_partial_counts() {
+        let Some(map) = create(map_type::HASH, 8, 4, 4) else {
+            return;
+        };
+        let fd = map.as_fd();
+        let keys = flat((0..3u64).map(u64::to_le_bytes));
+        let values = flat((10..13u32).map(u32::to_le_bytes));
+        update_batch(fd, &keys, &values, 3, 0).expect("update");
+        let info = map_info(fd).expect("info");
+        assert_eq!(
+            (
+                info.map_type,
+                info.key_size,
+                info.value_size,
+                info.max_entries
+            ),
+            (map_type::HASH, 8, 4, 4)
+        );
+        let (k, v) = lookup_all(fd, 8, 4, 1).expect("lookup all");
+        let mut got: Vec<(u64, u32)> = k
+            .chunks(8)
+            .zip(v.chunks(4))
+            .map(|(k, v)| {
+                (
+                    u64::from_le_bytes(k.try_into().unwrap()),
+                    u32::from_le_bytes(v.try_into().unwrap()),
+                )
+            })
+            .collect();
+        got.sort();
+        assert_eq!(got, vec![(0, 10), (1, 11), (2, 12)]);
+        // Past max_entries: E2BIG after the one that still fits.
+        let more = flat((3..6u64).map(u64::to_le_bytes));
+        let err = update_batch(fd, &more, &values, 3, 0).expect_err("full");
+        assert_eq!((err.errno, err.processed), (libc::E2BIG, 1));
+        // NOEXIST is not an element flag a batch accepts.
+        let err = update_batch(fd, &keys, &values, 3, BPF_NOEXIST).expect_err("flags");
+        assert_eq!(err.errno, libc::EINVAL);
+        // Delete stops at the first missing key.
+        let del = flat([0u64, 1, 9, 2].map(u64::to_le_bytes));
+        let err = delete_batch(fd, &del, 4).expect_err("missing");
+        assert_eq!((err.errno, err.processed), (libc::ENOENT, 2));
+        assert_eq!(lookup_elem(fd, &0u64.to_le_bytes(), 4), Ok(None));
+        assert_eq!(
+            lookup_elem(fd, &2u64.to_le_bytes(), 4),
+            Ok(Some(12u32.to_le_bytes().to_vec()))
+        );
+        let before = thread_syscalls();
+        assert_eq!(update_batch(fd, &[], &[], 0, 0), Ok(()));
+        assert_eq!(thread_syscalls(), before, "an empty batch is no syscall");
+    }
+
+    #[test]
+    fn array_batches_and_an_outer_map_holding_inner_fds() {
+        let Some(template) = create(map_type::ARRAY, 4, 4, 256) else {
+            return;
+        };
+        let keys = flat((0..256u32).map(u32::to_le_bytes));
+        let values = flat((0..256u32).map(|i| (i * 3).to_le_bytes()));
+        update_batch(template.as_fd(), &keys, &values, 256, 0).expect("fill");
+        let (k, v) = lookup_all(template.as_fd(), 4, 4, 100).expect("read");
+        assert_eq!((k, v), (keys.clone(), values.clone()));
+        let err = delete_batch(template.as_fd(), &keys[..4], 1).expect_err("array");
+        assert_eq!(err.errno, 524, "ENOTSUPP");
+
+        let outer = map_create(&MapSpec {
+            map_type: map_type::HASH_OF_MAPS,
+            key_size: 8,
+            value_size: 4,
+            max_entries: 2,
+            map_flags: 0,
+            inner_map: Some(template.as_fd()),
+            name: "eim_sys_outer",
+        })
+        .expect("outer");
+        let inner_fd = (template.as_raw_fd() as u32).to_le_bytes();
+        update_elem(outer.as_fd(), &7u64.to_le_bytes(), &inner_fd, BPF_NOEXIST).expect("insert");
+        let err = update_elem(outer.as_fd(), &7u64.to_le_bytes(), &inner_fd, BPF_NOEXIST)
+            .expect_err("present");
+        assert_eq!(err.errno, libc::EEXIST);
+        // The outer map reads back map ids, not fds.
+        let id = map_info(template.as_fd()).expect("info").id;
+        assert_eq!(
+            lookup_elem(outer.as_fd(), &7u64.to_le_bytes(), 4),
+            Ok(Some(id.to_le_bytes().to_vec()))
+        );
+        // Batch insert of inner fds works too.
+        let k2 = flat([8u64].map(u64::to_le_bytes));
+        update_batch(outer.as_fd(), &k2, &inner_fd, 1, 0).expect("batch insert");
+        delete_batch(outer.as_fd(), &flat([7u64, 8].map(u64::to_le_bytes)), 2).expect("delete");
+        assert_eq!(
+            delete_elem(outer.as_fd(), &7u64.to_le_bytes()).map_err(|e| e.errno),
+            Err(libc::ENOENT)
+        );
+        // An inner array of another size is refused without BPF_F_INNER_MAP.
+        let small = create(map_type::ARRAY, 4, 4, 8).expect("small");
+        let err = update_elem(
+            outer.as_fd(),
+            &9u64.to_le_bytes(),
+            &(small.as_raw_fd() as u32).to_le_bytes(),
+            BPF_ANY,
+        )
+        .expect_err("size mismatch");
+        assert_eq!(err.errno, libc::EINVAL);
+    }
+}
