@@ -95,6 +95,7 @@ impl IntervalData {
     }
 
     /// Appends a delta known to come after every delta already present.
+    #[inline]
     pub fn add(&mut self, delta: StackDelta) {
         self.add_ex(delta, true);
     }
