@@ -96,6 +96,17 @@ impl<'a> Reader<'a> {
         [0; N]
     }
 
+    /// Runs `f` (an out-of-line slow path) on a copy of the reader and
+    /// takes its position back: the reader itself never has its address
+    /// taken, so the hot loops keep it in registers.
+    #[inline(always)]
+    pub fn detached<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        let mut copy = *self;
+        let value = f(&mut copy);
+        self.pos = copy.pos;
+        value
+    }
+
     /// The next byte, or `None` (with the position moved past the end) at
     /// the end.
     #[inline(always)]
@@ -151,7 +162,7 @@ impl<'a> Reader<'a> {
     pub fn uleb(&mut self) -> u64 {
         match self.next() {
             Some(b) if b < 0x80 => u64::from(b),
-            Some(b) => self.uleb_rest(u64::from(b & 0x7f)),
+            Some(b) => self.detached(|r| r.uleb_rest(u64::from(b & 0x7f))),
             None => 0,
         }
     }
@@ -187,7 +198,7 @@ impl<'a> Reader<'a> {
         match self.next() {
             // One byte: bit 6 is the sign.
             Some(b) if b < 0x80 => (i64::from(b) << 57) >> 57,
-            Some(b) => self.sleb_rest(i64::from(b & 0x7f)),
+            Some(b) => self.detached(|r| r.sleb_rest(i64::from(b & 0x7f))),
             None => 0,
         }
     }
@@ -255,7 +266,7 @@ impl<'a> Reader<'a> {
                 Ok(val.wrapping_add(self.vaddr))
             }
             pe::SDATA4 => Ok(self.u32() as i32 as u64),
-            _ => self.ptr_any(enc),
+            _ => self.detached(|r| r.ptr_any(enc)),
         }
     }
 

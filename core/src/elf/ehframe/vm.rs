@@ -258,6 +258,7 @@ impl Expr {
 
 /// Reads an expression operand (length and bytes). `None` if it is cut
 /// off or holds an unsupported operation: the rule is then kept.
+#[inline(never)]
 fn read_expression(r: &mut Reader<'_>) -> Option<Rule> {
     let len = r.uleb();
     let data = r.bytes(len)?;
@@ -371,28 +372,30 @@ impl<'c> Vm<'c> {
     pub fn step(&mut self, r: &mut Reader<'_>) -> Result<(), EntryError> {
         while let Some(opcode) = r.next_if_any() {
             // The three "high" opcodes carry their operand in the low bits.
-            let operand = opcode & !cfa::HIGH_MASK;
-            match opcode & cfa::HIGH_MASK {
-                cfa::ADVANCE_LOC => {
-                    self.advance(u64::from(operand));
+            // Compared in turn rather than through a jump table: these
+            // branches predict far better than one indirect jump.
+            let operand = u64::from(opcode & !cfa::HIGH_MASK);
+            if opcode >= cfa::ADVANCE_LOC {
+                if opcode < cfa::OFFSET {
+                    self.advance(operand);
                     return Ok(());
                 }
-                cfa::OFFSET => {
+                if opcode < cfa::RESTORE {
                     // Mostly callee-saved registers that are not tracked.
-                    match self.tracked(u64::from(operand)) {
-                        Some(_) => {
-                            let off = r.uleb() as i64;
-                            self.rule(u64::from(operand), REG_CFA, off);
-                        }
-                        None => r.skip_uleb(),
+                    if self.tracked(operand).is_some() {
+                        let off = r.uleb() as i64;
+                        self.rule(operand, REG_CFA, off);
+                    } else {
+                        r.skip_uleb();
                     }
-                    continue;
+                } else {
+                    self.restore(operand);
                 }
-                cfa::RESTORE => {
-                    self.restore(u64::from(operand));
-                    continue;
-                }
-                _ => {}
+                continue;
+            }
+            if opcode == cfa::DEF_CFA_OFFSET {
+                self.cur.cfa.off = r.uleb() as i64;
+                continue;
             }
             match opcode {
                 cfa::NOP | cfa::GNU_WINDOW_SAVE => {}
@@ -446,18 +449,18 @@ impl<'c> Vm<'c> {
                     self.rule(reg, base, 0);
                 }
                 cfa::REMEMBER_STATE => {
-                    let slot = self
-                        .stack
-                        .get_mut(self.depth)
-                        .ok_or(EntryError::StackOverflow(self.loc))?;
+                    // (No `ok_or`: an eagerly built error is dropped on
+                    // the hot path.)
+                    let Some(slot) = self.stack.get_mut(self.depth) else {
+                        return Err(EntryError::StackOverflow(self.loc));
+                    };
                     *slot = self.cur;
                     self.depth += 1;
                 }
                 cfa::RESTORE_STATE => {
-                    let depth = self
-                        .depth
-                        .checked_sub(1)
-                        .ok_or(EntryError::StackUnderflow(self.loc))?;
+                    let Some(depth) = self.depth.checked_sub(1) else {
+                        return Err(EntryError::StackUnderflow(self.loc));
+                    };
                     self.depth = depth;
                     if let Some(saved) = self.stack.get(depth) {
                         self.cur = *saved;
@@ -477,13 +480,13 @@ impl<'c> Vm<'c> {
                     self.cur.cfa.off = r.sleb().wrapping_mul(self.cie.data_align);
                 }
                 cfa::DEF_CFA_EXPRESSION => {
-                    if let Some(rule) = read_expression(r) {
+                    if let Some(rule) = r.detached(read_expression) {
                         self.cur.cfa = rule;
                     }
                 }
                 cfa::EXPRESSION => {
                     let reg = r.uleb();
-                    if let Some(rule) = read_expression(r) {
+                    if let Some(rule) = r.detached(read_expression) {
                         if let Some(to) = self.tracked(reg) {
                             *to = rule;
                         }

@@ -149,7 +149,10 @@ impl CieCache {
             Some((last, at)) if last == pos => at,
             _ => self.lookup(fde, pos, arch)?,
         };
-        self.cies.get(at).ok_or(EntryError::CieBeyondEnd(pos))
+        match self.cies.get(at) {
+            Some(cie) => Ok(cie),
+            None => Err(EntryError::CieBeyondEnd(pos)),
+        }
     }
 
     #[inline(never)]
