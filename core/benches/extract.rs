@@ -11,8 +11,9 @@
 //!   them), for the files whose ratio to the floor is reported;
 //! * `usr_walk/{2_threads,1_thread}`: every 64-bit ELF file under `/usr`
 //!   (collected once; unreadable and non-ELF files skipped, hard links
-//!   counted once), one pass = open + map + parse + extract of each, on
-//!   two threads (and on one, for the scaling).
+//!   counted once), one pass = open + map + parse + extract of each, the
+//!   files shared out to two threads (and on one, for the scaling), each
+//!   file extracted on its worker's thread.
 //!
 //! Test data: `$EIM_TESTDATA`, else `../../shared/testdata` from this
 //! crate. `EIM_BENCH_USR=0` skips the `/usr` walk.
@@ -25,7 +26,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use eim_core::elf::{extract, Elf};
+use eim_core::elf::ehframe::Parallelism;
+use eim_core::elf::{extract, extract_with, Elf};
 
 fn testdata() -> PathBuf {
     match std::env::var_os("EIM_TESTDATA") {
@@ -218,7 +220,8 @@ fn elf_files(root: &Path) -> Vec<PathBuf> {
     files.into_iter().map(|(_, p)| p).collect()
 }
 
-/// Open, map, parse and extract one file: its delta count.
+/// Open, map, parse and extract one file on this thread (the walk runs
+/// files side by side): its delta count.
 fn extract_path(path: &Path) -> usize {
     let Ok(file) = File::open(path) else {
         return 0;
@@ -227,7 +230,10 @@ fn extract_path(path: &Path) -> usize {
     let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
         return 0;
     };
-    extract_bytes(&map)
+    match Elf::parse(&map) {
+        Ok(elf) => extract_with(&elf, None, Parallelism::SEQUENTIAL).map_or(0, |d| d.len()),
+        Err(_) => 0,
+    }
 }
 
 /// One pass over `files` on `threads` threads: the total delta count.

@@ -135,26 +135,32 @@ impl IntervalData {
 
     /// Applies the folding rules against the tail; returns the delta if it
     /// still has to be appended.
+    #[inline]
     fn fold(&mut self, delta: StackDelta) -> Option<StackDelta> {
-        let Some(mut prev_at) = self.deltas.len().checked_sub(1) else {
-            return Some(delta);
-        };
-        let prev = self.deltas[prev_at];
-        if prev.hints & hint::GAP != 0 && prev.address.wrapping_add(MINIMUM_GAP) >= delta.address {
-            // The marker was padding between two functions.
-            match prev_at.checked_sub(1) {
-                Some(before) if self.deltas[before].info == delta.info => {
-                    self.deltas.pop();
-                    prev_at = before;
-                }
-                _ => {
-                    self.deltas[prev_at] = delta;
+        let prev = match self.deltas.as_mut_slice() {
+            [] => return Some(delta),
+            [.., before, last]
+                if last.hints & hint::GAP != 0
+                    && last.address.wrapping_add(MINIMUM_GAP) >= delta.address =>
+            {
+                // The marker was padding between two functions.
+                if !same_rule(&before.info, &delta.info) {
+                    *last = delta;
                     return None;
                 }
+                self.deltas.pop();
+                self.deltas.last_mut()?
             }
-        }
-        let prev = &mut self.deltas[prev_at];
-        if prev.info == delta.info {
+            [last]
+                if last.hints & hint::GAP != 0
+                    && last.address.wrapping_add(MINIMUM_GAP) >= delta.address =>
+            {
+                *last = delta;
+                return None;
+            }
+            [.., last] => last,
+        };
+        if same_rule(&prev.info, &delta.info) {
             prev.hints |= delta.hints & hint::KEEP;
             return None;
         }

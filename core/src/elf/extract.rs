@@ -151,6 +151,7 @@ impl FdeFilter for Filter {
         self.unsorted = true;
     }
 
+    #[inline]
     fn keep(&mut self, ip_start: u64, ip_len: u64, deltas: &mut dyn DeltaSink) -> bool {
         // Address arithmetic wraps, as upstream's uintptr does.
         let ip_end = ip_start.wrapping_add(ip_len);
