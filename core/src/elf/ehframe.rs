@@ -50,7 +50,7 @@ pub trait FdeFilter {
 /// its arguments and on the state that [`ForkFilter::same_state`]
 /// compares; `join` then gives the state walking both parts in a row
 /// gives.
-pub trait ForkFilter: FdeFilter + Clone + Send {
+pub trait ForkFilter: FdeFilter + Clone + Send + 'static {
     /// A guess of the state the walk will be in after the table entries
     /// before a part, the last of which starts at `last_ip`. A wrong
     /// guess costs time (the part is walked again), never correctness.
@@ -63,8 +63,12 @@ pub trait ForkFilter: FdeFilter + Clone + Send {
 }
 
 /// How a `.eh_frame` walk through the search table may use threads: the
-/// table is cut into at most `threads` parts of at least
-/// `min_fdes_per_part` FDEs, walked at the same time.
+/// table is cut into chunks of at least `min_fdes_per_part` FDEs (at most
+/// sixteen per thread, at least [`Parallelism::MIN_CHUNKS`]); this thread
+/// walks them from the front, `threads - 1` helpers from the back, until
+/// they meet. A helper that is slow to start (a busy machine) only means
+/// this thread walks more chunks itself: it never waits for more than the
+/// chunk a helper is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Parallelism {
     pub threads: usize,
@@ -78,11 +82,14 @@ impl Parallelism {
         min_fdes_per_part: u64::MAX,
     };
 
-    /// Below this many FDEs per part, starting a thread (tens of
-    /// microseconds) costs more than it saves.
-    pub const DEFAULT_MIN_FDES_PER_PART: u64 = 1024;
+    /// Chunks of at least this many FDEs (about 50 to 100 microseconds of
+    /// work): starting a helper costs tens of microseconds.
+    pub const DEFAULT_MIN_FDES_PER_PART: u64 = 256;
 
-    /// The machine's cores (at most 4), with the default part size.
+    /// Fewer chunks than this: no helper.
+    pub const MIN_CHUNKS: u64 = 4;
+
+    /// The machine's cores (at most 4), with the default chunk size.
     pub fn available() -> Self {
         static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
         let threads = *THREADS
@@ -93,10 +100,19 @@ impl Parallelism {
         }
     }
 
-    /// How many parts a table of `fdes` entries is cut into.
-    fn parts(self, fdes: u64) -> u64 {
+    /// How many chunks a table of `fdes` entries is cut into (1: walked
+    /// sequentially).
+    fn chunks(self, fdes: u64) -> u64 {
+        if self.threads < 2 {
+            return 1;
+        }
         let by_size = fdes / self.min_fdes_per_part.max(1);
-        by_size.min(self.threads as u64).max(1)
+        let chunks = by_size.min(16 * self.threads as u64);
+        if chunks < Self::MIN_CHUNKS.min(fdes) {
+            1
+        } else {
+            chunks.max(1)
+        }
     }
 }
 

@@ -311,6 +311,9 @@ pub(super) struct Vm<'c> {
     /// The current location (code address).
     pub loc: u64,
     pub cur: Regs,
+    /// Set whenever `cur` may have changed (the caller clears it when it
+    /// has derived the row's rule from `cur`).
+    pub changed: bool,
     stack: [Regs; STACK_DEPTH],
     depth: usize,
 }
@@ -324,6 +327,7 @@ impl<'c> Vm<'c> {
             cie,
             loc,
             cur,
+            changed: true,
             stack: [cur; STACK_DEPTH],
             depth: 0,
         }
@@ -361,8 +365,10 @@ impl<'c> Vm<'c> {
         let initial = &self.cie.initial;
         if reg == self.fp_reg {
             self.cur.fp = initial.fp;
+            self.changed = true;
         } else if reg == self.ra_reg {
             self.cur.ra = initial.ra;
+            self.changed = true;
         }
     }
 
@@ -385,6 +391,7 @@ impl<'c> Vm<'c> {
                     if self.tracked(operand).is_some() {
                         let off = r.uleb() as i64;
                         self.rule(operand, REG_CFA, off);
+                        self.changed = true;
                     } else {
                         r.skip_uleb();
                     }
@@ -393,6 +400,8 @@ impl<'c> Vm<'c> {
                 }
                 continue;
             }
+            // Whatever else comes may change a rule.
+            self.changed = true;
             if opcode == cfa::DEF_CFA_OFFSET {
                 self.cur.cfa.off = r.uleb() as i64;
                 continue;
