@@ -116,8 +116,9 @@ const SPECIAL_FUNCTIONS: [(&[u8], UnwindInfo); 6] = [
 
 fn special_function(names: &[u8], name_off: i32) -> Option<UnwindInfo> {
     let tail = names.get(usize::try_from(name_off).ok()?..)?;
-    // Every special name starts with "runtime.": most functions stop here.
-    if !tail.starts_with(b"runtime.") {
+    // Every special name starts with "runtime.": most functions stop here
+    // (most at the first byte).
+    if tail.first() != Some(&b'r') || !tail.starts_with(b"runtime.") {
         return None;
     }
     SPECIAL_FUNCTIONS

@@ -44,10 +44,15 @@ impl<'d> PcValue<'d> {
     /// An unsigned LEB128 value, truncated to 32 bits; 0 if cut short.
     #[inline(always)]
     fn varint(&mut self) -> u32 {
-        match self.rest.split_first() {
-            Some((&byte, rest)) if byte & 0x80 == 0 => {
+        // One and two bytes (nearly every value) inline.
+        match *self.rest {
+            [byte, ref rest @ ..] if byte & 0x80 == 0 => {
                 self.rest = rest;
                 u32::from(byte)
+            }
+            [low, high, ref rest @ ..] if high & 0x80 == 0 => {
+                self.rest = rest;
+                u32::from(low & 0x7f) | (u32::from(high) << 7)
             }
             _ => self.varint_long(),
         }
