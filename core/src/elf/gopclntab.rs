@@ -121,8 +121,11 @@ fn special_function(names: &[u8], name_off: i32) -> Option<UnwindInfo> {
     if tail.first() != Some(&b'r') || !tail.starts_with(b"runtime.") {
         return None;
     }
+    // The letter after "runtime." tells most of the others apart.
+    let letter = tail.get(8).copied();
     SPECIAL_FUNCTIONS
         .iter()
+        .filter(|(name, _)| name.get(8).copied() == letter)
         .find(|(name, _)| table::c_string_is(tail, 0, name))
         .map(|&(_, info)| info)
 }

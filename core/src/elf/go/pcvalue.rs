@@ -75,7 +75,7 @@ impl<'d> PcValue<'d> {
 
     /// Decodes the next step; false at the end of the table (the position is
     /// then left unchanged).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn step(&mut self) -> bool {
         match self.rest.first() {
             None | Some(0) => return false,
