@@ -430,17 +430,6 @@ impl Backend for SimMaps {
     fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
         match self.faults.next_op() {
             None => self.apply_now(op),
-            // `faults::prefix` knows only the element batches; a batch of
-            // delta tables that stops after n publishes its first n tables.
-            Some(crate::faults::Fault::StopAfter { after, errno })
-                if matches!(op, MapOp::PutDeltaTables { .. }) =>
-            {
-                let done = after.min(op.len().saturating_sub(1));
-                if let Some(head) = op.head(done) {
-                    self.apply_now(&head)?;
-                }
-                Err(OpFailure::new(errno, done))
-            }
             Some(fault) => self.apply_faulty(op, fault),
         }
     }
