@@ -64,6 +64,13 @@ impl StackDelta {
     }
 }
 
+/// `a == b`, without branches.
+#[inline(always)]
+fn same_rule(a: &UnwindInfo, b: &UnwindInfo) -> bool {
+    let bytes = |i: &UnwindInfo| u32::from_ne_bytes([i.opcode, i.fp_opcode, i.merge_opcode, i.pad]);
+    ((bytes(a) ^ bytes(b)) | (a.param ^ b.param) as u32 | (a.fp_param ^ b.fp_param) as u32) == 0
+}
+
 /// The unwind data of one file: deltas sorted by address.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IntervalData {
@@ -88,6 +95,7 @@ impl IntervalData {
     }
 
     /// Appends a delta known to come after every delta already present.
+    #[inline]
     pub fn add(&mut self, delta: StackDelta) {
         self.add_ex(delta, true);
     }
@@ -96,12 +104,27 @@ impl IntervalData {
     /// when it repeats the rule, replaces a same-address delta, or lands in
     /// the padding after an end-of-function marker. With `sorted == false`
     /// it only appends (the list is sorted and de-duplicated later).
+    #[inline(always)]
     pub fn add_ex(&mut self, mut delta: StackDelta, sorted: bool) {
         if delta.info.opcode == opcode::COMMAND {
             delta.info.fp_opcode = 0;
             delta.info.fp_param = 0;
         }
         if sorted {
+            // The common case inline: the tail is not an end marker, so
+            // only the tail is compared (as `fold` does).
+            if let Some(prev) = self.deltas.last_mut() {
+                if prev.hints & hint::GAP == 0 {
+                    if same_rule(&prev.info, &delta.info) {
+                        prev.hints |= delta.hints & hint::KEEP;
+                    } else if prev.address == delta.address {
+                        *prev = delta;
+                    } else {
+                        self.deltas.push(delta);
+                    }
+                    return;
+                }
+            }
             if let Some(folded) = self.fold(delta) {
                 self.deltas.push(folded);
             }
@@ -112,26 +135,32 @@ impl IntervalData {
 
     /// Applies the folding rules against the tail; returns the delta if it
     /// still has to be appended.
+    #[inline]
     fn fold(&mut self, delta: StackDelta) -> Option<StackDelta> {
-        let Some(mut prev_at) = self.deltas.len().checked_sub(1) else {
-            return Some(delta);
-        };
-        let prev = self.deltas[prev_at];
-        if prev.hints & hint::GAP != 0 && prev.address.wrapping_add(MINIMUM_GAP) >= delta.address {
-            // The marker was padding between two functions.
-            match prev_at.checked_sub(1) {
-                Some(before) if self.deltas[before].info == delta.info => {
-                    self.deltas.pop();
-                    prev_at = before;
-                }
-                _ => {
-                    self.deltas[prev_at] = delta;
+        let prev = match self.deltas.as_mut_slice() {
+            [] => return Some(delta),
+            [.., before, last]
+                if last.hints & hint::GAP != 0
+                    && last.address.wrapping_add(MINIMUM_GAP) >= delta.address =>
+            {
+                // The marker was padding between two functions.
+                if !same_rule(&before.info, &delta.info) {
+                    *last = delta;
                     return None;
                 }
+                self.deltas.pop();
+                self.deltas.last_mut()?
             }
-        }
-        let prev = &mut self.deltas[prev_at];
-        if prev.info == delta.info {
+            [last]
+                if last.hints & hint::GAP != 0
+                    && last.address.wrapping_add(MINIMUM_GAP) >= delta.address =>
+            {
+                *last = delta;
+                return None;
+            }
+            [.., last] => last,
+        };
+        if same_rule(&prev.info, &delta.info) {
             prev.hints |= delta.hints & hint::KEEP;
             return None;
         }
@@ -163,6 +192,157 @@ impl IntervalData {
     pub fn find(&self, address: u64) -> Option<&StackDelta> {
         let after = self.deltas.partition_point(|d| d.address <= address);
         after.checked_sub(1).map(|i| &self.deltas[i])
+    }
+}
+
+/// Where appended deltas go: [`IntervalData`], or a [`Detached`] run.
+pub trait DeltaSink {
+    /// [`IntervalData::add_ex`].
+    fn add_ex(&mut self, delta: StackDelta, sorted: bool);
+}
+
+impl DeltaSink for IntervalData {
+    #[inline(always)]
+    fn add_ex(&mut self, delta: StackDelta, sorted: bool) {
+        IntervalData::add_ex(self, delta, sorted);
+    }
+}
+
+/// A run of [`IntervalData::add_ex`] appends made before the list they
+/// continue is known (a later part of an `.eh_frame` walked on another
+/// thread): the appends go to an empty list, and [`Detached::attach_to`]
+/// later puts the result behind the real list if, and only if, that gives
+/// exactly the list the same appends would have given one by one.
+///
+/// Why it is exact. An append reads and writes only the last element and,
+/// in the end-marker case (a tail with [`hint::GAP`] and the delta within
+/// [`MINIMUM_GAP`] of it), the element before; it removes at most one
+/// element; an unsorted append only pushes. Write `P` for the real list,
+/// `Z` for the run's own list.
+/// * The first appends (until `Z` holds [`Detached::LOG_LEN`] elements)
+///   are logged and, when attaching, replayed onto a copy of `P`'s last
+///   `log + 2` elements: `k` appends remove at most `k` elements and read
+///   at most two from the end, so the copy behaves as `P` itself. Call
+///   the result `P[..cut] ++ S` and the run's list at that point `Z_t`.
+/// * From there on the run records the lowest index of `Z` any append
+///   reads or writes (`floor`); an end-marker case with no element before
+///   (which `P`'s copy would have) fails the run.
+/// * If `W = Z_t[floor..]` is also the end of `S`, then `S = Q ++ W` and
+///   `Z_t = Q' ++ W` with every later append touching only the `W` part:
+///   by induction over the appends, both lists keep the same elements
+///   after `Q` (resp. `Q'`) and each append does the same to them. So the
+///   sequential list is `P[..cut] ++ Q ++ Z[floor..]`.
+///
+/// Otherwise the run is refused, `P` is left as it was, and the caller
+/// redoes the appends one by one.
+#[derive(Debug)]
+pub struct Detached {
+    data: IntervalData,
+    /// The first appends and their `sorted` flags.
+    log: Vec<(StackDelta, bool)>,
+    /// The list when the log was closed (`Z_t`); `None` while logging.
+    logged: Option<Vec<StackDelta>>,
+    /// The lowest index an append after the log touched.
+    floor: usize,
+    /// An append after the log read an element before the run.
+    reached_front: bool,
+}
+
+impl Detached {
+    /// Appends logged before `floor` is tracked (the list's length).
+    pub const LOG_LEN: usize = 4;
+
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            data: IntervalData::from_deltas(Vec::with_capacity(capacity)),
+            log: Vec::new(),
+            logged: None,
+            floor: usize::MAX,
+            reached_front: false,
+        }
+    }
+
+    /// The run's own list (as if appended to an empty list).
+    pub fn deltas(&self) -> &[StackDelta] {
+        &self.data.deltas
+    }
+
+    /// An append while the list is short: logged, or its lowest touched
+    /// index recorded.
+    #[cold]
+    fn note_front(&mut self, delta: StackDelta, sorted: bool) {
+        if self.logged.is_none() {
+            self.log.push((delta, sorted));
+            self.data.add_ex(delta, sorted);
+            if self.data.len() >= Self::LOG_LEN {
+                self.logged = Some(self.data.deltas.clone());
+            }
+            return;
+        }
+        if sorted {
+            let len = self.data.len();
+            let gap_case = self.data.deltas.last().is_some_and(|prev| {
+                prev.hints & hint::GAP != 0
+                    && prev.address.wrapping_add(MINIMUM_GAP) >= delta.address
+            });
+            let touched = if gap_case {
+                len.checked_sub(2)
+            } else {
+                len.checked_sub(1)
+            };
+            match touched {
+                Some(at) => self.floor = self.floor.min(at),
+                None => self.reached_front = true,
+            }
+        }
+        self.data.add_ex(delta, sorted);
+    }
+
+    /// Appends the run to `to` if that gives exactly what its appends,
+    /// made one by one to `to`, would give; else leaves `to` unchanged
+    /// and returns the run back.
+    pub fn attach_to(self, to: &mut IntervalData) -> Result<(), Self> {
+        if self.reached_front {
+            return Err(self);
+        }
+        let cut = to.len().saturating_sub(self.log.len() + 2);
+        let mut replayed = IntervalData::from_deltas(to.deltas[cut..].to_vec());
+        for &(delta, sorted) in &self.log {
+            replayed.add_ex(delta, sorted);
+        }
+        let (keep, from) = match &self.logged {
+            // The log is the whole run.
+            None => (replayed.len(), self.data.len()),
+            Some(logged) => {
+                let floor = self.floor.min(logged.len());
+                let common = &logged[floor..];
+                match replayed.len().checked_sub(common.len()) {
+                    Some(keep) if replayed.deltas[keep..] == *common => (keep, floor),
+                    _ => return Err(self),
+                }
+            }
+        };
+        to.deltas.truncate(cut);
+        to.deltas.extend_from_slice(&replayed.deltas[..keep]);
+        to.deltas.extend_from_slice(&self.data.deltas[from..]);
+        Ok(())
+    }
+}
+
+impl Default for Detached {
+    fn default() -> Self {
+        Self::with_capacity(0)
+    }
+}
+
+impl DeltaSink for Detached {
+    #[inline(always)]
+    fn add_ex(&mut self, delta: StackDelta, sorted: bool) {
+        if self.data.deltas.len() <= Self::LOG_LEN + 1 {
+            self.note_front(delta, sorted);
+        } else {
+            self.data.add_ex(delta, sorted);
+        }
     }
 }
 
@@ -271,5 +451,158 @@ mod tests {
         assert_eq!(data.find(0x1f).map(|x| x.info), Some(sp(8)));
         assert_eq!(data.find(0x20).map(|x| x.info), Some(sp(16)));
         assert_eq!(data.find(u64::MAX).map(|x| x.info), Some(sp(16)));
+    }
+
+    /// Splits random append sequences in two: an attached detached run
+    /// must give exactly the sequential list, and most runs attach.
+    #[test]
+    fn a_detached_run_attaches_only_when_exact() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut rand = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let rules = [info::INVALID, sp(8), sp(16), info::STOP];
+        let (mut attached, mut cases, mut naive_wrong) = (0, 0, 0);
+        for _ in 0..200_000 {
+            let longest = if rand(2) == 0 { 12 } else { 60 };
+            let len = 1 + rand(longest) as usize;
+            // Dense cases: few rules, many end markers, small steps (the
+            // folds that reach furthest back).
+            let dense = rand(2) == 0;
+            let mut address = rand(64);
+            let ops: Vec<(StackDelta, bool)> = (0..len)
+                .map(|_| {
+                    // Mostly increasing, within the end-marker padding,
+                    // sometimes equal or going back.
+                    address = match rand(8) {
+                        0 => address.wrapping_sub(rand(20)),
+                        1 => address,
+                        _ if dense => address.wrapping_add(rand(9)),
+                        _ => address.wrapping_add(rand(24)),
+                    };
+                    let (hints, rule) = if dense {
+                        let h = [hint::NONE, hint::KEEP, hint::GAP, hint::GAP][rand(4) as usize];
+                        (h, rules[rand(2) as usize])
+                    } else {
+                        let h = [hint::NONE, hint::KEEP, hint::GAP][rand(3) as usize];
+                        (h, rules[rand(4) as usize])
+                    };
+                    (d(address, hints, rule), rand(10) != 0)
+                })
+                .collect();
+            let split = rand(len as u64 + 1) as usize;
+            let mut sequential = IntervalData::new();
+            for &(x, sorted) in &ops {
+                sequential.add_ex(x, sorted);
+            }
+            let mut front = IntervalData::new();
+            for &(x, sorted) in &ops[..split] {
+                front.add_ex(x, sorted);
+            }
+            let mut run = Detached::with_capacity(0);
+            for &(x, sorted) in &ops[split..] {
+                DeltaSink::add_ex(&mut run, x, sorted);
+            }
+            let before = front.clone();
+            let mut naive = front.clone();
+            naive.deltas.extend_from_slice(run.deltas());
+            if naive != sequential {
+                naive_wrong += 1;
+            }
+            cases += 1;
+            match run.attach_to(&mut front) {
+                Ok(()) => {
+                    attached += 1;
+                    assert_eq!(front, sequential, "{ops:?} split at {split}");
+                }
+                Err(_) => assert_eq!(front, before, "a refused run leaves the list"),
+            }
+        }
+        assert!(attached * 2 > cases, "{attached} of {cases} attached");
+        // The checks matter: plain concatenation is often wrong.
+        assert!(naive_wrong * 10 > cases, "{naive_wrong} of {cases}");
+    }
+
+    /// Appends `ops` one by one, and as a detached run behind `front`.
+    fn sequential_and_attached(
+        front: &[(StackDelta, bool)],
+        ops: &[(StackDelta, bool)],
+    ) -> (IntervalData, Result<IntervalData, ()>) {
+        let mut sequential = IntervalData::new();
+        for &(x, sorted) in front.iter().chain(ops) {
+            sequential.add_ex(x, sorted);
+        }
+        let mut list = IntervalData::new();
+        for &(x, sorted) in front {
+            list.add_ex(x, sorted);
+        }
+        let mut run = Detached::default();
+        for &(x, sorted) in ops {
+            DeltaSink::add_ex(&mut run, x, sorted);
+        }
+        let attached = run.attach_to(&mut list).map(|()| list).map_err(|_| ());
+        (sequential, attached)
+    }
+
+    /// End markers replaced by markers, then folded away: the first
+    /// appends of a run reach three elements back into the real list.
+    #[test]
+    fn a_detached_run_replays_its_first_appends_deep_into_the_list() {
+        let front = [
+            (d(0, hint::NONE, sp(8)), true),
+            (d(10, hint::GAP, info::INVALID), true),
+            (d(200, hint::NONE, sp(16)), true),
+            (d(200, hint::GAP, info::INVALID), true),
+        ];
+        let ops = [
+            // Folds the last marker into the first one ...
+            (d(205, hint::NONE, info::INVALID), true),
+            // ... and that one into the first rule.
+            (d(20, hint::KEEP, sp(8)), true),
+            (d(30, hint::NONE, sp(24)), true),
+        ];
+        let (sequential, attached) = sequential_and_attached(&front, &ops);
+        assert_eq!(
+            sequential.deltas,
+            vec![d(0, hint::KEEP, sp(8)), d(30, hint::NONE, sp(24))]
+        );
+        assert_eq!(attached, Ok(sequential));
+    }
+
+    /// After its log, a run folds back to one end marker and then meets
+    /// the end-marker case: only the real list knows the element before,
+    /// so the run must be refused.
+    #[test]
+    fn a_detached_run_that_folds_back_to_its_start_is_refused() {
+        let front = [(d(0, hint::KEEP, sp(8)), true)];
+        let ops = [
+            (d(1000, hint::KEEP, sp(8)), false),
+            (d(1010, hint::GAP, info::INVALID), true),
+            (d(1040, hint::NONE, sp(16)), true),
+            (d(1050, hint::GAP, info::INVALID), true),
+            // The log is closed (four elements); now fold back.
+            (d(1055, hint::NONE, sp(16)), true),
+            (d(1040, hint::GAP, info::INVALID), true),
+            (d(1045, hint::NONE, info::INVALID), true),
+            (d(1020, hint::NONE, sp(8)), true),
+            (d(1000, hint::GAP, info::INVALID), true),
+            // The end-marker case with the real list's rule before it.
+            (d(1005, hint::NONE, sp(8)), true),
+        ];
+        let (sequential, attached) = sequential_and_attached(&front, &ops);
+        let mut naive = IntervalData::new();
+        for &(x, sorted) in &front {
+            naive.add_ex(x, sorted);
+        }
+        let mut alone = IntervalData::new();
+        for &(x, sorted) in &ops {
+            alone.add_ex(x, sorted);
+        }
+        naive.deltas.extend_from_slice(&alone.deltas);
+        assert_ne!(naive, sequential, "the run does depend on the list");
+        assert_eq!(attached, Err(()));
     }
 }

@@ -21,10 +21,13 @@ mod rules;
 mod vm;
 mod walk;
 
-pub use record::FdeRange;
-pub use walk::{lookup_fde, parse_debug_frame, parse_eh_frame};
+#[cfg(test)]
+pub(crate) use walk::PARTS_TAKEN_OVER;
 
-use crate::deltas::IntervalData;
+pub use record::FdeRange;
+pub use walk::{lookup_fde, parse_debug_frame, parse_eh_frame, parse_eh_frame_with};
+
+use crate::deltas::DeltaSink;
 
 /// Largest `.eh_frame` / `.debug_frame` (or `PT_GNU_EH_FRAME` window)
 /// read, as upstream's `maxBytesEHFrame`.
@@ -37,7 +40,80 @@ pub trait FdeFilter {
     fn mark_unsorted(&mut self);
     /// Whether to emit the deltas of the FDE covering
     /// `ip_start .. ip_start + ip_len`.
-    fn keep(&mut self, ip_start: u64, ip_len: u64, deltas: &mut IntervalData) -> bool;
+    fn keep(&mut self, ip_start: u64, ip_len: u64, deltas: &mut dyn DeltaSink) -> bool;
+}
+
+/// A filter that a walk split into parts (one thread each) can hand from
+/// one part to the next.
+///
+/// Contract: what [`FdeFilter::keep`] returns and appends depends only on
+/// its arguments and on the state that [`ForkFilter::same_state`]
+/// compares; `join` then gives the state walking both parts in a row
+/// gives.
+pub trait ForkFilter: FdeFilter + Clone + Send + 'static {
+    /// A guess of the state the walk will be in after the table entries
+    /// before a part, the last of which starts at `last_ip`. A wrong
+    /// guess costs time (the part is walked again), never correctness.
+    fn fork(&self, last_ip: u64) -> Self;
+    /// Whether `self` behaves as `other` from here on.
+    fn same_state(&self, other: &Self) -> bool;
+    /// Takes the state reached by walking a part from a state that
+    /// `same_state` found equal to `self`'s.
+    fn join(&mut self, end: Self);
+}
+
+/// How a `.eh_frame` walk through the search table may use threads: the
+/// table is cut into chunks of at least `min_fdes_per_part` FDEs (at most
+/// sixteen per thread, at least [`Parallelism::MIN_CHUNKS`]); this thread
+/// walks them from the front, `threads - 1` helpers from the back, until
+/// they meet. A helper that is slow to start (a busy machine) only means
+/// this thread walks more chunks itself: it never waits for more than the
+/// chunk a helper is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Parallelism {
+    pub threads: usize,
+    pub min_fdes_per_part: u64,
+}
+
+impl Parallelism {
+    /// One thread.
+    pub const SEQUENTIAL: Self = Self {
+        threads: 1,
+        min_fdes_per_part: u64::MAX,
+    };
+
+    /// Chunks of at least this many FDEs (about 50 to 100 microseconds of
+    /// work): starting a helper costs tens of microseconds.
+    pub const DEFAULT_MIN_FDES_PER_PART: u64 = 256;
+
+    /// Fewer chunks than this: no helper.
+    pub const MIN_CHUNKS: u64 = 4;
+
+    /// The machine's cores (at most 4), with the default chunk size.
+    pub fn available() -> Self {
+        static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let threads = *THREADS
+            .get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(4)));
+        Self {
+            threads,
+            min_fdes_per_part: Self::DEFAULT_MIN_FDES_PER_PART,
+        }
+    }
+
+    /// How many chunks a table of `fdes` entries is cut into (1: walked
+    /// sequentially).
+    fn chunks(self, fdes: u64) -> u64 {
+        if self.threads < 2 {
+            return 1;
+        }
+        let by_size = fdes / self.min_fdes_per_part.max(1);
+        let chunks = by_size.min(16 * self.threads as u64);
+        if chunks < Self::MIN_CHUNKS.min(fdes) {
+            1
+        } else {
+            chunks.max(1)
+        }
+    }
 }
 
 /// A filter that keeps every FDE.
@@ -46,9 +122,19 @@ pub struct KeepAll;
 
 impl FdeFilter for KeepAll {
     fn mark_unsorted(&mut self) {}
-    fn keep(&mut self, _: u64, _: u64, _: &mut IntervalData) -> bool {
+    fn keep(&mut self, _: u64, _: u64, _: &mut dyn DeltaSink) -> bool {
         true
     }
+}
+
+impl ForkFilter for KeepAll {
+    fn fork(&self, _: u64) -> Self {
+        Self
+    }
+    fn same_state(&self, _: &Self) -> bool {
+        true
+    }
+    fn join(&mut self, _: Self) {}
 }
 
 /// Why a CIE or FDE could not be used. The messages follow upstream's.

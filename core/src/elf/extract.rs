@@ -8,10 +8,10 @@
 use std::fmt;
 use std::ops::Range;
 
-use super::ehframe::{self, CfiError, FdeFilter};
+use super::ehframe::{self, CfiError, FdeFilter, ForkFilter, Parallelism};
 use super::gopclntab::{self, GoError};
 use super::{entry, Elf};
-use crate::deltas::{hint, info, IntervalData, StackDelta};
+use crate::deltas::{hint, info, DeltaSink, IntervalData, StackDelta};
 use crate::provider::ExtractErrorKind;
 
 /// With fewer deltas than this after the file's own sources, the
@@ -119,7 +119,7 @@ impl ExtractError {
 /// Upstream's `extractionFilter`: drops FDEs that the Go table covers, that
 /// overlap the entry stub, or (from unsorted sources) start at 0, and puts
 /// the entry stub's deltas in place.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Filter {
     /// Code covered by `.gopclntab` (empty if none).
     go: Range<u64>,
@@ -132,12 +132,15 @@ struct Filter {
 }
 
 impl Filter {
-    fn add_entry_deltas(&mut self, deltas: &mut IntervalData) {
+    fn add_entry_deltas(&mut self, deltas: &mut dyn DeltaSink) {
         deltas.add_ex(
             StackDelta::new(self.entry.start, hint::KEEP, info::STOP),
             !self.unsorted,
         );
-        deltas.add(StackDelta::new(self.entry.end, hint::NONE, info::INVALID));
+        deltas.add_ex(
+            StackDelta::new(self.entry.end, hint::NONE, info::INVALID),
+            true,
+        );
         self.eh_frames = true;
         self.entry_pending = false;
     }
@@ -148,7 +151,8 @@ impl FdeFilter for Filter {
         self.unsorted = true;
     }
 
-    fn keep(&mut self, ip_start: u64, ip_len: u64, deltas: &mut IntervalData) -> bool {
+    #[inline]
+    fn keep(&mut self, ip_start: u64, ip_len: u64, deltas: &mut dyn DeltaSink) -> bool {
         // Address arithmetic wraps, as upstream's uintptr does.
         let ip_end = ip_start.wrapping_add(ip_len);
         if self.go.start <= ip_start && ip_end <= self.go.end {
@@ -166,6 +170,36 @@ impl FdeFilter for Filter {
         }
         self.eh_frames = true;
         true
+    }
+}
+
+impl ForkFilter for Filter {
+    /// The entry deltas are still pending after the entries before a part
+    /// if none of them reached the entry stub: for a table sorted by
+    /// address, if the last one starts below it.
+    fn fork(&self, last_ip: u64) -> Self {
+        Self {
+            entry_pending: self.entry_pending && last_ip < self.entry.start,
+            ..self.clone()
+        }
+    }
+
+    /// `keep` reads `go`, `entry`, `entry_pending` and `unsorted`;
+    /// `eh_frames` and `golang_frames` are only written.
+    fn same_state(&self, other: &Self) -> bool {
+        self.go == other.go
+            && self.entry == other.entry
+            && self.entry_pending == other.entry_pending
+            && self.unsorted == other.unsorted
+    }
+
+    /// `eh_frames` only ever becomes true: either part may have set it.
+    fn join(&mut self, end: Self) {
+        *self = Self {
+            eh_frames: self.eh_frames || end.eh_frames,
+            golang_frames: self.golang_frames || end.golang_frames,
+            ..end
+        };
     }
 }
 
@@ -251,6 +285,16 @@ pub fn extract(
     elf: &Elf<'_>,
     debug_link: Option<&mut DebugLinkOpener<'_>>,
 ) -> Result<IntervalData, ExtractError> {
+    extract_with(elf, debug_link, Parallelism::available())
+}
+
+/// [`extract`], with the `.eh_frame` search-table walk using at most
+/// `parallelism.threads` threads (the result does not depend on it).
+pub fn extract_with(
+    elf: &Elf<'_>,
+    debug_link: Option<&mut DebugLinkOpener<'_>>,
+    parallelism: Parallelism,
+) -> Result<IntervalData, ExtractError> {
     let mut deltas = IntervalData::new();
     let mut filter = Filter::default();
     let allow_generic_regs = allows_generic_registers(elf);
@@ -265,8 +309,14 @@ pub fn extract(
         filter.go = range;
         filter.golang_frames = true;
     }
-    ehframe::parse_eh_frame(elf, allow_generic_regs, &mut filter, &mut deltas)
-        .map_err(|e| ExtractError::new(Stage::EhFrame, e))?;
+    ehframe::parse_eh_frame_with(
+        elf,
+        allow_generic_regs,
+        &mut filter,
+        &mut deltas,
+        parallelism,
+    )
+    .map_err(|e| ExtractError::new(Stage::EhFrame, e))?;
     ehframe::parse_debug_frame(elf, elf, allow_generic_regs, &mut filter, &mut deltas)
         .map_err(|e| ExtractError::new(Stage::DebugFrame, e))?;
     if let Some(open) = debug_link {
@@ -327,5 +377,52 @@ mod tests {
         let mut d = IntervalData::new();
         assert!(!f.keep(0, 0x10, &mut d));
         assert!(f.keep(1, 0x10, &mut d));
+    }
+
+    /// A walk cut in two, the second part walked from `fork` into a
+    /// detached run, then joined: the same filter state and deltas as
+    /// the sequential walk, and `fork` guesses right on sorted tables.
+    #[test]
+    fn a_forked_filter_continues_as_the_sequential_one() {
+        use crate::deltas::{DeltaSink, Detached};
+        fn walk(f: &mut Filter, fdes: &[(u64, u64)], out: &mut dyn DeltaSink) {
+            for &(start, len) in fdes {
+                if f.keep(start, len, out) {
+                    out.add_ex(StackDelta::new(start, hint::KEEP, info::sp(8)), true);
+                    out.add_ex(StackDelta::new(start + 4, hint::NONE, info::sp(16)), true);
+                    out.add_ex(StackDelta::new(start + len, hint::GAP, info::INVALID), true);
+                }
+            }
+        }
+        // Functions every 0x20 bytes, some padding-adjacent, a Go range
+        // at the end (a last part that keeps nothing) and an entry stub
+        // in the middle.
+        let fdes: Vec<(u64, u64)> = (0..40u64)
+            .map(|i| (0x1000 + i * 0x20, if i % 3 == 0 { 0x20 } else { 0x12 }))
+            .collect();
+        let initial = Filter {
+            go: 0x1480..0x1520,
+            entry: 0x1300..0x1318,
+            entry_pending: true,
+            ..Filter::default()
+        };
+        let mut sequential = initial.clone();
+        let mut want = IntervalData::new();
+        walk(&mut sequential, &fdes, &mut want);
+        assert!(!sequential.entry_pending);
+        for split in 1..fdes.len() {
+            let mut first = initial.clone();
+            let start = first.fork(fdes[split - 1].0);
+            let mut got = IntervalData::new();
+            walk(&mut first, &fdes[..split], &mut got);
+            assert!(first.same_state(&start), "split {split}: wrong guess");
+            let mut second = start.clone();
+            let mut run = Detached::default();
+            walk(&mut second, &fdes[split..], &mut run);
+            assert!(run.attach_to(&mut got).is_ok(), "split {split}");
+            first.join(second);
+            assert_eq!(got, want, "split {split}");
+            assert!(first.same_state(&sequential) && first.eh_frames == sequential.eh_frames);
+        }
     }
 }

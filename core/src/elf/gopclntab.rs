@@ -116,8 +116,9 @@ const SPECIAL_FUNCTIONS: [(&[u8], UnwindInfo); 6] = [
 
 fn special_function(names: &[u8], name_off: i32) -> Option<UnwindInfo> {
     let tail = names.get(usize::try_from(name_off).ok()?..)?;
-    // Every special name starts with "runtime.": most functions stop here.
-    if !tail.starts_with(b"runtime.") {
+    // Every special name starts with "runtime.": most functions stop here
+    // (most at the first byte).
+    if tail.first() != Some(&b'r') || !tail.starts_with(b"runtime.") {
         return None;
     }
     SPECIAL_FUNCTIONS
@@ -217,8 +218,50 @@ pub fn extract(elf: &Elf<'_>, data: &mut IntervalData) -> Result<Option<Range<u6
         return Ok(None);
     };
     let table = Pclntab::parse(bytes)?;
+    // About one delta per function (more with SP tables).
+    data.deltas.reserve(table.num_funcs.saturating_add(1));
     let default = default_strategy(elf, table.version);
     extract_from(elf.arch, default, &table, data).map(Some)
+}
+
+/// Strategies by file index: the last one asked for, then a hash map
+/// with a multiplicative hash (the keys are small integers from the file).
+#[derive(Default)]
+struct StrategyCache {
+    last: Option<(i64, Strategy)>,
+    map: HashMap<i64, Strategy, std::hash::BuildHasherDefault<IntHasher>>,
+}
+
+impl StrategyCache {
+    #[inline]
+    fn get(&mut self, file_index: i64, compute: impl FnOnce() -> Strategy) -> Strategy {
+        if let Some((index, strategy)) = self.last {
+            if index == file_index {
+                return strategy;
+            }
+        }
+        let strategy = *self.map.entry(file_index).or_insert_with(compute);
+        self.last = Some((file_index, strategy));
+        strategy
+    }
+}
+
+/// Hashes one integer key by a multiplication (Fibonacci hashing).
+#[derive(Default)]
+struct IntHasher(u64);
+
+impl std::hash::Hasher for IntHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_i64(&mut self, n: i64) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 /// The per-function walk over a parsed table.
@@ -230,8 +273,9 @@ fn extract_from(
 ) -> Result<Range<u64>, GoError> {
     let names = table.funcnametab();
     let adds_cu_offset = table.version >= Version::Go116;
-    // Strategy per file index: few distinct files, many functions.
-    let mut strategies: HashMap<i64, Strategy> = HashMap::new();
+    // Strategy per file index: few distinct files, many functions, and
+    // neighbours mostly from the same file.
+    let mut strategies = StrategyCache::default();
     // One step always consumes a table byte, so +num_funcs covers empty tables.
     let mut budget = (table.pctab_len() + table.num_funcs).saturating_mul(STEPS_PER_TABLE_BYTE);
 
@@ -268,7 +312,7 @@ fn extract_from(
             if adds_cu_offset {
                 file_index += i64::from(func.cu_off);
             }
-            strategy = *strategies.entry(file_index).or_insert_with(|| {
+            strategy = strategies.get(file_index, || {
                 source_file_strategy(arch, table.file_name(file_index), default)
             });
         }

@@ -23,13 +23,16 @@ pub mod fileid;
 pub mod gopclntab;
 pub mod vdso;
 
+#[cfg(test)]
+mod parallel_tests;
+
 use std::borrow::Cow;
 
 use object::elf::{PT_DYNAMIC, PT_GNU_EH_FRAME, PT_LOAD, SHF_COMPRESSED, SHT_NOBITS};
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
 use object::{LittleEndian, Object, ObjectSection};
 
-pub use extract::{extract, DebugFileError, DebugLinkOpener, ExtractError, Stage};
+pub use extract::{extract, extract_with, DebugFileError, DebugLinkOpener, ExtractError, Stage};
 
 /// The architectures eim extracts for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -30,9 +30,11 @@ pub(super) mod pe {
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Reader<'a> {
+    /// The whole section (pointers and strings are relative to it).
     pub data: &'a [u8],
+    /// `data[..end]`: what reads may return.
+    window: &'a [u8],
     pub pos: u64,
-    pub end: u64,
     /// Virtual address of `data[0]`, for pc- and data-relative pointers.
     pub vaddr: u64,
     /// `.debug_frame` rules for CIE ids and CIE pointers.
@@ -43,48 +45,101 @@ impl<'a> Reader<'a> {
     pub fn new(data: &'a [u8], pos: u64, vaddr: u64, debug_frame: bool) -> Self {
         Self {
             data,
+            window: data,
             pos,
-            end: data.len() as u64,
             vaddr,
             debug_frame,
         }
     }
 
+    /// The end of the readable bytes (a section offset).
+    #[inline]
+    pub fn end(&self) -> u64 {
+        self.window.len() as u64
+    }
+
+    /// Limits reads to `data[..end]`; `false` (and no change) if `end`
+    /// is beyond the data.
+    #[inline]
+    pub fn set_end(&mut self, end: u64) -> bool {
+        match usize::try_from(end).ok().and_then(|e| self.data.get(..e)) {
+            Some(window) => {
+                self.window = window;
+                true
+            }
+            None => false,
+        }
+    }
+
     #[inline]
     pub fn has_data(&self) -> bool {
-        self.pos < self.end
+        self.pos < self.end()
     }
 
     #[inline]
     pub fn is_valid(&self) -> bool {
-        self.pos <= self.end
+        self.pos <= self.end()
     }
 
     #[inline]
     fn take<const N: usize>(&mut self) -> [u8; N] {
         let start = self.pos;
-        self.pos = start.saturating_add(N as u64);
-        if self.pos <= self.end {
-            if let Some(bytes) = self
-                .data
-                .get(start as usize..)
-                .and_then(|s| s.first_chunk::<N>())
-            {
-                return *bytes;
-            }
+        if let Some(bytes) = usize::try_from(start)
+            .ok()
+            .and_then(|s| self.window.get(s..))
+            .and_then(|s| s.first_chunk::<N>())
+        {
+            self.pos = start + N as u64;
+            return *bytes;
         }
+        self.pos = start.saturating_add(N as u64);
         [0; N]
     }
 
-    #[inline]
-    pub fn u8(&mut self) -> u8 {
-        let at = self.pos;
-        self.pos = at.saturating_add(1);
-        if at < self.end {
-            self.data.get(at as usize).copied().unwrap_or(0)
-        } else {
-            0
+    /// Runs `f` (an out-of-line slow path) on a copy of the reader and
+    /// takes its position back: the reader itself never has its address
+    /// taken, so the hot loops keep it in registers.
+    #[inline(always)]
+    pub fn detached<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        let mut copy = *self;
+        let value = f(&mut copy);
+        self.pos = copy.pos;
+        value
+    }
+
+    /// The next byte, or `None` (with the position moved past the end) at
+    /// the end.
+    #[inline(always)]
+    pub fn next(&mut self) -> Option<u8> {
+        match usize::try_from(self.pos)
+            .ok()
+            .and_then(|p| self.window.get(p))
+        {
+            Some(&b) => {
+                self.pos += 1;
+                Some(b)
+            }
+            None => {
+                self.pos = self.pos.saturating_add(1);
+                None
+            }
         }
+    }
+
+    /// The next byte if there is one; at the end the position stays.
+    #[inline(always)]
+    pub fn next_if_any(&mut self) -> Option<u8> {
+        let b = usize::try_from(self.pos)
+            .ok()
+            .and_then(|p| self.window.get(p))
+            .copied()?;
+        self.pos += 1;
+        Some(b)
+    }
+
+    #[inline(always)]
+    pub fn u8(&mut self) -> u8 {
+        self.next().unwrap_or(0)
     }
 
     #[inline]
@@ -103,10 +158,18 @@ impl<'a> Reader<'a> {
     }
 
     /// Unsigned LEB128; bits beyond 64 are dropped.
-    #[inline]
+    #[inline(always)]
     pub fn uleb(&mut self) -> u64 {
-        let mut val = 0u64;
-        let mut shift = 0u32;
+        match self.next() {
+            Some(b) if b < 0x80 => u64::from(b),
+            Some(b) => self.detached(|r| r.uleb_rest(u64::from(b & 0x7f))),
+            None => 0,
+        }
+    }
+
+    #[inline(never)]
+    fn uleb_rest(&mut self, mut val: u64) -> u64 {
+        let mut shift = 7u32;
         loop {
             let b = self.u8();
             if shift < 64 {
@@ -119,11 +182,30 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// Skips an unsigned LEB128.
+    #[inline(always)]
+    pub fn skip_uleb(&mut self) {
+        while let Some(b) = self.next() {
+            if b < 0x80 {
+                return;
+            }
+        }
+    }
+
     /// Signed LEB128; bits beyond 64 are dropped.
-    #[inline]
+    #[inline(always)]
     pub fn sleb(&mut self) -> i64 {
-        let mut val = 0i64;
-        let mut shift = 0u32;
+        match self.next() {
+            // One byte: bit 6 is the sign.
+            Some(b) if b < 0x80 => (i64::from(b) << 57) >> 57,
+            Some(b) => self.detached(|r| r.sleb_rest(i64::from(b & 0x7f))),
+            None => 0,
+        }
+    }
+
+    #[inline(never)]
+    fn sleb_rest(&mut self, mut val: i64) -> i64 {
+        let mut shift = 7u32;
         loop {
             let b = self.u8();
             if shift < 64 {
@@ -153,7 +235,7 @@ impl<'a> Reader<'a> {
         if !self.is_valid() {
             return None;
         }
-        self.data.get(start as usize..self.pos as usize)
+        self.window.get(start as usize..self.pos as usize)
     }
 
     /// A NUL-terminated string. Like upstream, the terminator is searched
@@ -168,7 +250,28 @@ impl<'a> Reader<'a> {
 
     /// A pointer in encoding `enc` (`DW_EH_PE_omit` reads nothing and
     /// gives 0).
+    #[inline(always)]
     pub fn ptr(&mut self, enc: u8) -> Result<u64, EntryError> {
+        // The encodings real files use, inline.
+        const PCREL_SDATA4: u8 = pe::PCREL | pe::SDATA4;
+        const DATAREL_SDATA4: u8 = pe::DATAREL | pe::SDATA4;
+        match enc {
+            PCREL_SDATA4 => {
+                let pos = self.pos;
+                let val = self.u32() as i32 as u64;
+                Ok(val.wrapping_add(pos).wrapping_add(self.vaddr))
+            }
+            DATAREL_SDATA4 => {
+                let val = self.u32() as i32 as u64;
+                Ok(val.wrapping_add(self.vaddr))
+            }
+            pe::SDATA4 => Ok(self.u32() as i32 as u64),
+            _ => self.detached(|r| r.ptr_any(enc)),
+        }
+    }
+
+    #[inline(never)]
+    fn ptr_any(&mut self, enc: u8) -> Result<u64, EntryError> {
         if enc == pe::OMIT {
             return Ok(0);
         }

@@ -28,6 +28,7 @@ impl From<EntryError> for HeaderError {
 
 /// Reads a record header at `r.pos` and limits `r` to the record. Returns
 /// the record's size and, for an FDE, the section offset of its CIE.
+#[inline]
 pub(super) fn parse_header(
     r: &mut Reader<'_>,
     expect_cie: bool,
@@ -54,10 +55,9 @@ pub(super) fn parse_header(
     };
     // Upstream lets a 64-bit length wrap around; eim rejects it, so that
     // every record lies inside the section and walks always move forward.
-    r.end = match start.checked_add(len) {
-        Some(end) if end <= r.data.len() as u64 => end,
-        _ => return Err(EntryError::BeyondEnd(r.pos).into()),
-    };
+    if !start.checked_add(len).is_some_and(|end| r.set_end(end)) {
+        return Err(EntryError::BeyondEnd(r.pos).into());
+    }
     // In .eh_frame a CIE has id 0 and an FDE points back relative to the
     // id field; in .debug_frame the id is all ones and the pointer is a
     // section offset.
@@ -169,6 +169,7 @@ pub struct FdeRange {
 /// Reads the FDE fields after the header: the code range and the
 /// augmentation data. `table_ip`, when not 0, is the start the search
 /// table gave, which the FDE must repeat.
+#[inline]
 pub(super) fn parse_fde_range(
     r: &mut Reader<'_>,
     cie: &Cie,

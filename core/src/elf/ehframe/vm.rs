@@ -79,15 +79,14 @@ impl Regs {
             ra: Rule::new(keep, 0),
         }
     }
+}
 
-    /// The rule of DWARF register `reg`, if it is one of the tracked two.
-    #[inline]
-    fn tracked(&mut self, arch: Arch, reg: u64) -> Option<&mut Rule> {
-        match (arch, reg) {
-            (Arch::X86_64, x86::RBP) | (Arch::Aarch64, arm::FP) => Some(&mut self.fp),
-            (Arch::X86_64, x86::RIP) | (Arch::Aarch64, arm::LR) => Some(&mut self.ra),
-            _ => None,
-        }
+/// The DWARF numbers of the frame pointer and the return address.
+#[inline(always)]
+fn tracked_registers(arch: Arch) -> (u64, u64) {
+    match arch {
+        Arch::X86_64 => (x86::RBP, x86::RIP),
+        Arch::Aarch64 => (arm::FP, arm::LR),
     }
 }
 
@@ -259,6 +258,7 @@ impl Expr {
 
 /// Reads an expression operand (length and bytes). `None` if it is cut
 /// off or holds an unsupported operation: the rule is then kept.
+#[inline(never)]
 fn read_expression(r: &mut Reader<'_>) -> Option<Rule> {
     let len = r.uleb();
     let data = r.bytes(len)?;
@@ -304,22 +304,30 @@ const STACK_DEPTH: usize = 2;
 
 /// The machine running one CIE's or FDE's instructions.
 pub(super) struct Vm<'c> {
-    arch: Arch,
+    /// The DWARF numbers of the frame pointer and the return address.
+    fp_reg: u64,
+    ra_reg: u64,
     cie: &'c Cie,
     /// The current location (code address).
     pub loc: u64,
     pub cur: Regs,
+    /// Set whenever `cur` may have changed (the caller clears it when it
+    /// has derived the row's rule from `cur`).
+    pub changed: bool,
     stack: [Regs; STACK_DEPTH],
     depth: usize,
 }
 
 impl<'c> Vm<'c> {
     pub fn new(arch: Arch, cie: &'c Cie, loc: u64, cur: Regs) -> Self {
+        let (fp_reg, ra_reg) = tracked_registers(arch);
         Self {
-            arch,
+            fp_reg,
+            ra_reg,
             cie,
             loc,
             cur,
+            changed: true,
             stack: [cur; STACK_DEPTH],
             depth: 0,
         }
@@ -331,21 +339,36 @@ impl<'c> Vm<'c> {
         self.loc = self.loc.wrapping_add(by as u64);
     }
 
+    /// The current rule of `reg`, if it is tracked.
+    #[inline(always)]
+    fn tracked(&mut self, reg: u64) -> Option<&mut Rule> {
+        if reg == self.fp_reg {
+            Some(&mut self.cur.fp)
+        } else if reg == self.ra_reg {
+            Some(&mut self.cur.ra)
+        } else {
+            None
+        }
+    }
+
     /// Sets tracked register `reg` to `base + off * data_align`.
-    #[inline]
+    #[inline(always)]
     fn rule(&mut self, reg: u64, base: u64, off: i64) {
         let data_align = self.cie.data_align;
-        if let Some(rule) = self.cur.tracked(self.arch, reg) {
+        if let Some(rule) = self.tracked(reg) {
             *rule = Rule::new(base, off.wrapping_mul(data_align));
         }
     }
 
     #[inline]
     fn restore(&mut self, reg: u64) {
-        let mut initial = self.cie.initial;
-        let from = initial.tracked(self.arch, reg).copied();
-        if let (Some(to), Some(from)) = (self.cur.tracked(self.arch, reg), from) {
-            *to = from;
+        let initial = &self.cie.initial;
+        if reg == self.fp_reg {
+            self.cur.fp = initial.fp;
+            self.changed = true;
+        } else if reg == self.ra_reg {
+            self.cur.ra = initial.ra;
+            self.changed = true;
         }
     }
 
@@ -353,25 +376,35 @@ impl<'c> Vm<'c> {
     /// location, or to the end of the instructions.
     #[inline(always)]
     pub fn step(&mut self, r: &mut Reader<'_>) -> Result<(), EntryError> {
-        while r.has_data() {
-            let opcode = r.u8();
+        while let Some(opcode) = r.next_if_any() {
             // The three "high" opcodes carry their operand in the low bits.
-            let operand = opcode & !cfa::HIGH_MASK;
-            match opcode & cfa::HIGH_MASK {
-                cfa::ADVANCE_LOC => {
-                    self.advance(u64::from(operand));
+            // Compared in turn rather than through a jump table: these
+            // branches predict far better than one indirect jump.
+            let operand = u64::from(opcode & !cfa::HIGH_MASK);
+            if opcode >= cfa::ADVANCE_LOC {
+                if opcode < cfa::OFFSET {
+                    self.advance(operand);
                     return Ok(());
                 }
-                cfa::OFFSET => {
-                    let off = r.uleb() as i64;
-                    self.rule(u64::from(operand), REG_CFA, off);
-                    continue;
+                if opcode < cfa::RESTORE {
+                    // Mostly callee-saved registers that are not tracked.
+                    if self.tracked(operand).is_some() {
+                        let off = r.uleb() as i64;
+                        self.rule(operand, REG_CFA, off);
+                        self.changed = true;
+                    } else {
+                        r.skip_uleb();
+                    }
+                } else {
+                    self.restore(operand);
                 }
-                cfa::RESTORE => {
-                    self.restore(u64::from(operand));
-                    continue;
-                }
-                _ => {}
+                continue;
+            }
+            // Whatever else comes may change a rule.
+            self.changed = true;
+            if opcode == cfa::DEF_CFA_OFFSET {
+                self.cur.cfa.off = r.uleb() as i64;
+                continue;
             }
             match opcode {
                 cfa::NOP | cfa::GNU_WINDOW_SAVE => {}
@@ -425,18 +458,18 @@ impl<'c> Vm<'c> {
                     self.rule(reg, base, 0);
                 }
                 cfa::REMEMBER_STATE => {
-                    let slot = self
-                        .stack
-                        .get_mut(self.depth)
-                        .ok_or(EntryError::StackOverflow(self.loc))?;
+                    // (No `ok_or`: an eagerly built error is dropped on
+                    // the hot path.)
+                    let Some(slot) = self.stack.get_mut(self.depth) else {
+                        return Err(EntryError::StackOverflow(self.loc));
+                    };
                     *slot = self.cur;
                     self.depth += 1;
                 }
                 cfa::RESTORE_STATE => {
-                    let depth = self
-                        .depth
-                        .checked_sub(1)
-                        .ok_or(EntryError::StackUnderflow(self.loc))?;
+                    let Some(depth) = self.depth.checked_sub(1) else {
+                        return Err(EntryError::StackUnderflow(self.loc));
+                    };
                     self.depth = depth;
                     if let Some(saved) = self.stack.get(depth) {
                         self.cur = *saved;
@@ -456,14 +489,14 @@ impl<'c> Vm<'c> {
                     self.cur.cfa.off = r.sleb().wrapping_mul(self.cie.data_align);
                 }
                 cfa::DEF_CFA_EXPRESSION => {
-                    if let Some(rule) = read_expression(r) {
+                    if let Some(rule) = r.detached(read_expression) {
                         self.cur.cfa = rule;
                     }
                 }
                 cfa::EXPRESSION => {
                     let reg = r.uleb();
-                    if let Some(rule) = read_expression(r) {
-                        if let Some(to) = self.cur.tracked(self.arch, reg) {
+                    if let Some(rule) = r.detached(read_expression) {
+                        if let Some(to) = self.tracked(reg) {
                             *to = rule;
                         }
                     }
@@ -489,9 +522,7 @@ impl<'c> Vm<'c> {
                     let len = r.uleb();
                     r.skip(len);
                 }
-                cfa::GNU_ARGS_SIZE => {
-                    r.uleb();
-                }
+                cfa::GNU_ARGS_SIZE => r.skip_uleb(),
                 cfa::GNU_NEGATIVE_OFFSET_EXTENDED => {
                     let reg = r.uleb();
                     let off = r.sleb().wrapping_neg();

@@ -1,13 +1,17 @@
 //! Finding the CFI sections, walking their FDEs and emitting the deltas.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use super::reader::{format_len, Reader};
 use super::record::{parse_cie, parse_fde_range, parse_header, FdeRange, HeaderError};
 use super::rules::unwind_info;
 use super::vm::{Cie, Vm};
-use super::{CfiError, EntryError, FdeFilter, MAX_SECTION_BYTES};
-use crate::deltas::{hint, info, IntervalData, StackDelta};
+use super::{CfiError, EntryError, FdeFilter, ForkFilter, Parallelism, MAX_SECTION_BYTES};
+use crate::deltas::{hint, info, DeltaSink, Detached, IntervalData, StackDelta};
 use crate::elf::{Arch, Elf, Region};
 
 /// `.eh_frame_hdr` fixed part: version, eh_frame_ptr encoding, fde_count
@@ -99,7 +103,7 @@ impl<'d> Table<'d> {
     fn held(&self) -> u64 {
         let entry = 2 * format_len(TABLE_ENC);
         self.count
-            .min(self.r.end.saturating_sub(self.start) / entry)
+            .min(self.r.end().saturating_sub(self.start) / entry)
     }
 
     fn seek(&mut self, index: u64) {
@@ -141,35 +145,67 @@ struct CieCache {
 
 impl CieCache {
     /// The CIE at `pos`; `fde` is the reader of the FDE naming it.
+    #[inline]
     fn get(&mut self, fde: &Reader<'_>, pos: u64, arch: Arch) -> Result<&Cie, EntryError> {
         let at = match self.last {
             Some((last, at)) if last == pos => at,
-            _ => {
-                let at = match self.index.get(&pos) {
-                    Some(&at) => at,
-                    None => {
-                        let mut r = *fde;
-                        r.pos = pos;
-                        let cie = parse_cie(r, arch)?;
-                        self.parsed = self.parsed.saturating_add(cie.size);
-                        self.cies.push(cie);
-                        let at = self.cies.len() - 1;
-                        self.index.insert(pos, at);
-                        at
-                    }
-                };
-                self.last = Some((pos, at));
+            _ => self.lookup(fde, pos, arch)?,
+        };
+        match self.cies.get(at) {
+            Some(cie) => Ok(cie),
+            None => Err(EntryError::CieBeyondEnd(pos)),
+        }
+    }
+
+    #[inline(never)]
+    fn lookup(&mut self, fde: &Reader<'_>, pos: u64, arch: Arch) -> Result<usize, EntryError> {
+        let at = match self.index.get(&pos) {
+            Some(&at) => at,
+            None => {
+                let mut r = *fde;
+                r.pos = pos;
+                let cie = parse_cie(r, arch)?;
+                self.parsed = self.parsed.saturating_add(cie.size);
+                self.cies.push(cie);
+                let at = self.cies.len() - 1;
+                self.index.insert(pos, at);
                 at
             }
         };
-        self.cies.get(at).ok_or(EntryError::CieBeyondEnd(pos))
+        self.last = Some((pos, at));
+        Ok(at)
     }
 }
 
+fn sigreturn_code(arch: Arch) -> &'static [u8] {
+    match arch {
+        Arch::X86_64 => &SIGRETURN_X86_64,
+        Arch::Aarch64 => &SIGRETURN_AARCH64,
+    }
+}
+
+/// Whether the FDE's code in `code` is an `rt_sigreturn` trampoline.
+fn is_sigreturn_trampoline(code: &Elf<'_>, range: FdeRange) -> bool {
+    let want = sigreturn_code(code.arch);
+    range.len == want.len() as u64
+        && code
+            .virtual_memory(range.start, want.len())
+            .is_some_and(|bytes| *bytes == *want)
+}
+
+/// Where an emitter reads signal trampolines: the file being extracted,
+/// or, on a helper thread (which has no access to it), nowhere: FDEs of a
+/// trampoline's length are then taken as ordinary and listed, and the
+/// thread taking the part over checks them.
+enum Code<'a, 'd> {
+    File(&'a Elf<'d>),
+    Deferred { arch: Arch, candidates: Vec<u64> },
+}
+
 /// Walks the FDEs of one section.
-struct Walker<'a, 'd, F: ?Sized> {
+struct Walker<'a, 'd, F: ?Sized, S = IntervalData> {
     cies: CieCache,
-    out: Emitter<'a, 'd, F>,
+    out: Emitter<'a, 'd, F, S>,
     /// Bytes of FDE records parsed.
     parsed: u64,
     /// Most record bytes the walk may parse.
@@ -177,18 +213,18 @@ struct Walker<'a, 'd, F: ?Sized> {
 }
 
 /// Turns FDEs into deltas.
-struct Emitter<'a, 'd, F: ?Sized> {
+struct Emitter<'a, 'd, F: ?Sized, S = IntervalData> {
     /// Machine of the file whose CFI is walked.
     arch: Arch,
-    /// The file being extracted: where signal trampolines are read.
-    code: &'a Elf<'d>,
+    /// Where signal trampolines are read.
+    code: Code<'a, 'd>,
     allow_generic_regs: bool,
     filter: &'a mut F,
-    deltas: &'a mut IntervalData,
+    deltas: &'a mut S,
 }
 
-impl<'a, 'd, F: FdeFilter + ?Sized> Walker<'a, 'd, F> {
-    fn new(section_size: usize, out: Emitter<'a, 'd, F>) -> Self {
+impl<'a, 'd, F: FdeFilter + ?Sized, S: DeltaSink> Walker<'a, 'd, F, S> {
+    fn new(section_size: usize, out: Emitter<'a, 'd, F, S>) -> Self {
         Self {
             cies: CieCache::default(),
             out,
@@ -222,17 +258,17 @@ impl<'a, 'd, F: FdeFilter + ?Sized> Walker<'a, 'd, F> {
     }
 }
 
-impl<F: FdeFilter + ?Sized> Emitter<'_, '_, F> {
-    fn is_sigreturn_trampoline(&self, range: FdeRange) -> bool {
-        let code: &[u8] = match self.code.arch {
-            Arch::X86_64 => &SIGRETURN_X86_64,
-            Arch::Aarch64 => &SIGRETURN_AARCH64,
-        };
-        range.len == code.len() as u64
-            && self
-                .code
-                .virtual_memory(range.start, code.len())
-                .is_some_and(|bytes| *bytes == *code)
+impl<F: FdeFilter + ?Sized, S: DeltaSink> Emitter<'_, '_, F, S> {
+    fn is_sigreturn_trampoline(&mut self, range: FdeRange) -> bool {
+        match &mut self.code {
+            Code::File(elf) => is_sigreturn_trampoline(elf, range),
+            Code::Deferred { arch, candidates } => {
+                if range.len == sigreturn_code(*arch).len() as u64 {
+                    candidates.push(range.start);
+                }
+                false
+            }
+        }
     }
 
     /// `r` is at the FDE's instructions (taken by value so that the hot
@@ -251,19 +287,10 @@ impl<F: FdeFilter + ?Sized> Emitter<'_, '_, F> {
                 sorted,
             );
         } else {
-            let mut vm = Vm::new(self.arch, cie, range.start, cie.initial);
-            let mut hints = hint::KEEP;
-            while r.has_data() {
-                let ip = vm.loc;
-                vm.step(&mut r)?;
-                let row = unwind_info(self.arch, &vm.cur, self.allow_generic_regs);
-                self.deltas.add_ex(StackDelta::new(ip, hints, row), sorted);
-                sorted = true;
-                hints = hint::NONE;
-            }
-            let row = unwind_info(self.arch, &vm.cur, self.allow_generic_regs);
-            self.deltas
-                .add_ex(StackDelta::new(vm.loc, hints, row), sorted);
+            sorted = match self.arch {
+                Arch::X86_64 => self.rows::<false>(&mut r, cie, range.start, sorted)?,
+                Arch::Aarch64 => self.rows::<true>(&mut r, cie, range.start, sorted)?,
+            };
             if !r.is_valid() {
                 return Err(EntryError::FdeInstructions(fde_at));
             }
@@ -282,12 +309,67 @@ impl<F: FdeFilter + ?Sized> Emitter<'_, '_, F> {
     }
 }
 
-impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
+impl<F: FdeFilter + ?Sized, S: DeltaSink> Emitter<'_, '_, F, S> {
+    /// Runs an FDE's instructions from `start`, one delta per row and one
+    /// for the state after the last; returns `sorted` for what follows.
+    /// `ARM` fixes the architecture at compile time.
+    #[inline(always)]
+    fn rows<const ARM: bool>(
+        &mut self,
+        r: &mut Reader<'_>,
+        cie: &Cie,
+        start: u64,
+        mut sorted: bool,
+    ) -> Result<bool, EntryError> {
+        let arch = if ARM { Arch::Aarch64 } else { Arch::X86_64 };
+        let mut vm = Vm::new(arch, cie, start, cie.initial);
+        let mut hints = hint::KEEP;
+        // On arm64 rows often only save an untracked register: the rule
+        // is then recomputed only when the tracked rules may have changed.
+        let mut row = info::INVALID;
+        while r.has_data() {
+            let ip = vm.loc;
+            vm.step(r)?;
+            if !ARM || vm.changed {
+                row = unwind_info(arch, &vm.cur, self.allow_generic_regs);
+                vm.changed = false;
+            }
+            self.deltas.add_ex(StackDelta::new(ip, hints, row), sorted);
+            sorted = true;
+            hints = hint::NONE;
+        }
+        if !ARM || vm.changed {
+            row = unwind_info(arch, &vm.cur, self.allow_generic_regs);
+        }
+        self.deltas
+            .add_ex(StackDelta::new(vm.loc, hints, row), sorted);
+        Ok(sorted)
+    }
+}
+
+impl<F: FdeFilter + ?Sized, S: DeltaSink> Walker<'_, '_, F, S> {
     /// Walks the FDEs in search-table order (sorted by address).
     fn walk_table(&mut self, hdr: &Region<'_>, eh: &Region<'_>) -> Result<(), CfiError> {
         let mut table = Table::new(hdr)?;
-        let held = table.held();
-        for index in 0..table.count {
+        let (held, count) = (table.held(), table.count);
+        self.walk_entries(&mut table, eh, 0..count, held, None)
+    }
+
+    /// Walks the table entries `indices` (the table positioned at the
+    /// first), `held` of which the table holds. Stops early, with `Ok`,
+    /// when `cancel` is set.
+    fn walk_entries(
+        &mut self,
+        table: &mut Table<'_>,
+        eh: &Region<'_>,
+        indices: std::ops::Range<u64>,
+        held: u64,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<(), CfiError> {
+        for index in indices {
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Ok(());
+            }
             let (ip, fde) = table.next()?;
             let mut r = Table::fde_reader(eh, fde)?;
             if index >= held {
@@ -326,6 +408,420 @@ impl<F: FdeFilter + ?Sized> Walker<'_, '_, F> {
     }
 }
 
+/// Parts walked again (`[0]`) and taken over (`[1]`), for the tests.
+#[cfg(test)]
+pub(crate) static PARTS_TAKEN_OVER: [std::sync::atomic::AtomicUsize; 2] = [
+    std::sync::atomic::AtomicUsize::new(0),
+    std::sync::atomic::AtomicUsize::new(0),
+];
+
+/// What walking one part of the search table on its own thread gave.
+struct PartResult<F> {
+    /// The filter state the part was walked from (a guess).
+    start: F,
+    /// The filter state it ended in.
+    end: F,
+    result: Result<(), CfiError>,
+    deltas: Detached,
+    cies: CieCache,
+    parsed: u64,
+    /// FDE starts of a trampoline's length the helper could not check.
+    trampolines: Vec<u64>,
+}
+
+/// A chunk's state in a parallel walk.
+const FREE: u8 = 0;
+const MAIN: u8 = 1;
+const HELPER: u8 = 2;
+
+/// What a helper left for a chunk it claimed.
+enum Slot<F> {
+    Pending,
+    /// The helper stopped without walking it.
+    Abandoned,
+    Walked(Box<PartResult<F>>),
+}
+
+/// The chunks helpers walked, by chunk, and a signal for each one stored.
+struct Mailbox<F> {
+    slots: Mutex<Vec<Slot<F>>>,
+    stored: Condvar,
+}
+
+impl<F> Mailbox<F> {
+    fn put(&self, chunk: usize, slot: Slot<F>) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = slots.get_mut(chunk) {
+            *at = slot;
+        }
+        self.stored.notify_all();
+    }
+
+    /// Waits, at most `patience`, for what the helper that claimed `chunk`
+    /// leaves for it.
+    fn take(&self, chunk: usize, patience: Duration) -> Option<PartResult<F>> {
+        let deadline = Instant::now() + patience;
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match slots
+                .get_mut(chunk)
+                .map(|at| std::mem::replace(at, Slot::Pending))
+            {
+                None | Some(Slot::Abandoned) => return None,
+                Some(Slot::Walked(part)) => return Some(*part),
+                Some(Slot::Pending) => {}
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            slots = self
+                .stored
+                .wait_timeout(slots, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Marks a claimed chunk abandoned if its helper stops (returns early or
+/// unwinds) without storing it.
+struct Promise<'m, F> {
+    mailbox: &'m Mailbox<F>,
+    chunk: usize,
+    kept: bool,
+}
+
+impl<F> Promise<'_, F> {
+    fn keep(mut self, part: PartResult<F>) {
+        self.kept = true;
+        self.mailbox.put(self.chunk, Slot::Walked(Box::new(part)));
+    }
+}
+
+impl<F> Drop for Promise<'_, F> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.mailbox.put(self.chunk, Slot::Abandoned);
+        }
+    }
+}
+
+/// What the helpers of one parallel walk share with it. Helpers are
+/// long-lived threads ([`helpers`]), so they get owned copies of the two
+/// sections, never a borrow: the walk can return without waiting for a
+/// helper that has not started (a busy machine).
+struct Shared<F> {
+    eh: Vec<u8>,
+    eh_vaddr: u64,
+    hdr: Vec<u8>,
+    hdr_vaddr: u64,
+    bounds: Vec<u64>,
+    held: u64,
+    arch: Arch,
+    allow_generic_regs: bool,
+    budget: u64,
+    capacity: usize,
+    claims: Vec<AtomicU8>,
+    next_from_back: AtomicUsize,
+    /// The filter state guessed at the start of each chunk.
+    guesses: Mutex<Vec<Option<F>>>,
+    mailbox: Mailbox<F>,
+    /// Set when the walk no longer needs the helpers.
+    cancel: AtomicBool,
+}
+
+impl<F: ForkFilter> Shared<F> {
+    /// A helper's side: chunks from the back, each into a detached run,
+    /// until it meets the walk's own thread.
+    fn help(&self) {
+        let eh = Region {
+            vaddr: self.eh_vaddr,
+            data: &self.eh,
+        };
+        let hdr = Region {
+            vaddr: self.hdr_vaddr,
+            data: &self.hdr,
+        };
+        while let Ok(previous) =
+            self.next_from_back
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1))
+        {
+            let chunk = previous - 1;
+            let claimed = self.claims.get(chunk).is_some_and(|claim| {
+                claim
+                    .compare_exchange(FREE, HELPER, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            });
+            if !claimed || self.cancel.load(Ordering::Relaxed) {
+                return;
+            }
+            let promise = Promise {
+                mailbox: &self.mailbox,
+                chunk,
+                kept: false,
+            };
+            let start = self
+                .guesses
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(chunk)
+                .and_then(Option::take);
+            let (Some(start), Some(&from), Some(&to)) =
+                (start, self.bounds.get(chunk), self.bounds.get(chunk + 1))
+            else {
+                return;
+            };
+            let mut filter = start.clone();
+            let mut deltas = Detached::with_capacity(self.capacity);
+            let mut walker = Walker {
+                cies: CieCache::default(),
+                out: Emitter {
+                    arch: self.arch,
+                    code: Code::Deferred {
+                        arch: self.arch,
+                        candidates: Vec::new(),
+                    },
+                    allow_generic_regs: self.allow_generic_regs,
+                    filter: &mut filter,
+                    deltas: &mut deltas,
+                },
+                parsed: 0,
+                budget: self.budget,
+            };
+            let result = Table::new(&hdr).and_then(|mut table| {
+                table.seek(from);
+                walker.walk_entries(&mut table, &eh, from..to, self.held, Some(&self.cancel))
+            });
+            let Walker {
+                cies, parsed, out, ..
+            } = walker;
+            let trampolines = match out.code {
+                Code::Deferred { candidates, .. } => candidates,
+                Code::File(_) => Vec::new(),
+            };
+            promise.keep(PartResult {
+                start,
+                end: filter,
+                result,
+                deltas,
+                cies,
+                parsed,
+                trampolines,
+            });
+        }
+    }
+}
+
+/// A queued piece of work for the helper threads.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The helper threads (the machine's cores less one, at most three),
+/// started at first use; they wait for jobs.
+struct Helpers {
+    jobs: Mutex<std::collections::VecDeque<Job>>,
+    ready: Condvar,
+}
+
+fn helpers() -> &'static Helpers {
+    static HELPERS: std::sync::OnceLock<Helpers> = std::sync::OnceLock::new();
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    let helpers = HELPERS.get_or_init(|| Helpers {
+        jobs: Mutex::new(std::collections::VecDeque::new()),
+        ready: Condvar::new(),
+    });
+    STARTED.call_once(|| {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().clamp(2, 4) - 1);
+        for _ in 0..threads {
+            // A helper that cannot be started only means less help.
+            let _ = std::thread::Builder::new()
+                .name("eim-eh-frame".into())
+                .spawn(move || loop {
+                    let job = {
+                        let mut jobs = helpers.jobs.lock().unwrap_or_else(|e| e.into_inner());
+                        loop {
+                            match jobs.pop_front() {
+                                Some(job) => break job,
+                                None => {
+                                    jobs =
+                                        helpers.ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
+                                }
+                            }
+                        }
+                    };
+                    job();
+                });
+        }
+    });
+    helpers
+}
+
+impl<F: ForkFilter> Walker<'_, '_, F> {
+    /// The search-table walk cut into chunks: this thread walks them in
+    /// order from the front, into the real list; helper threads walk them
+    /// from the back, each from a guessed filter state into a [`Detached`]
+    /// run, until the two meet. A helper's chunk is taken over only where
+    /// that gives exactly what walking it here gives (same filter state at
+    /// its start, the run attaches, the same CIEs, the work budget holds,
+    /// no signal trampoline among the FDEs it could not check); any other
+    /// (a wrong guess, an error) is walked again here, which is the
+    /// sequential walk by definition.
+    fn walk_table_parallel(
+        &mut self,
+        hdr: &Region<'_>,
+        eh: &Region<'_>,
+        parallelism: Parallelism,
+        reserve: usize,
+    ) -> Result<(), CfiError> {
+        let mut table = Table::new(hdr)?;
+        let (held, count) = (table.held(), table.count);
+        let chunks = parallelism.chunks(count);
+        if chunks <= 1 || held < count {
+            return self.walk_entries(&mut table, eh, 0..count, held, None);
+        }
+        // `count <= held` entries of 8 bytes: no overflow.
+        let bounds: Vec<u64> = (0..=chunks).map(|i| count * i / chunks).collect();
+        let chunks = chunks as usize;
+        let mut guesses = Vec::with_capacity(chunks);
+        guesses.push(None);
+        for &from in &bounds[1..chunks] {
+            table.seek(from - 1);
+            let (last_ip, _) = table.next()?;
+            guesses.push(Some(self.out.filter.fork(last_ip)));
+        }
+        let claims: Vec<AtomicU8> = (0..chunks).map(|_| AtomicU8::new(FREE)).collect();
+        // Chunk 0 is always walked here.
+        claims[0].store(MAIN, Ordering::Relaxed);
+        let shared = Arc::new(Shared {
+            eh: eh.data.to_vec(),
+            eh_vaddr: eh.vaddr,
+            hdr: hdr.data.to_vec(),
+            hdr_vaddr: hdr.vaddr,
+            bounds,
+            held,
+            arch: self.out.arch,
+            allow_generic_regs: self.out.allow_generic_regs,
+            budget: self.budget,
+            capacity: reserve / chunks,
+            claims,
+            next_from_back: AtomicUsize::new(chunks),
+            guesses: Mutex::new(guesses),
+            mailbox: Mailbox {
+                slots: Mutex::new((0..chunks).map(|_| Slot::Pending).collect()),
+                stored: Condvar::new(),
+            },
+            cancel: AtomicBool::new(false),
+        });
+        let helpers = helpers();
+        {
+            let mut jobs = helpers.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            for _ in 1..parallelism.threads {
+                let shared = Arc::clone(&shared);
+                jobs.push_back(Box::new(move || shared.help()));
+            }
+        }
+        helpers.ready.notify_all();
+        let walked = self.walk_chunks(&mut table, eh, &shared);
+        // Whatever a helper still walks is not needed any more.
+        shared.cancel.store(true, Ordering::Relaxed);
+        walked
+    }
+
+    /// This thread's side of [`Walker::walk_table_parallel`]: every chunk
+    /// in order, walked here unless a helper has claimed it. A claimed
+    /// chunk is waited for at most as long as walking one here takes: a
+    /// helper slowed down by other work is overtaken (its chunk walked
+    /// here too), so the walk is never much slower than a sequential one.
+    fn walk_chunks(
+        &mut self,
+        table: &mut Table<'_>,
+        eh: &Region<'_>,
+        shared: &Shared<F>,
+    ) -> Result<(), CfiError> {
+        let bounds = &shared.bounds;
+        let mut per_chunk = Duration::ZERO;
+        for (chunk, claim) in shared.claims.iter().enumerate() {
+            let mine = chunk == 0
+                || claim
+                    .compare_exchange(FREE, MAIN, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok();
+            if !mine {
+                if let Some(part) = shared.mailbox.take(chunk, per_chunk) {
+                    if self.take_over(part) {
+                        continue;
+                    }
+                }
+            }
+            let started = Instant::now();
+            table.seek(bounds[chunk]);
+            self.walk_entries(
+                table,
+                eh,
+                bounds[chunk]..bounds[chunk + 1],
+                shared.held,
+                None,
+            )?;
+            per_chunk = per_chunk.max(started.elapsed());
+        }
+        Ok(())
+    }
+
+    /// Adds a part walked on its own to this walk if that gives exactly
+    /// what walking it here would; else changes nothing and says so.
+    fn take_over(&mut self, part: PartResult<F>) -> bool {
+        let taken = self.try_take_over(part);
+        #[cfg(test)]
+        PARTS_TAKEN_OVER[usize::from(taken)].fetch_add(1, Ordering::Relaxed);
+        taken
+    }
+
+    fn try_take_over(&mut self, part: PartResult<F>) -> bool {
+        if part.result.is_err() || !self.out.filter.same_state(&part.start) {
+            return false;
+        }
+        if let Code::File(code) = self.out.code {
+            let want = sigreturn_code(code.arch).len() as u64;
+            let range = |start| FdeRange { start, len: want };
+            if part
+                .trampolines
+                .iter()
+                .any(|&start| is_sigreturn_trampoline(code, range(start)))
+            {
+                return false;
+            }
+        }
+        // A CIE already parsed here must have parsed the same there (a
+        // CIE read through a different FDE may differ in broken files);
+        // the ones new here count towards the budget as they would have.
+        let mut new_cie_bytes = 0u64;
+        for (&pos, &at) in &part.cies.index {
+            let theirs = part.cies.cies.get(at);
+            match self.cies.index.get(&pos) {
+                Some(&mine) if self.cies.cies.get(mine) != theirs => return false,
+                Some(_) => {}
+                None => new_cie_bytes += theirs.map_or(0, |c| c.size),
+            }
+        }
+        let total = self
+            .parsed
+            .saturating_add(part.parsed)
+            .saturating_add(self.cies.parsed)
+            .saturating_add(new_cie_bytes);
+        if total > self.budget || part.deltas.attach_to(self.out.deltas).is_err() {
+            return false;
+        }
+        self.out.filter.join(part.end);
+        self.parsed = self.parsed.saturating_add(part.parsed);
+        for (pos, at) in part.cies.index {
+            if let (Entry::Vacant(slot), Some(cie)) =
+                (self.cies.index.entry(pos), part.cies.cies.get(at))
+            {
+                self.cies.cies.push(*cie);
+                slot.insert(self.cies.cies.len() - 1);
+                self.cies.parsed = self.cies.parsed.saturating_add(cie.size);
+            }
+        }
+        true
+    }
+}
+
 /// Adds the deltas of `elf`'s `.eh_frame` (spec 5.3): through the
 /// `.eh_frame_hdr` search table when it is usable, else by a linear walk.
 /// A file without `.eh_frame` adds nothing.
@@ -346,7 +842,7 @@ pub fn parse_eh_frame<F: FdeFilter + ?Sized>(
         eh.data.len(),
         Emitter {
             arch: elf.arch,
-            code: elf,
+            code: Code::File(elf),
             allow_generic_regs,
             filter,
             deltas,
@@ -354,6 +850,38 @@ pub fn parse_eh_frame<F: FdeFilter + ?Sized>(
     );
     match hdr {
         Some(hdr) => walker.walk_table(&hdr, &eh),
+        None => walker.walk_linear(&eh, false),
+    }
+}
+
+/// [`parse_eh_frame`] with the search-table walk cut into parts walked on
+/// threads of their own (see [`Parallelism`]): the same deltas, the same
+/// filter state and the same error as the sequential walk.
+pub fn parse_eh_frame_with<F: ForkFilter>(
+    elf: &Elf<'_>,
+    allow_generic_regs: bool,
+    filter: &mut F,
+    deltas: &mut IntervalData,
+    parallelism: Parallelism,
+) -> Result<(), CfiError> {
+    let (hdr, eh) = find_eh_sections(elf)?;
+    let Some(eh) = eh else {
+        return Ok(());
+    };
+    let reserve = eh.data.len() / SECTION_BYTES_PER_DELTA;
+    deltas.deltas.reserve(reserve);
+    let mut walker = Walker::new(
+        eh.data.len(),
+        Emitter {
+            arch: elf.arch,
+            code: Code::File(elf),
+            allow_generic_regs,
+            filter,
+            deltas,
+        },
+    );
+    match hdr {
+        Some(hdr) => walker.walk_table_parallel(&hdr, &eh, parallelism, reserve),
         None => walker.walk_linear(&eh, false),
     }
 }
@@ -378,7 +906,7 @@ pub fn parse_debug_frame<F: FdeFilter + ?Sized>(
         section.data.len(),
         Emitter {
             arch: elf.arch,
-            code,
+            code: Code::File(code),
             allow_generic_regs,
             filter,
             deltas,
@@ -535,7 +1063,7 @@ mod tests {
             data.len(),
             Emitter {
                 arch: Arch::X86_64,
-                code: &elf,
+                code: Code::File(&elf),
                 allow_generic_regs: false,
                 filter: &mut filter,
                 deltas: &mut deltas,

@@ -28,6 +28,7 @@ pub(crate) struct PcValue<'d> {
 impl<'d> PcValue<'d> {
     /// Begins a table for a function starting at `pc` and decodes its first
     /// step (see the module notes for what a failed first step leaves).
+    #[inline]
     pub(crate) fn new(table: &'d [u8], pc: u64, quantum: u8) -> Self {
         let mut p = Self {
             rest: table,
@@ -41,7 +42,24 @@ impl<'d> PcValue<'d> {
     }
 
     /// An unsigned LEB128 value, truncated to 32 bits; 0 if cut short.
+    #[inline(always)]
     fn varint(&mut self) -> u32 {
+        // One and two bytes (nearly every value) inline.
+        match *self.rest {
+            [byte, ref rest @ ..] if byte & 0x80 == 0 => {
+                self.rest = rest;
+                u32::from(byte)
+            }
+            [low, high, ref rest @ ..] if high & 0x80 == 0 => {
+                self.rest = rest;
+                u32::from(low & 0x7f) | (u32::from(high) << 7)
+            }
+            _ => self.varint_long(),
+        }
+    }
+
+    #[inline(never)]
+    fn varint_long(&mut self) -> u32 {
         let mut value = 0u32;
         let mut shift = 0u32;
         while let Some((&byte, rest)) = self.rest.split_first() {
@@ -57,6 +75,7 @@ impl<'d> PcValue<'d> {
 
     /// Decodes the next step; false at the end of the table (the position is
     /// then left unchanged).
+    #[inline]
     pub(crate) fn step(&mut self) -> bool {
         match self.rest.first() {
             None | Some(0) => return false,

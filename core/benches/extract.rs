@@ -1,0 +1,295 @@
+//! Stack-delta extraction speed (`docs/BENCHMARKS.md`, "Extraction").
+//!
+//! * `extract/<name>`: every oracle input (the rows of
+//!   `oracle/MANIFEST.tsv`, then upstream's four test files), one
+//!   iteration = `Elf::parse` + `extract` (no debug-link lookup) on bytes
+//!   already in memory;
+//! * `extract/librustc_driver`: the stable toolchain's compiler driver
+//!   (about a million deltas);
+//! * `gimli_floor/<name>`: `Elf::parse` + a bare gimli walk over every
+//!   CFI row of `.eh_frame` (FDEs, `UnwindTable` rows, nothing done with
+//!   them), for the files whose ratio to the floor is reported;
+//! * `usr_walk/{2_threads,1_thread}`: every 64-bit ELF file under `/usr`
+//!   (collected once; unreadable and non-ELF files skipped, hard links
+//!   counted once), one pass = open + map + parse + extract of each, the
+//!   files shared out to two threads (and on one, for the scaling), each
+//!   file extracted on its worker's thread.
+//!
+//! Test data: `$EIM_TESTDATA`, else `../../shared/testdata` from this
+//! crate. `EIM_BENCH_USR=0` skips the `/usr` walk.
+
+use std::fs::File;
+use std::hint::black_box;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use eim_core::elf::ehframe::Parallelism;
+use eim_core::elf::{extract, extract_with, Elf};
+
+fn testdata() -> PathBuf {
+    match std::env::var_os("EIM_TESTDATA") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"),
+    }
+}
+
+/// (name, path) of every oracle input, as `tests/elf_oracle.rs` finds them.
+fn oracle_inputs() -> Vec<(String, PathBuf)> {
+    let root = testdata();
+    let oracle = root.join("oracle");
+    let Ok(manifest) = std::fs::read_to_string(oracle.join("MANIFEST.tsv")) else {
+        eprintln!("no oracle manifest under {}: skipped", root.display());
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in manifest.lines().skip(1) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let (Some(name), Some(path)) = (cols.first(), cols.get(1)) else {
+            continue;
+        };
+        let file = if path.starts_with('/') {
+            PathBuf::from(path)
+        } else {
+            oracle.join(path)
+        };
+        out.push((name.to_string(), file));
+    }
+    for name in [
+        "volname",
+        "libcrypto-alpine-test.so",
+        "schrodinger-libpython3.8.so.1.0",
+        "vdso.arch64.withframe",
+    ] {
+        out.push((name.to_string(), root.join("upstream").join(name)));
+    }
+    out
+}
+
+fn rustc_driver() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME")?;
+    let lib = Path::new(&home).join(".rustup/toolchains/stable-x86_64-unknown-linux-gnu/lib");
+    std::fs::read_dir(lib)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("librustc_driver-") && n.ends_with(".so"))
+        })
+}
+
+/// One extraction as measured: parse the ELF view, extract, no debug link.
+/// Returns the delta count (0 on error: the error is part of the result).
+fn extract_bytes(bytes: &[u8]) -> usize {
+    match Elf::parse(bytes) {
+        Ok(elf) => extract(&elf, None).map_or(0, |d| d.len()),
+        Err(_) => 0,
+    }
+}
+
+/// Every row of every FDE of `.eh_frame`, decoded by gimli: the floor a
+/// CFI walk can reach. Includes `Elf::parse`, as `extract_bytes` does.
+fn gimli_rows(bytes: &[u8]) -> usize {
+    use gimli::{BaseAddresses, CieOrFde, EhFrame, UnwindContext, UnwindSection};
+    let Ok(elf) = Elf::parse(bytes) else {
+        return 0;
+    };
+    let Some(section) = elf.section(".eh_frame") else {
+        return 0;
+    };
+    let eh = EhFrame::new(section.data, gimli::LittleEndian);
+    let bases = BaseAddresses::default().set_eh_frame(section.address);
+    let mut ctx = UnwindContext::new();
+    let mut entries = eh.entries(&bases);
+    let mut rows = 0;
+    while let Ok(Some(entry)) = entries.next() {
+        if let CieOrFde::Fde(partial) = entry {
+            let Ok(fde) = partial.parse(|_, b, o| eh.cie_from_offset(b, o)) else {
+                continue;
+            };
+            let Ok(mut table) = fde.rows(&eh, &bases, &mut ctx) else {
+                continue;
+            };
+            while let Ok(Some(row)) = table.next_row() {
+                black_box(row.cfa());
+                rows += 1;
+            }
+        }
+    }
+    rows
+}
+
+/// Files with a gimli floor bench: the big CFI files.
+const FLOOR_FILES: [&str; 4] = [
+    "aarch64-libc.so.6",
+    "x86_64-libc.so.6",
+    "x86_64-libstdc++.so.6",
+    "bash",
+];
+
+fn per_file(c: &mut Criterion) {
+    let mut inputs: Vec<(String, Vec<u8>)> = oracle_inputs()
+        .into_iter()
+        .filter_map(|(name, path)| match std::fs::read(&path) {
+            Ok(bytes) => Some((name, bytes)),
+            Err(e) => {
+                eprintln!("{}: {e}: skipped", path.display());
+                None
+            }
+        })
+        .collect();
+    if let Some(path) = rustc_driver() {
+        match std::fs::read(&path) {
+            Ok(bytes) => inputs.push(("librustc_driver".into(), bytes)),
+            Err(e) => eprintln!("{}: {e}: skipped", path.display()),
+        }
+    }
+    for (name, bytes) in &inputs {
+        eprintln!(
+            "input {name}: {} bytes, {} deltas",
+            bytes.len(),
+            extract_bytes(bytes)
+        );
+    }
+
+    let mut group = c.benchmark_group("extract");
+    for (name, bytes) in &inputs {
+        if name == "librustc_driver" {
+            group
+                .sample_size(30)
+                .measurement_time(Duration::from_secs(10));
+        }
+        group.bench_function(name.as_str(), |b| {
+            b.iter(|| extract_bytes(black_box(bytes)))
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("gimli_floor");
+    for (name, bytes) in &inputs {
+        if !FLOOR_FILES.contains(&name.as_str()) && name != "librustc_driver" {
+            continue;
+        }
+        if name == "librustc_driver" {
+            group
+                .sample_size(30)
+                .measurement_time(Duration::from_secs(10));
+        }
+        eprintln!("gimli rows {name}: {}", gimli_rows(bytes));
+        group.bench_function(name.as_str(), |b| b.iter(|| gimli_rows(black_box(bytes))));
+    }
+    group.finish();
+}
+
+/// Every regular 64-bit ELF file under `root`, once per inode, largest
+/// first (so that the two workers finish together).
+fn elf_files(root: &Path) -> Vec<PathBuf> {
+    let mut seen = std::collections::HashSet::new();
+    let mut files = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else {
+                continue; // symlink_metadata: links are not followed
+            };
+            if meta.is_dir() {
+                dirs.push(entry.path());
+                continue;
+            }
+            if !meta.is_file() || !seen.insert((meta.dev(), meta.ino())) {
+                continue;
+            }
+            let mut head = [0u8; 5];
+            let is_elf64 = File::open(entry.path())
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+                .is_ok()
+                && head == *b"\x7fELF\x02";
+            if is_elf64 {
+                files.push((meta.len(), entry.path()));
+            }
+        }
+    }
+    files.sort_by(|a, b| b.cmp(a));
+    files.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Open, map, parse and extract one file on this thread (the walk runs
+/// files side by side): its delta count.
+fn extract_path(path: &Path) -> usize {
+    let Ok(file) = File::open(path) else {
+        return 0;
+    };
+    // SAFETY: read-only mapping of a file nobody writes during the bench.
+    let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
+        return 0;
+    };
+    match Elf::parse(&map) {
+        Ok(elf) => extract_with(&elf, None, Parallelism::SEQUENTIAL).map_or(0, |d| d.len()),
+        Err(_) => 0,
+    }
+}
+
+/// One pass over `files` on `threads` threads: the total delta count.
+fn walk(files: &[PathBuf], threads: usize) -> usize {
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut deltas = 0;
+        while let Some(path) = files.get(next.fetch_add(1, Ordering::Relaxed)) {
+            deltas += extract_path(path);
+        }
+        deltas
+    };
+    std::thread::scope(|s| {
+        let others: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+        let mine = work();
+        mine + others
+            .into_iter()
+            .map(|h| h.join().unwrap_or(0))
+            .sum::<usize>()
+    })
+}
+
+fn usr_walk(c: &mut Criterion) {
+    if std::env::var_os("EIM_BENCH_USR").is_some_and(|v| v == "0") {
+        return;
+    }
+    let files = elf_files(Path::new("/usr"));
+    let bytes: u64 = files
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    let parsed = files
+        .iter()
+        .filter(|p| {
+            File::open(p)
+                .ok()
+                .and_then(|f| unsafe { memmap2::Mmap::map(&f) }.ok())
+                .is_some_and(|m| Elf::parse(&m).is_ok())
+        })
+        .count();
+    eprintln!(
+        "usr_walk: {} 64-bit ELF files ({parsed} x86-64/arm64), {:.1} MB, {} deltas in all",
+        files.len(),
+        bytes as f64 / 1e6,
+        walk(&files, 2)
+    );
+    let mut group = c.benchmark_group("usr_walk");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(20))
+        .warm_up_time(Duration::from_secs(1));
+    group.bench_function("2_threads", |b| b.iter(|| walk(&files, 2)));
+    group.bench_function("1_thread", |b| b.iter(|| walk(&files, 1)));
+    group.finish();
+}
+
+criterion_group!(benches, per_file, usr_walk);
+criterion_main!(benches);
