@@ -18,6 +18,15 @@
 //!   (freeing the unpublished array) and `done` is 0. On success the fd is
 //!   kept, per (class, file id), so that reading and deleting the table never
 //!   needs `HashOfMaps::get` (which needs CAP_SYS_ADMIN).
+//! * `PutDeltaTables`: create and fill the inner ARRAY of every table (one
+//!   `UPDATE_BATCH` each), then publish them all with ONE `UPDATE_BATCH` of
+//!   the outer map whose values are the inner fds: one map-in-map RCU wait
+//!   (about 8 ms) for the whole batch instead of one per table. A batch
+//!   cannot ask for `BPF_NOEXIST`, so absence is checked against the tables
+//!   this backend holds; the absent prefix is published and `EEXIST`
+//!   reported at the first present (or repeated) file id. `done` counts the
+//!   tables published (a failed create or fill publishes nothing); the fds
+//!   of the unpublished arrays are closed, freeing them.
 //! * `PutPages`: a batch cannot ask for `BPF_NOEXIST`, so absence is checked
 //!   against the page keys this backend wrote (no syscall per key); the
 //!   absent prefix is written with one `UPDATE_BATCH`, and `EEXIST` is
@@ -277,6 +286,9 @@ pub struct KernelMaps {
     /// The page keys present in the page map.
     page_keys: BTreeSet<StackDeltaPageKey>,
     pin_report: Option<PinReport>,
+    /// Update calls (single or batch) issued on outer maps: each one waits
+    /// for an RCU grace period.
+    outer_updates: u64,
 }
 
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<MapData, KernelError> {
@@ -365,6 +377,7 @@ impl KernelMaps {
             inner: BTreeMap::new(),
             page_keys: BTreeSet::new(),
             pin_report,
+            outer_updates: 0,
         };
         if clean {
             let cleaned = maps.clean()?;
@@ -513,14 +526,87 @@ impl KernelMaps {
         sys::update_batch(inner.as_fd(), &keys, &values, deltas.len(), 0)
             .map_err(|e| fail(e.errno))?;
         let inner_id = (std::os::fd::AsRawFd::as_raw_fd(&inner) as u32).to_le_bytes();
-        sys::update_elem(
+        let published = sys::update_elem(
             fd(outer),
             &file_id.0.to_bytes(),
             &inner_id,
             sys::BPF_NOEXIST,
-        )
-        .map_err(|e| fail(e.errno))?;
+        );
+        self.outer_updates += 1;
+        published.map_err(|e| fail(e.errno))?;
         self.inner.insert((class, file_id), inner);
+        Ok(())
+    }
+
+    /// Update calls issued on outer maps so far (single or batch; each
+    /// waits for one RCU grace period).
+    pub fn outer_updates(&self) -> u64 {
+        self.outer_updates
+    }
+
+    fn put_delta_tables(
+        &mut self,
+        class: u16,
+        tables: &[(FileId, std::sync::Arc<[StackDelta]>)],
+    ) -> Result<(), OpFailure> {
+        let fail = |errno: i32| OpFailure::new(Errno(errno), 0);
+        let at = usize::from(
+            class
+                .checked_sub(SIZE_CLASS_MIN)
+                .ok_or(fail(libc::EINVAL))?,
+        );
+        if at >= self.outers.len() {
+            return Err(fail(libc::EINVAL));
+        }
+        let entries = abi::class_entries(class).ok_or(fail(libc::EINVAL))?;
+        // Create and fill every inner array. On any failure the arrays
+        // created so far are dropped: their fds close and they are freed.
+        let mut created = Vec::with_capacity(tables.len());
+        for (_, deltas) in tables {
+            let count = u32::try_from(deltas.len()).map_err(|_| fail(libc::E2BIG))?;
+            let inner = sys::map_create(&sys::MapSpec {
+                map_type: sys::map_type::ARRAY,
+                key_size: u32::SIZE as u32,
+                value_size: StackDelta::SIZE as u32,
+                max_entries: entries,
+                map_flags: 0,
+                inner_map: None,
+                name: "eim_deltas",
+            })
+            .map_err(|e| fail(e.errno))?;
+            let keys = flatten(0..count);
+            let values = flatten(deltas.iter().copied());
+            sys::update_batch(inner.as_fd(), &keys, &values, deltas.len(), 0)
+                .map_err(|e| fail(e.errno))?;
+            created.push(inner);
+        }
+        let mut seen = BTreeSet::new();
+        let absent = tables
+            .iter()
+            .position(|(id, _)| !seen.insert(*id) || self.inner.contains_key(&(class, *id)))
+            .unwrap_or(tables.len());
+        let keys = flatten(tables[..absent].iter().map(|(id, _)| id.0));
+        let values = flatten(
+            created[..absent]
+                .iter()
+                .map(|inner| std::os::fd::AsRawFd::as_raw_fd(inner) as u32),
+        );
+        if absent > 0 {
+            self.outer_updates += 1;
+        }
+        let published = sys::update_batch(fd(&self.outers[at]), &keys, &values, absent, 0);
+        let done = match &published {
+            Ok(()) => absent,
+            Err(e) => e.processed.min(absent),
+        };
+        // Keep the published arrays' fds; the others close here.
+        for ((file_id, _), inner) in tables.iter().zip(created).take(done) {
+            self.inner.insert((class, *file_id), inner);
+        }
+        published.map_err(failure)?;
+        if absent < tables.len() {
+            return Err(OpFailure::new(Errno::EEXIST, absent));
+        }
         Ok(())
     }
 
@@ -667,6 +753,7 @@ impl Backend for KernelMaps {
                 map_id,
                 deltas,
             } => self.put_delta_table(*file_id, *map_id, deltas),
+            MapOp::PutDeltaTables { map_id, tables } => self.put_delta_tables(*map_id, tables),
             MapOp::PutPages(pages) => self.put_pages(pages),
             MapOp::DeletePages(keys) => self.delete_pages(keys),
             MapOp::DeleteDeltaTable { file_id, map_id } => {

@@ -232,6 +232,54 @@ impl<B: Backend> KernelSide<B> {
         })
     }
 
+    /// Loads several files with one batch plan (one outer-map publication
+    /// per size class). One outcome per distinct file id. On a kernel
+    /// failure every file of the batch is rolled back and gets the error;
+    /// files refused at planning get their own error and do not block the
+    /// others.
+    fn load_many(
+        &mut self,
+        files: &[(FileId, &[StackDelta])],
+    ) -> BTreeMap<FileId, Result<MapRef, Error>> {
+        self.retry_leftovers();
+        let (plan, refused) = self.book.plan_load_many(files);
+        let mut out = BTreeMap::new();
+        let stopped = execute(&mut self.backend, &plan.ops).err();
+        match stopped {
+            None => {
+                for (file_id, map_ref) in self.book.commit_load_many(plan) {
+                    out.insert(file_id, Ok(map_ref));
+                }
+            }
+            Some(stopped) => {
+                let failed = &plan.ops[stopped.at];
+                let (map, op, len) = (failed.map(), failed.name(), failed.len());
+                let rollback = self.book.abort_load_many(&plan, stopped);
+                let result = execute(&mut self.backend, &rollback.ops);
+                self.book.finish_rollback_many(rollback, result);
+                for file in &plan.files {
+                    let file_id = file.file_id;
+                    out.insert(
+                        file_id,
+                        Err(Error::Kernel {
+                            file_id,
+                            map,
+                            op,
+                            errno: stopped.failure.errno,
+                            done: stopped.failure.done,
+                            len,
+                            rolled_back: !self.book.leftovers().contains_key(&file_id),
+                        }),
+                    );
+                }
+            }
+        }
+        for (file_id, e) in refused {
+            out.entry(file_id).or_insert(Err(plan_error(file_id, e)));
+        }
+        out
+    }
+
     fn unload(&mut self, file_id: FileId) -> Result<(), Error> {
         self.retry_leftovers();
         let Some(plan) = self.book.plan_unload(file_id) else {
@@ -395,6 +443,115 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 Err(e)
             }
         }
+    }
+
+    /// Takes a reference on each file, like [`Self::add_or_inc_ref`] on each
+    /// in turn, but loads all the new ones with ONE batch plan: their tables
+    /// are published with one outer-map batch update per size class, so a
+    /// batch pays one map-in-map RCU wait per class used instead of one per
+    /// file. Known files take a reference on the fast path; deferred files
+    /// are refused; a file being loaded by another caller is waited for
+    /// (after this batch has landed). Extraction runs with no lock held; the
+    /// new files are then planned, written and recorded in one kernel-lock
+    /// session. If the kernel fails part way, every file of the batch is
+    /// rolled back and gets the error (and is deferred); a file refused at
+    /// planning gets its own error and does not block the others. Results
+    /// are in the order of `files`; a file given twice gets two references.
+    pub fn load_many(&self, files: &[(FileId, &P::Elf)]) -> Vec<Result<ExecutableInfo, Error>> {
+        let mut results: Vec<Option<Result<ExecutableInfo, Error>>> = vec![None; files.len()];
+        let mut mine: Vec<(usize, FlightGuard<'_, P, B>)> = Vec::new();
+        let mut waits: Vec<(usize, Arc<Flight>)> = Vec::new();
+        for (i, &(file_id, _)) in files.iter().enumerate() {
+            let mut shard = lock(self.shard(file_id));
+            if let Some(info) = shard.files.inc_ref(file_id) {
+                results[i] = Some(Ok(info));
+                continue;
+            }
+            if let Some((flight, waiters)) = shard.flights.get_mut(&file_id) {
+                *waiters += 1;
+                waits.push((i, flight.clone()));
+                continue;
+            }
+            if lock(&self.deferred).contains(file_id, self.clock.now()) {
+                results[i] = Some(Err(Error::Deferred { file_id }));
+                continue;
+            }
+            let flight = Arc::new(Flight::new());
+            shard.flights.insert(file_id, (flight.clone(), 0));
+            drop(shard);
+            mine.push((
+                i,
+                FlightGuard {
+                    manager: self,
+                    file_id,
+                    flight,
+                    landed: false,
+                },
+            ));
+        }
+        // Extraction, no lock held.
+        let mut outcomes: Vec<Option<Result<ExecutableInfo, Error>>> = vec![None; mine.len()];
+        let mut extracted = Vec::new();
+        for (n, (i, guard)) in mine.iter().enumerate() {
+            let file_id = guard.file_id;
+            match self.provider.extract(files[*i].1) {
+                Ok(extraction) => {
+                    self.extracted.fetch_add(1, Ordering::Relaxed);
+                    extracted.push((n, extraction));
+                }
+                Err(source) => {
+                    if !source.is_not_found() {
+                        self.extraction_errors.fetch_add(1, Ordering::Relaxed);
+                        self.defer(file_id);
+                    }
+                    outcomes[n] = Some(Err(Error::Extraction { file_id, source }));
+                }
+            }
+        }
+        // One kernel-lock session for the whole batch.
+        let batch: Vec<(FileId, &[StackDelta])> = extracted
+            .iter()
+            .map(|(n, e)| (mine[*n].1.file_id, &e.data.deltas[..]))
+            .collect();
+        let mut loaded = if batch.is_empty() {
+            BTreeMap::new()
+        } else {
+            lock(&self.kernel).load_many(&batch)
+        };
+        for (n, extraction) in &extracted {
+            let file_id = mine[*n].1.file_id;
+            let outcome = match loaded.remove(&file_id) {
+                Some(Ok(_)) => Ok(ExecutableInfo {
+                    interpreter: None,
+                    tsd: extraction.tsd,
+                }),
+                Some(Err(e)) => {
+                    if !matches!(e, Error::CleanupPending { .. }) {
+                        self.defer(file_id);
+                    }
+                    Err(e)
+                }
+                None => Err(Error::ExtractionAborted { file_id }),
+            };
+            outcomes[*n] = Some(outcome);
+        }
+        // Land every flight of the batch, then wait for the others' (never
+        // before: two batches waiting on each other's flights would hang).
+        for ((i, mut guard), outcome) in mine.into_iter().zip(outcomes) {
+            let file_id = guard.file_id;
+            let outcome = outcome.unwrap_or(Err(Error::ExtractionAborted { file_id }));
+            results[i] = Some(guard.land(outcome));
+        }
+        for (i, flight) in waits {
+            results[i] = Some(flight.wait());
+        }
+        results
+            .into_iter()
+            .zip(files)
+            .map(|(r, (file_id, _))| {
+                r.unwrap_or(Err(Error::ExtractionAborted { file_id: *file_id }))
+            })
+            .collect()
     }
 
     /// Loads unwind data that was not extracted from a file (the arm64 vDSO).

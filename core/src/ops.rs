@@ -99,6 +99,16 @@ pub enum MapOp {
         map_id: u16,
         deltas: Arc<[abi::StackDelta]>,
     },
+    /// Create and fill an inner array of class `map_id` for each table (in
+    /// order), then publish them all with ONE batch update of the class's
+    /// outer map (one map-in-map RCU wait for the whole batch). The file ids
+    /// must be absent from the outer map. `done` counts the tables published,
+    /// always a prefix; the arrays of the others are freed. The undo of each
+    /// published table is its [`MapOp::DeleteDeltaTable`].
+    PutDeltaTables {
+        map_id: u16,
+        tables: Vec<(FileId, Arc<[abi::StackDelta]>)>,
+    },
     /// Insert page entries (one batch; the keys must be absent).
     PutPages(Vec<(StackDeltaPageKey, StackDeltaPageInfo)>),
     /// Delete page entries (one batch; stops at the first missing key).
@@ -116,6 +126,7 @@ impl MapOp {
     pub fn len(&self) -> usize {
         match self {
             Self::PutUnwindInfos(v) => v.len(),
+            Self::PutDeltaTables { tables, .. } => tables.len(),
             Self::PutPages(v) => v.len(),
             Self::DeletePages(v) => v.len(),
             _ => 1,
@@ -131,6 +142,7 @@ impl MapOp {
         match self {
             Self::PutUnwindInfos(_) => "put unwind infos",
             Self::PutDeltaTable { .. } => "put delta table",
+            Self::PutDeltaTables { .. } => "put delta tables",
             Self::PutPages(_) => "put pages",
             Self::DeletePages(_) => "delete pages",
             Self::DeleteDeltaTable { .. } => "delete delta table",
@@ -153,14 +165,32 @@ impl MapOp {
     pub fn map(&self) -> MapKind {
         match self {
             Self::PutUnwindInfos(_) => MapKind::UnwindInfo,
-            Self::PutDeltaTable { map_id, .. } | Self::DeleteDeltaTable { map_id, .. } => {
-                MapKind::DeltaTables(*map_id)
-            }
+            Self::PutDeltaTable { map_id, .. }
+            | Self::PutDeltaTables { map_id, .. }
+            | Self::DeleteDeltaTable { map_id, .. } => MapKind::DeltaTables(*map_id),
             Self::PutPages(_) | Self::DeletePages(_) => MapKind::Pages,
             Self::PutInterpreterOffsets { .. } | Self::DeleteInterpreterOffsets { .. } => {
                 MapKind::InterpreterOffsets
             }
         }
+    }
+
+    /// The op restricted to its first `n` elements (what a batch that
+    /// stopped after `n` elements left in effect). `None` when that is
+    /// nothing for a single-element op (`n == 0`); a batch op gives a
+    /// (possibly empty) batch.
+    pub fn head(&self, n: usize) -> Option<MapOp> {
+        Some(match self {
+            Self::PutUnwindInfos(v) => Self::PutUnwindInfos(v[..n.min(v.len())].to_vec()),
+            Self::PutDeltaTables { map_id, tables } => Self::PutDeltaTables {
+                map_id: *map_id,
+                tables: tables[..n.min(tables.len())].to_vec(),
+            },
+            Self::PutPages(v) => Self::PutPages(v[..n.min(v.len())].to_vec()),
+            Self::DeletePages(v) => Self::DeletePages(v[..n.min(v.len())].to_vec()),
+            single if n > 0 => single.clone(),
+            _ => return None,
+        })
     }
 
     /// The op restricted to the elements from `from` on (for a batch that
@@ -171,6 +201,10 @@ impl MapOp {
         }
         Some(match self {
             Self::PutUnwindInfos(v) => Self::PutUnwindInfos(v[from..].to_vec()),
+            Self::PutDeltaTables { map_id, tables } => Self::PutDeltaTables {
+                map_id: *map_id,
+                tables: tables[from..].to_vec(),
+            },
             Self::PutPages(v) => Self::PutPages(v[from..].to_vec()),
             Self::DeletePages(v) => Self::DeletePages(v[from..].to_vec()),
             other => other.clone(),
@@ -190,6 +224,12 @@ impl fmt::Debug for MapOp {
                 f,
                 "PutDeltaTable({file_id}, class {map_id}, {} deltas)",
                 deltas.len()
+            ),
+            Self::PutDeltaTables { map_id, tables } => write!(
+                f,
+                "PutDeltaTables(class {map_id}, {} tables: {:?})",
+                tables.len(),
+                tables.iter().map(|(id, _)| *id).collect::<Vec<_>>()
             ),
             Self::PutPages(v) => write!(f, "PutPages({} pages)", v.len()),
             Self::DeletePages(v) => write!(f, "DeletePages({} pages)", v.len()),

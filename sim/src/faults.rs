@@ -93,26 +93,13 @@ impl SimMaps {
             Fault::Fail(errno) => Err(OpFailure::new(errno, 0)),
             Fault::StopAfter { after, errno } => {
                 let done = after.min(op.len().saturating_sub(1));
-                if let Some(head) = prefix(op, done) {
+                if let Some(head) = op.head(done) {
                     self.apply_now(&head)?;
                 }
                 Err(OpFailure::new(errno, done))
             }
         }
     }
-}
-
-/// The first `n` elements of `op` as an op of their own: what a batch that
-/// stopped after `n` elements left in effect. `None` when that is nothing
-/// for a single-element op (`n == 0`); a batch op gives an empty batch.
-pub fn prefix(op: &MapOp, n: usize) -> Option<MapOp> {
-    Some(match op {
-        MapOp::PutUnwindInfos(v) => MapOp::PutUnwindInfos(v[..n.min(v.len())].to_vec()),
-        MapOp::PutPages(v) => MapOp::PutPages(v[..n.min(v.len())].to_vec()),
-        MapOp::DeletePages(v) => MapOp::DeletePages(v[..n.min(v.len())].to_vec()),
-        single if n > 0 => single.clone(),
-        _ => return None,
-    })
 }
 
 #[cfg(test)]
@@ -212,7 +199,7 @@ mod tests {
     /// `op` took effect.
     fn after_prefix(base: &SimMaps, op: &MapOp, done: usize) -> SimMaps {
         let mut want = base.clone();
-        if let Some(head) = prefix(op, done) {
+        if let Some(head) = op.head(done) {
             assert_eq!(want.apply_now(&head), Ok(()));
         }
         want
@@ -308,12 +295,12 @@ mod tests {
     }
 
     #[test]
-    fn prefix_cuts_batches_and_keeps_or_drops_single_ops() {
+    fn head_cuts_batches_and_keeps_or_drops_single_ops() {
         let (_, ops) = setup();
-        assert_eq!(prefix(&ops[0], 2).map(|op| op.len()), Some(2));
-        assert_eq!(prefix(&ops[0], 99).as_ref(), Some(&ops[0]));
-        assert_eq!(prefix(&ops[2], 0).map(|op| op.len()), Some(0));
-        assert_eq!(prefix(&ops[4], 0), None);
-        assert_eq!(prefix(&ops[4], 1).as_ref(), Some(&ops[4]));
+        assert_eq!(ops[0].head(2).map(|op| op.len()), Some(2));
+        assert_eq!(ops[0].head(99).as_ref(), Some(&ops[0]));
+        assert_eq!(ops[2].head(0).map(|op| op.len()), Some(0));
+        assert_eq!(ops[4].head(0), None);
+        assert_eq!(ops[4].head(1).as_ref(), Some(&ops[4]));
     }
 }

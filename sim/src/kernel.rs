@@ -261,6 +261,7 @@ impl SimMaps {
                 map_id,
                 deltas,
             } => self.put_delta_table(*file_id, *map_id, deltas),
+            MapOp::PutDeltaTables { map_id, tables } => self.put_delta_tables(*map_id, tables),
             MapOp::PutPages(pages) => self.put_pages(pages),
             MapOp::DeletePages(keys) => {
                 let flat = flatten(keys.iter().copied());
@@ -325,6 +326,77 @@ impl SimMaps {
         // any, keeps the array alive.
         let closed = self.reg.close(inner);
         published.and(closed).map_err(fail)
+    }
+
+    /// Create and fill the inner array of every table (one batch each),
+    /// then publish them all with ONE batch update of the outer map, then
+    /// close the creator's fds. A batch update cannot say `BPF_NOEXIST`, so,
+    /// like the real backend, the file ids are checked absent first (and
+    /// against repeats inside the op): the absent prefix is published and
+    /// `EEXIST` reported at the first present id. A failed create or fill
+    /// publishes nothing (`done` 0); a failed publish leaves the kernel's
+    /// processed prefix. Unpublished arrays are freed on every path.
+    fn put_delta_tables(
+        &mut self,
+        class: u16,
+        tables: &[(FileId, std::sync::Arc<[StackDelta]>)],
+    ) -> Result<(), OpFailure> {
+        let fail = |errno| OpFailure::new(errno, 0);
+        let outer = self.outer(class).ok_or(fail(Errno::EINVAL))?;
+        let mut created = Vec::with_capacity(tables.len());
+        let mut filled = Ok(());
+        for (_, deltas) in tables {
+            let Ok(count) = u32::try_from(deltas.len()) else {
+                filled = Err(Errno::E2BIG);
+                break;
+            };
+            let inner = match self.reg.create(inner_spec(class)) {
+                Ok(inner) => inner,
+                Err(errno) => {
+                    filled = Err(errno);
+                    break;
+                }
+            };
+            created.push(inner);
+            let keys = flatten(0..count);
+            let values = flatten(deltas.iter().copied());
+            if let Err(e) = self
+                .reg
+                .update_batch(inner, &keys, &values, deltas.len(), 0)
+            {
+                filled = Err(e.errno);
+                break;
+            }
+        }
+        let published = filled.map_err(fail).and_then(|()| {
+            let mut seen = std::collections::BTreeSet::new();
+            let absent = tables
+                .iter()
+                .position(|(id, _)| {
+                    !seen.insert(*id) || self.reg.inner(outer, &id.0.to_bytes()).is_some()
+                })
+                .unwrap_or(tables.len());
+            let keys = flatten(tables[..absent].iter().map(|(id, _)| id.0));
+            let values = flatten(created[..absent].iter().map(|inner| inner.0));
+            self.reg
+                .update_batch(outer, &keys, &values, absent, 0)
+                .map_err(failure)?;
+            if absent < tables.len() {
+                return Err(OpFailure::new(Errno::EEXIST, absent));
+            }
+            Ok(())
+        });
+        // The creator's fds are closed on every path; the outer entries
+        // keep the published arrays alive.
+        let mut closed = Ok(());
+        for inner in created {
+            closed = closed.and(self.reg.close(inner));
+        }
+        match (published, closed) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Err(errno)) => Err(OpFailure::new(errno, tables.len())),
+            (Ok(()), Ok(())) => Ok(()),
+        }
     }
 
     /// Pages must be absent, but a batch update cannot say `BPF_NOEXIST`

@@ -29,7 +29,7 @@ pub use checker::{
     check_accounting, check_all, check_lookup_equivalence, check_projection, check_reader_safety,
     Sources, Violation,
 };
-pub use faults::{prefix, Fault, FaultPlan};
+pub use faults::{Fault, FaultPlan};
 pub use kernel::{inner_spec, InnerTable, SimConfig, SimError, SimMaps};
 pub use maps::{
     BatchError, BpfMap, MapId, MapRegistry, MapSpec, MapType, BPF_ANY, BPF_EXIST, BPF_F_LOCK,

@@ -115,6 +115,41 @@ pub struct Stopped {
     pub failure: OpFailure,
 }
 
+/// One table of a [`MapOp::PutDeltaTables`].
+type ClassTable = (FileId, Arc<[abi::StackDelta]>);
+
+/// What the earlier files of a batch reserved (not yet committed).
+#[derive(Debug, Default)]
+struct Pending {
+    files: std::collections::BTreeSet<FileId>,
+    pages: u64,
+    tables: [u32; abi::SIZE_CLASS_COUNT],
+}
+
+/// The ops that load several files at once, and the per-file plans they
+/// were built from. The ops are, in publication order: every new slot (one
+/// batch), one [`MapOp::PutDeltaTables`] per size class used (class order;
+/// each publishes all its tables with one outer-map batch), every page of
+/// every file (one batch). A page is therefore never published before the
+/// table it names, nor a table before its slots, exactly as for one file.
+#[derive(Clone, Debug)]
+pub struct LoadManyPlan {
+    pub ops: Vec<MapOp>,
+    /// The planned files in batch order (an empty file has no ops).
+    pub files: Vec<LoadPlan>,
+}
+
+/// Ops that undo the applied part of a failed batch (top-down: every page,
+/// then every table, then the new slots back to zero), with the file each
+/// op belongs to (for the leftovers if the undo fails in turn).
+#[derive(Clone, Debug)]
+pub struct ManyRollback {
+    pub ops: Vec<MapOp>,
+    /// The files of the batch (for a `DeletePages` the owner is read from
+    /// each key; the slot op has no owner).
+    pub files: Vec<FileId>,
+}
+
 /// The book itself.
 #[derive(Clone, Debug)]
 pub struct KernelBook {
@@ -200,7 +235,18 @@ impl KernelBook {
         file_id: FileId,
         deltas: &[StackDelta],
     ) -> Result<LoadPlan, PlanError> {
-        if self.loaded.contains_key(&file_id) {
+        self.plan_one(file_id, deltas, &Pending::default())
+    }
+
+    /// Plans one file, counting `pending` (earlier files of the same batch,
+    /// planned but not committed) against the capacities.
+    fn plan_one(
+        &mut self,
+        file_id: FileId,
+        deltas: &[StackDelta],
+        pending: &Pending,
+    ) -> Result<LoadPlan, PlanError> {
+        if self.loaded.contains_key(&file_id) || pending.files.contains(&file_id) {
             return Err(PlanError::AlreadyLoaded);
         }
         if self.leftovers.contains_key(&file_id) {
@@ -217,14 +263,20 @@ impl KernelBook {
             });
         };
         let num_pages = draft.per_page.len() as u64;
-        if self.pages_in_use + self.leftover_pages() + num_pages > u64::from(self.caps.pages) {
+        if self.pages_in_use + self.leftover_pages() + pending.pages + num_pages
+            > u64::from(self.caps.pages)
+        {
             return Err(PlanError::MapFull {
                 map: MapKind::Pages,
                 capacity: self.caps.pages,
             });
         }
         let class = draft.map_id;
-        if self.tables_in_class(class) + self.leftover_tables(class) >= self.caps.outer_entries {
+        if self.tables_in_class(class)
+            + self.leftover_tables(class)
+            + pending.tables[class_index(class)]
+            >= self.caps.outer_entries
+        {
             return Err(PlanError::MapFull {
                 map: MapKind::DeltaTables(class),
                 capacity: self.caps.outer_entries,
@@ -333,6 +385,14 @@ impl KernelBook {
                     file_id: *file_id,
                     map_id: *map_id,
                 }),
+                MapOp::PutDeltaTables { map_id, tables } => {
+                    undo.extend(tables[..in_effect].iter().map(|(file_id, _)| {
+                        MapOp::DeleteDeltaTable {
+                            file_id: *file_id,
+                            map_id: *map_id,
+                        }
+                    }))
+                }
                 MapOp::PutPages(v) => undo.push(MapOp::DeletePages(
                     v[..in_effect].iter().map(|(k, _)| *k).collect(),
                 )),
@@ -400,6 +460,215 @@ impl KernelBook {
         }
         if !remaining.is_empty() {
             self.leftovers.insert(rollback.file_id, remaining);
+        }
+        false
+    }
+
+    /// Plans the load of several files as one batch. Files refused here
+    /// (already loaded, cleanup pending, repeated in the batch, capacity,
+    /// encoding) get their error and do not block the others; nothing is
+    /// reserved for them.
+    pub fn plan_load_many(
+        &mut self,
+        files: &[(FileId, &[StackDelta])],
+    ) -> (LoadManyPlan, Vec<(FileId, PlanError)>) {
+        let mut pending = Pending::default();
+        let mut plans = Vec::with_capacity(files.len());
+        let mut refused = Vec::new();
+        for &(file_id, deltas) in files {
+            match self.plan_one(file_id, deltas, &pending) {
+                Ok(plan) => {
+                    pending.files.insert(file_id);
+                    if plan.map_ref.map_id != 0 {
+                        pending.pages += u64::from(plan.map_ref.num_pages);
+                        pending.tables[class_index(plan.map_ref.map_id)] += 1;
+                    }
+                    plans.push(plan);
+                }
+                Err(e) => refused.push((file_id, e)),
+            }
+        }
+        let mut slots = Vec::new();
+        let mut tables: BTreeMap<u16, Vec<ClassTable>> = BTreeMap::new();
+        let mut pages = Vec::new();
+        for plan in &plans {
+            for op in &plan.ops {
+                match op {
+                    MapOp::PutUnwindInfos(v) => slots.extend(v.iter().copied()),
+                    MapOp::PutDeltaTable {
+                        file_id,
+                        map_id,
+                        deltas,
+                    } => tables
+                        .entry(*map_id)
+                        .or_default()
+                        .push((*file_id, deltas.clone())),
+                    MapOp::PutPages(v) => pages.extend(v.iter().copied()),
+                    other => unreachable!("a load plan holds no {other:?}"),
+                }
+            }
+        }
+        let mut ops = Vec::with_capacity(2 + tables.len());
+        if !slots.is_empty() {
+            ops.push(MapOp::PutUnwindInfos(slots));
+        }
+        ops.extend(
+            tables
+                .into_iter()
+                .map(|(map_id, tables)| MapOp::PutDeltaTables { map_id, tables }),
+        );
+        if !pages.is_empty() {
+            ops.push(MapOp::PutPages(pages));
+        }
+        (LoadManyPlan { ops, files: plans }, refused)
+    }
+
+    /// Records a batch whose ops all took effect.
+    pub fn commit_load_many(&mut self, plan: LoadManyPlan) -> Vec<(FileId, MapRef)> {
+        plan.files
+            .into_iter()
+            .map(|p| (p.file_id, self.commit_load(p)))
+            .collect()
+    }
+
+    /// A batch stopped part way: the ops that undo what took effect for
+    /// every file of the batch, deepest first (every page, every table, then
+    /// the new slots back to zero). Slots that were reserved but never
+    /// written are released at once. Every file of the batch is rolled back.
+    pub fn abort_load_many(&mut self, plan: &LoadManyPlan, stopped: Stopped) -> ManyRollback {
+        // Elements of each batch op in effect.
+        let in_effect: Vec<usize> = plan
+            .ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| match i.cmp(&stopped.at) {
+                std::cmp::Ordering::Less => op.len(),
+                std::cmp::Ordering::Equal => stopped.failure.done.min(op.len()),
+                std::cmp::Ordering::Greater => 0,
+            })
+            .collect();
+        // Position of each file's elements inside the batch ops.
+        let slot_op = plan
+            .ops
+            .iter()
+            .position(|op| matches!(op, MapOp::PutUnwindInfos(_)));
+        let page_op = plan
+            .ops
+            .iter()
+            .position(|op| matches!(op, MapOp::PutPages(_)));
+        let mut slot_base = 0;
+        let mut page_base = 0;
+        let mut table_base: BTreeMap<u16, usize> = BTreeMap::new();
+        let mut pages = Vec::new();
+        let mut tables = Vec::new();
+        let mut zeros = Vec::new();
+        for file in &plan.files {
+            // The file's own ops in effect, as a single-file stop point.
+            let mut counts = Vec::with_capacity(file.ops.len());
+            for op in &file.ops {
+                let (at, base) = match op {
+                    MapOp::PutUnwindInfos(_) => (slot_op, &mut slot_base),
+                    MapOp::PutDeltaTable { map_id, .. } => {
+                        let at = plan.ops.iter().position(
+                            |o| matches!(o, MapOp::PutDeltaTables { map_id: m, .. } if m == map_id),
+                        );
+                        (at, table_base.entry(*map_id).or_default())
+                    }
+                    MapOp::PutPages(_) => (page_op, &mut page_base),
+                    other => unreachable!("a load plan holds no {other:?}"),
+                };
+                let done = at.map_or(0, |at| in_effect[at]);
+                counts.push(done.saturating_sub(*base).min(op.len()));
+                *base += op.len();
+            }
+            let Some(at) = counts
+                .iter()
+                .zip(&file.ops)
+                .position(|(n, op)| *n < op.len())
+                .or(file.ops.len().checked_sub(1))
+            else {
+                continue;
+            };
+            let own = Stopped {
+                at,
+                failure: OpFailure::new(stopped.failure.errno, counts[at]),
+            };
+            for op in self.abort_load(file, own).ops {
+                match op {
+                    MapOp::DeletePages(keys) => pages.extend(keys),
+                    MapOp::PutUnwindInfos(v) => zeros.extend(v),
+                    table => tables.push(table),
+                }
+            }
+        }
+        let mut ops = Vec::with_capacity(2 + tables.len());
+        if !pages.is_empty() {
+            ops.push(MapOp::DeletePages(pages));
+        }
+        ops.extend(tables);
+        if !zeros.is_empty() {
+            ops.push(MapOp::PutUnwindInfos(zeros));
+        }
+        ManyRollback {
+            ops,
+            files: plan.files.iter().map(|p| p.file_id).collect(),
+        }
+    }
+
+    /// Records how far a batch rollback got, as [`Self::finish_rollback`]
+    /// does for one file; what could not be removed becomes a leftover of
+    /// the file it belongs to. Returns true when everything was undone.
+    pub fn finish_rollback_many(
+        &mut self,
+        rollback: ManyRollback,
+        result: Result<(), Stopped>,
+    ) -> bool {
+        let applied = match result {
+            Ok(()) => rollback.ops.len(),
+            Err(stopped) => stopped.at,
+        };
+        for op in &rollback.ops[..applied] {
+            if let MapOp::PutUnwindInfos(v) = op {
+                for (slot, _) in v {
+                    self.slots.release(*slot);
+                }
+            }
+        }
+        let Err(stopped) = result else {
+            return true;
+        };
+        for (i, op) in rollback.ops.iter().enumerate().skip(stopped.at) {
+            let from = if i == stopped.at {
+                stopped.failure.done
+            } else {
+                0
+            };
+            match op {
+                MapOp::PutUnwindInfos(v) => {
+                    for (slot, _) in v.iter().take(from) {
+                        self.slots.release(*slot);
+                    }
+                }
+                MapOp::DeletePages(keys) => {
+                    let mut by_file: BTreeMap<FileId, Vec<StackDeltaPageKey>> = BTreeMap::new();
+                    for key in keys.iter().skip(from) {
+                        by_file.entry(FileId(key.file_id)).or_default().push(*key);
+                    }
+                    for (file_id, keys) in by_file {
+                        self.leftovers
+                            .entry(file_id)
+                            .or_default()
+                            .push_back(MapOp::DeletePages(keys));
+                    }
+                }
+                MapOp::DeleteDeltaTable { file_id, .. } => {
+                    self.leftovers
+                        .entry(*file_id)
+                        .or_default()
+                        .push_back(op.clone());
+                }
+                other => unreachable!("a batch rollback holds no {other:?}"),
+            }
         }
         false
     }
@@ -676,6 +945,66 @@ mod tests {
                 capacity: 1
             })
         );
+    }
+
+    #[test]
+    fn a_batch_is_slots_one_op_per_class_then_pages_and_refuses_per_file() {
+        let caps = Capacities {
+            pages: 7,
+            ..Capacities::default()
+        };
+        let mut book = KernelBook::new(caps);
+        let big: Vec<StackDelta> = (0..300u64)
+            .map(|i| StackDelta::new(0x1_0000 + 4 * i, hint::NONE, sp(8)))
+            .collect();
+        let a = three_pages();
+        let files: Vec<(FileId, &[StackDelta])> = vec![
+            (FileId(1), &a),
+            (FileId(2), &big),
+            (FileId(1), &a),
+            (FileId(3), &a),
+            (FileId(4), &a),
+        ];
+        let (plan, refused) = book.plan_load_many(&files);
+        // 3 + 1 + 3 pages fit in 7; file 4's pages do not; file 1 twice.
+        assert_eq!(
+            refused,
+            vec![
+                (FileId(1), PlanError::AlreadyLoaded),
+                (
+                    FileId(4),
+                    PlanError::MapFull {
+                        map: MapKind::Pages,
+                        capacity: 7
+                    }
+                )
+            ]
+        );
+        let kinds: Vec<_> = plan.ops.iter().map(MapOp::name).collect();
+        assert_eq!(
+            kinds,
+            [
+                "put unwind infos",
+                "put delta tables",
+                "put delta tables",
+                "put pages"
+            ]
+        );
+        assert_eq!(plan.ops[0].len(), 3, "slots shared inside the batch once");
+        assert_eq!(plan.ops[1].len(), 2, "class 8: files 1 and 3");
+        assert_eq!(plan.ops[2].len(), 1, "class 9: file 2");
+        assert_eq!(plan.ops[3].len(), 7);
+        // Stopped after one table of class 8: the undo is exact.
+        let rollback = book.abort_load_many(&plan, stop(1, 1));
+        let kinds: Vec<_> = rollback.ops.iter().map(MapOp::name).collect();
+        assert_eq!(kinds, ["delete delta table", "put unwind infos"]);
+        assert!(book.finish_rollback_many(rollback, Ok(())));
+        assert_eq!(book.slots().in_use(), 0);
+        let (plan, _) = book.plan_load_many(&files[..2]);
+        let refs = book.commit_load_many(plan);
+        assert_eq!(refs.len(), 2);
+        assert_eq!(book.pages_in_use(), 4);
+        assert_eq!(book.tables_in_class(9), 1);
     }
 
     #[test]

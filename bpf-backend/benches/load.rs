@@ -1,0 +1,195 @@
+//! Loading into real BPF maps (root only; prints SKIPPED and does nothing
+//! otherwise):
+//!
+//! * `load64/one_by_one` vs `load64/load_many`: 64 synthetic files in four
+//!   size classes into fresh `KernelMaps`, with `add_or_inc_ref` per file
+//!   (one outer-map update, so one map-in-map RCU wait, per file) against
+//!   one `load_many` batch (one outer update per size class). The number of
+//!   outer-map updates of each is printed.
+//! * `corpus/<file>`: one corpus file through `add_or_inc_ref` into fresh
+//!   maps, with its `bpf()` call count printed.
+//!
+//! Map creation is outside the timed part (`iter_batched`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use eim_bpf::{sys, KernelMaps};
+use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+use eim_core::elf::{extract::extract, Elf};
+use eim_core::provider::MemoryProvider;
+use eim_core::{ExecutableInfoManager, FileId, Tracers};
+
+type Manager = ExecutableInfoManager<Arc<MemoryProvider>, KernelMaps>;
+
+fn have_bpf() -> bool {
+    let probe = sys::map_create(&sys::MapSpec {
+        map_type: sys::map_type::ARRAY,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 1,
+        map_flags: 0,
+        inner_map: None,
+        name: "eim_probe",
+    });
+    probe.is_ok()
+}
+
+/// File `i` of 64: 200, 400, 800 or 1600 deltas (classes 8 to 11) over a
+/// few pages, with a handful of shared rules.
+fn synthetic(i: u64) -> IntervalData {
+    let n = 200u64 << (i % 4);
+    let mut d = IntervalData::new();
+    let mut addr = 0x10_0000 + i * 0x1000;
+    for j in 0..n {
+        let rule = info::sp(8 * (1 + (j % 6) as i32));
+        d.add(StackDelta::new(
+            addr,
+            if j % 8 == 0 { hint::KEEP } else { hint::NONE },
+            rule,
+        ));
+        addr += 16 + (j % 7) * 4;
+    }
+    d.add(StackDelta::new(addr, hint::GAP, info::INVALID));
+    d
+}
+
+fn manager(provider: &Arc<MemoryProvider>) -> Manager {
+    ExecutableInfoManager::new(
+        provider.clone(),
+        KernelMaps::new().expect("maps"),
+        Tracers::none(),
+    )
+}
+
+fn testdata() -> PathBuf {
+    std::env::var_os("EIM_TESTDATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"))
+}
+
+fn corpus() -> Vec<(String, IntervalData)> {
+    let mut files = Vec::new();
+    for dir in ["oracle/bin", "upstream"] {
+        let Ok(entries) = std::fs::read_dir(testdata().join(dir)) else {
+            continue;
+        };
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
+        paths.sort();
+        for path in paths {
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
+            if !bytes.starts_with(b"\x7fELF") {
+                continue;
+            }
+            let Ok(elf) = Elf::parse(&bytes) else {
+                continue;
+            };
+            if let Ok(data) = extract(&elf, None) {
+                if !data.deltas.is_empty() {
+                    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                    files.push((name, data));
+                }
+            }
+        }
+    }
+    files
+}
+
+fn load64(c: &mut Criterion) {
+    if !have_bpf() {
+        eprintln!("***** SKIPPED: load bench (bpf() needs root/CAP_BPF) *****");
+        return;
+    }
+    let provider = Arc::new(MemoryProvider::new());
+    let ids: Vec<FileId> = (0..64).map(|i| FileId(0x5000 + i)).collect();
+    for (i, id) in ids.iter().enumerate() {
+        provider.insert(*id, synthetic(i as u64));
+    }
+    let batch: Vec<(FileId, &FileId)> = ids.iter().map(|id| (*id, id)).collect();
+
+    // Outer-map updates of each way, once.
+    let m = manager(&provider);
+    for (id, elf) in &batch {
+        m.add_or_inc_ref(*id, elf).expect("load");
+    }
+    let one_by_one = m.with_backend(|b| b.outer_updates());
+    let m = manager(&provider);
+    let before = sys::thread_syscalls();
+    assert!(m.load_many(&batch).iter().all(Result::is_ok));
+    let calls = sys::thread_syscalls() - before;
+    let batched = m.with_backend(|b| b.outer_updates());
+    let classes: std::collections::BTreeSet<u16> = m
+        .state()
+        .book
+        .loaded()
+        .values()
+        .map(|t| t.map_ref.map_id)
+        .collect();
+    eprintln!(
+        "64 files in {} classes: one-by-one {one_by_one} outer-map updates (RCU waits), \
+         load_many {batched} ({calls} bpf() calls)",
+        classes.len()
+    );
+
+    let mut g = c.benchmark_group("load64");
+    g.sample_size(10).measurement_time(Duration::from_secs(8));
+    g.bench_function("one_by_one", |b| {
+        b.iter_batched(
+            || manager(&provider),
+            |m| {
+                for (id, elf) in &batch {
+                    m.add_or_inc_ref(*id, elf).expect("load");
+                }
+                m
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("load_many", |b| {
+        b.iter_batched(
+            || manager(&provider),
+            |m| {
+                assert!(m.load_many(&batch).iter().all(Result::is_ok));
+                m
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+fn corpus_files(c: &mut Criterion) {
+    if !have_bpf() {
+        return;
+    }
+    let mut g = c.benchmark_group("corpus");
+    g.sample_size(10).measurement_time(Duration::from_secs(3));
+    for (name, data) in corpus() {
+        let provider = Arc::new(MemoryProvider::new());
+        let id = FileId(0x77);
+        provider.insert(id, data.clone());
+        let m = manager(&provider);
+        let before = sys::thread_syscalls();
+        m.add_or_inc_ref(id, &id).expect("load");
+        let calls = sys::thread_syscalls() - before;
+        eprintln!("{name}: {} deltas, {calls} bpf() calls", data.deltas.len());
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || manager(&provider),
+                |m| {
+                    m.add_or_inc_ref(id, &id).expect("load");
+                    m
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, load64, corpus_files);
+criterion_main!(benches);

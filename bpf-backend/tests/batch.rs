@@ -1,0 +1,304 @@
+//! Batched publication in the real kernel (root or CAP_BPF; a loud SKIPPED
+//! otherwise, a failure under `EIM_REQUIRE_BPF=1`):
+//!
+//! * `load_many` of the corpus into `KernelMaps` and `SimMaps` leaves
+//!   identical maps, with exactly one outer-map update per size class used
+//!   and a `bpf()` call count independent of the delta counts;
+//! * a batch that the kernel itself stops part way (an outer map too small
+//!   for it) and a batch stopped by an injected fault inside the table
+//!   publication both roll back to identical, empty maps in kernel and sim.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use eim_bpf::{sys, Dump, KernelConfig, KernelMaps};
+use eim_core::deltas::IntervalData;
+use eim_core::elf::{extract::extract, Elf};
+use eim_core::manager::MonotonicClock;
+use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
+use eim_core::provider::MemoryProvider;
+use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
+use eim_sim::{SimConfig, SimMaps};
+
+fn require_bpf() -> bool {
+    let probe = sys::map_create(&sys::MapSpec {
+        map_type: sys::map_type::ARRAY,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 1,
+        map_flags: 0,
+        inner_map: None,
+        name: "eim_probe",
+    });
+    match probe {
+        Ok(_) => true,
+        Err(e) if e.errno == libc::EPERM => {
+            let required = std::env::var("EIM_REQUIRE_BPF").as_deref() == Ok("1");
+            assert!(
+                !required,
+                "EIM_REQUIRE_BPF=1 but creating a BPF map failed with EPERM"
+            );
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n***** SKIPPED: kernel test (bpf() returned EPERM; needs root/CAP_BPF) *****"
+            );
+            false
+        }
+        Err(e) => panic!("probing BPF: {e}"),
+    }
+}
+
+fn testdata() -> PathBuf {
+    std::env::var_os("EIM_TESTDATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"))
+}
+
+/// Every ELF of the oracle and upstream test data with deltas.
+fn corpus() -> Vec<(String, IntervalData)> {
+    let mut files = Vec::new();
+    for dir in ["oracle/bin", "upstream"] {
+        let dir = testdata().join(dir);
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.expect("dir entry").path())
+            .collect();
+        paths.sort();
+        for path in paths {
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
+            if !bytes.starts_with(b"\x7fELF") {
+                continue;
+            }
+            let elf = Elf::parse(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let data = extract(&elf, None).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            if !data.deltas.is_empty() {
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                files.push((name, data));
+            }
+        }
+    }
+    assert!(
+        files.len() >= 10,
+        "test data not found under {}",
+        testdata().display()
+    );
+    files
+}
+
+fn sim_dump(s: &SimMaps) -> Dump {
+    Dump {
+        pages: s.pages(),
+        delta_tables: s
+            .delta_tables()
+            .into_iter()
+            .map(|(key, table)| (key, (table.capacity(), table.entries())))
+            .collect(),
+        unwind_infos: s.unwind_infos(),
+        interpreter_offsets: s.interpreter_offsets(),
+        live_inner_maps: s.live_inner_maps(),
+    }
+}
+
+fn provider(files: &[(String, IntervalData)]) -> (Arc<MemoryProvider>, Vec<FileId>) {
+    let provider = Arc::new(MemoryProvider::new());
+    let ids: Vec<FileId> = (0..files.len() as u64).map(|i| FileId(0x100 + i)).collect();
+    for (id, (_, data)) in ids.iter().zip(files) {
+        provider.insert(*id, data.clone());
+    }
+    (provider, ids)
+}
+
+fn manager<B: Backend>(
+    p: &Arc<MemoryProvider>,
+    b: B,
+) -> ExecutableInfoManager<Arc<MemoryProvider>, B> {
+    ExecutableInfoManager::with_config(
+        p.clone(),
+        b,
+        Tracers::none(),
+        Config::default(),
+        Box::new(MonotonicClock::default()),
+    )
+}
+
+#[test]
+fn load_many_of_the_corpus_is_one_outer_update_per_class_and_matches_the_sim() {
+    if !require_bpf() {
+        return;
+    }
+    let files = corpus();
+    let (provider, ids) = provider(&files);
+    let batch: Vec<(FileId, &FileId)> = ids.iter().map(|id| (*id, id)).collect();
+    let kernel = manager(&provider, KernelMaps::new().expect("maps"));
+    let sim = manager(&provider, SimMaps::new(SimConfig::default()).expect("sim"));
+
+    let syscalls = sys::thread_syscalls();
+    let results = kernel.load_many(&batch);
+    let syscalls = sys::thread_syscalls() - syscalls;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert!(sim.load_many(&batch).iter().all(Result::is_ok));
+
+    let classes: BTreeSet<u16> = kernel
+        .state()
+        .book
+        .loaded()
+        .values()
+        .map(|t| t.map_ref.map_id)
+        .collect();
+    let n = files.len() as u64;
+    let k = classes.len() as u64;
+    assert!(k >= 3, "several classes: {classes:?}");
+    let outer = kernel.with_backend(|b| b.outer_updates());
+    assert_eq!(outer, k, "one outer-map update per class for {n} files");
+    // Slots, create + fill per table, one outer batch per class, pages.
+    assert!(
+        syscalls <= 2 + 2 * n + k,
+        "{syscalls} bpf() calls for {n} files in {k} classes"
+    );
+    eprintln!(
+        "load_many of {n} corpus files ({} deltas) in {k} classes: {syscalls} bpf() calls, {outer} outer updates",
+        files.iter().map(|(_, d)| d.deltas.len()).sum::<usize>()
+    );
+
+    let kdump = kernel.with_backend(|b| b.dump().expect("dump"));
+    let sdump = sim.with_backend(|s| sim_dump(s));
+    assert_eq!(kdump.delta_tables.len(), files.len());
+    assert!(kdump == sdump, "kernel and sim differ after load_many");
+
+    // Unloading is per file and leaves both empty alike.
+    for id in &ids {
+        kernel.remove_or_dec_ref(*id).unwrap();
+        sim.remove_or_dec_ref(*id).unwrap();
+    }
+    let kdump = kernel.with_backend(|b| b.dump().expect("dump"));
+    assert!(kdump.pages.is_empty() && kdump.delta_tables.is_empty());
+    assert!(kdump == sim.with_backend(|s| sim_dump(s)));
+}
+
+/// Stops the `PutDeltaTables` op of one class after `after` tables (the
+/// first `after` published for real), like `SimMaps::stop_batch`.
+struct StopTables<B> {
+    inner: B,
+    class: u16,
+    after: usize,
+}
+
+impl<B: Backend> Backend for StopTables<B> {
+    fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
+        match op {
+            MapOp::PutDeltaTables { map_id, tables } if *map_id == self.class => {
+                let done = self.after.min(tables.len().saturating_sub(1));
+                if let Some(head) = op.head(done) {
+                    self.inner.apply(&head)?;
+                }
+                Err(OpFailure::new(Errno::ENOMEM, done))
+            }
+            _ => self.inner.apply(op),
+        }
+    }
+}
+
+#[test]
+fn a_batch_stopped_in_the_publication_rolls_back_alike_in_kernel_and_sim() {
+    if !require_bpf() {
+        return;
+    }
+    let files = corpus();
+    let (provider, ids) = provider(&files);
+    let batch: Vec<(FileId, &FileId)> = ids.iter().map(|id| (*id, id)).collect();
+    // The class with the most tables.
+    let probe = manager(&provider, SimMaps::new(SimConfig::default()).expect("sim"));
+    probe.load_many(&batch);
+    let mut per_class: BTreeMap<u16, usize> = BTreeMap::new();
+    for t in probe.state().book.loaded().values() {
+        *per_class.entry(t.map_ref.map_id).or_default() += 1;
+    }
+    let (&class, &count) = per_class.iter().max_by_key(|(_, n)| **n).unwrap();
+    assert!(count >= 2, "{per_class:?}");
+    for after in 0..count {
+        let kernel = manager(
+            &provider,
+            StopTables {
+                inner: KernelMaps::new().expect("maps"),
+                class,
+                after,
+            },
+        );
+        let sim = manager(
+            &provider,
+            StopTables {
+                inner: SimMaps::new(SimConfig::default()).expect("sim"),
+                class,
+                after,
+            },
+        );
+        for r in kernel.load_many(&batch) {
+            assert!(
+                matches!(
+                    r,
+                    Err(Error::Kernel {
+                        rolled_back: true,
+                        ..
+                    })
+                ),
+                "{r:?}"
+            );
+        }
+        sim.load_many(&batch);
+        let kdump = kernel.with_backend(|b| b.inner.dump().expect("dump"));
+        assert!(kdump.pages.is_empty() && kdump.delta_tables.is_empty());
+        assert_eq!(kdump.live_inner_maps, 0, "no inner array kept");
+        assert!(
+            kdump == sim.with_backend(|s| sim_dump(&s.inner)),
+            "after {after}"
+        );
+    }
+}
+
+#[test]
+fn an_outer_map_too_small_for_the_batch_stops_it_and_rolls_back_alike() {
+    if !require_bpf() {
+        return;
+    }
+    let files = corpus();
+    let (provider, ids) = provider(&files);
+    let batch: Vec<(FileId, &FileId)> = ids.iter().map(|id| (*id, id)).collect();
+    // The book believes the default capacities; the maps hold 2 tables per
+    // class: the kernel itself stops the outer batch of a bigger class.
+    let kernel = manager(
+        &provider,
+        KernelMaps::with_config(KernelConfig {
+            outer: 2,
+            ..KernelConfig::default()
+        })
+        .expect("maps"),
+    );
+    let sim = manager(
+        &provider,
+        SimMaps::new(SimConfig {
+            outer: 2,
+            ..SimConfig::default()
+        })
+        .expect("sim"),
+    );
+    let kr = kernel.load_many(&batch);
+    let sr = sim.load_many(&batch);
+    assert_eq!(kr, sr, "same errors (errno and processed count)");
+    assert!(
+        kr.iter().all(|r| matches!(
+            r,
+            Err(Error::Kernel {
+                rolled_back: true,
+                ..
+            })
+        )),
+        "{kr:?}"
+    );
+    let kdump = kernel.with_backend(|b| b.dump().expect("dump"));
+    assert!(kdump.pages.is_empty() && kdump.delta_tables.is_empty());
+    assert!(kdump == sim.with_backend(|s| sim_dump(s)));
+}

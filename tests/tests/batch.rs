@@ -1,0 +1,292 @@
+//! Batched loading (`ExecutableInfoManager::load_many`): one plan for many
+//! files, one outer-map publication per size class. Checked on `Observed`
+//! sim maps (reader safety after every op): the result equals loading the
+//! files one by one; every fault position (each op failing outright, each
+//! batch stopping after every possible count) leaves the maps exactly as
+//! before with every file of the batch errored; known, deferred, repeated
+//! and new files mix in one call.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use eim_core::deltas::{IntervalData, StackDelta};
+use eim_core::manager::ManualClock;
+use eim_core::ops::{Errno, MapOp};
+use eim_core::provider::MemoryProvider;
+use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
+use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+use eim_tests::gen::arb_interval_data;
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::TestRunner;
+
+type Manager = ExecutableInfoManager<Arc<MemoryProvider>, Observed>;
+
+/// Deterministic varied files: small ones (class 8) and bigger ones
+/// (classes 9 and 10), some sharing rules, a few with empty pages.
+fn files(n: usize) -> Vec<(FileId, IntervalData)> {
+    let mut runner = TestRunner::deterministic();
+    (0..n)
+        .map(|i| {
+            let max_functions = [3, 12, 60, 120][i % 4];
+            let data = arb_interval_data(max_functions)
+                .new_tree(&mut runner)
+                .expect("a value")
+                .current();
+            (FileId(0x1000 + i as u64 * 7), data)
+        })
+        .collect()
+}
+
+fn setup(files: &[(FileId, IntervalData)]) -> (Manager, Arc<ManualClock>, Arc<Sources>) {
+    let sources: Sources = files.iter().cloned().collect();
+    let sources = Arc::new(sources);
+    let provider = Arc::new(MemoryProvider::new());
+    for (id, data) in sources.iter() {
+        provider.insert(*id, data.clone());
+    }
+    let clock = Arc::new(ManualClock::new());
+    let maps = SimMaps::new(SimConfig::default()).expect("sim maps");
+    let m = ExecutableInfoManager::with_config(
+        provider,
+        Observed::new(maps, sources.clone(), 8),
+        Tracers::none(),
+        Config::default(),
+        Box::new(clock.clone()),
+    );
+    (m, clock, sources)
+}
+
+fn check(m: &Manager, sources: &Sources, what: &str) {
+    let state = m.state();
+    m.with_backend(|b| {
+        check_all(&state, &b.maps, sources).unwrap_or_else(|v| panic!("{what}: {v}"));
+        assert_eq!(b.violation, None, "{what}");
+    });
+}
+
+/// The classes the loaded files' tables use.
+fn classes(m: &Manager) -> BTreeSet<u16> {
+    m.state()
+        .book
+        .loaded()
+        .values()
+        .map(|t| t.map_ref.map_id)
+        .collect()
+}
+
+#[test]
+fn a_batch_loads_like_one_by_one_with_one_publication_per_class() {
+    let files = files(20);
+    let ids: Vec<(FileId, FileId)> = files.iter().map(|(id, _)| (*id, *id)).collect();
+    let batch: Vec<(FileId, &FileId)> = ids.iter().map(|(id, elf)| (*id, elf)).collect();
+
+    let (one, _, sources) = setup(&files);
+    for (id, elf) in &batch {
+        one.add_or_inc_ref(*id, elf).unwrap();
+    }
+    let (many, _, _) = setup(&files);
+    let before = many.with_backend(|b| b.maps.ops_applied());
+    let results = many.load_many(&batch);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let ops = many.with_backend(|b| b.maps.ops_applied()) - before;
+    let used = classes(&many);
+    assert!(used.len() >= 3, "several classes: {used:?}");
+    assert_eq!(ops, 2 + used.len() as u64, "slots, one per class, pages");
+
+    check(&many, &sources, "batch");
+    one.with_backend(|a| many.with_backend(|b| assert!(a.maps == b.maps, "same maps")));
+    let refs = |m: &Manager| -> Vec<(FileId, u64)> {
+        m.state().files.iter().map(|(id, e)| (*id, e.rc)).collect()
+    };
+    assert_eq!(refs(&one), refs(&many));
+    assert_eq!(
+        one.state().book.loaded(),
+        many.state().book.loaded(),
+        "same tables, pages and slots"
+    );
+    // Everything unloads cleanly.
+    for (id, _) in &batch {
+        many.remove_or_dec_ref(*id).unwrap();
+    }
+    check(&many, &sources, "unloaded");
+    many.with_backend(|b| assert!(b.maps.holds_no_file_data()));
+}
+
+/// The ops of the batch plan for `files[skip..]` once `files[..skip]` are
+/// loaded one by one (planned on a copy of the book).
+fn plan_ops(files: &[(FileId, IntervalData)], skip: usize) -> Vec<MapOp> {
+    let (m, _, _) = setup(files);
+    for (id, _) in &files[..skip] {
+        m.add_or_inc_ref(*id, id).unwrap();
+    }
+    let datas: Vec<(FileId, &[StackDelta])> = files[skip..]
+        .iter()
+        .map(|(id, d)| (*id, &d.deltas[..]))
+        .collect();
+    let mut book = m.state().book;
+    let (plan, refused) = book.plan_load_many(&datas);
+    assert!(refused.is_empty());
+    plan.ops
+}
+
+#[test]
+fn every_fault_of_a_batch_leaves_the_maps_as_before() {
+    let files = files(12);
+    let ids: Vec<FileId> = files.iter().map(|(id, _)| *id).collect();
+    let batch: Vec<(FileId, &FileId)> = ids.iter().map(|id| (*id, id)).collect();
+    let ops = plan_ops(&files, 1);
+    let mut injections: Vec<(u64, Option<usize>)> = Vec::new();
+    for (k, op) in ops.iter().enumerate() {
+        injections.push((k as u64, None));
+        for after in 1..op.len() {
+            injections.push((k as u64, Some(after)));
+        }
+    }
+    assert!(injections.len() > 20, "{} injections", injections.len());
+    for (k, stop_after) in injections {
+        let (m, clock, sources) = setup(&files);
+        // A file loaded before the batch shares slots with it and must
+        // not be disturbed.
+        m.add_or_inc_ref(FileId(0x1000), &FileId(0x1000)).unwrap();
+        let rest = &batch[1..];
+        let maps_before = m.with_backend(|b| b.maps.clone());
+        let state_before = m.state();
+        let errno = Errno::ENOMEM;
+        m.with_backend(|b| match stop_after {
+            None => b.maps.fail_op(k, errno),
+            Some(after) => b.maps.stop_batch(k, after, errno),
+        });
+        let what = format!("op {k}, stopped after {stop_after:?}");
+        let results = m.load_many(rest);
+        m.with_backend(|b| b.maps.clear_faults());
+        for r in &results {
+            assert!(
+                matches!(r, Err(Error::Kernel { rolled_back: true, errno: e, .. }) if *e == errno),
+                "{what}: {r:?}"
+            );
+        }
+        m.with_backend(|b| {
+            assert!(b.maps == maps_before, "{what}: maps changed");
+            assert_eq!(b.violation, None, "{what}");
+        });
+        let state = m.state();
+        assert_eq!(
+            state.files.keys().collect::<Vec<_>>(),
+            state_before.files.keys().collect::<Vec<_>>(),
+            "{what}"
+        );
+        assert_eq!(state.book.loaded(), state_before.book.loaded(), "{what}");
+        assert_eq!(
+            state.book.slots().in_use(),
+            state_before.book.slots().in_use(),
+            "{what}"
+        );
+        assert_eq!(state.book.leftover_ops(), 0, "{what}");
+        check(&m, &sources, &what);
+        // Deferred now; after the deferral the same batch succeeds.
+        assert!(m
+            .load_many(rest)
+            .iter()
+            .all(|r| r.as_ref().is_err_and(Error::is_deferred)));
+        clock.advance(Duration::from_secs(91));
+        let results = m.load_many(rest);
+        assert!(results.iter().all(Result::is_ok), "{what}: retry");
+        check(&m, &sources, &what);
+    }
+}
+
+#[test]
+fn a_failing_batch_rollback_leaves_exact_leftovers_finished_later() {
+    let files = files(8);
+    let ids: Vec<FileId> = files.iter().map(|(id, _)| *id).collect();
+    let batch: Vec<(FileId, &FileId)> = ids.iter().map(|id| (*id, id)).collect();
+    let ops = plan_ops(&files, 0);
+    let pages_op = ops.len() as u64 - 1;
+    let (m, clock, sources) = setup(&files);
+    // The page batch stops half way; the rollback's page delete (the op
+    // right after it) then stops after 1 page: pages and tables stay as
+    // leftovers of their files.
+    let half = ops.last().unwrap().len() / 2;
+    m.with_backend(|b| {
+        b.maps.stop_batch(pages_op, half, Errno::ENOMEM);
+        b.maps.stop_batch(pages_op + 1, 1, Errno::EBUSY);
+    });
+    let results = m.load_many(&batch);
+    assert!(results.iter().all(Result::is_err));
+    assert!(results.iter().any(|r| matches!(
+        r,
+        Err(Error::Kernel {
+            rolled_back: false,
+            ..
+        })
+    )));
+    let state = m.state();
+    assert!(state.book.leftover_ops() > 0);
+    check(&m, &sources, "leftovers");
+    clock.advance(Duration::from_secs(91));
+    assert_eq!(m.retry_leftovers(), 0);
+    check(&m, &sources, "retried");
+    let results = m.load_many(&batch);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    check(&m, &sources, "reloaded");
+}
+
+#[test]
+fn known_deferred_repeated_and_new_files_mix_in_one_batch() {
+    let files = files(10);
+    let ids: Vec<FileId> = files.iter().map(|(id, _)| *id).collect();
+    let (m, _, sources) = setup(&files);
+    let (known, deferred) = (ids[0], ids[1]);
+    m.add_or_inc_ref(known, &known).unwrap();
+    m.with_backend(|b| b.maps.fail_op(0, Errno::ENOMEM));
+    assert!(m.add_or_inc_ref(deferred, &deferred).is_err());
+    assert!(m.is_deferred(deferred));
+    let missing = FileId(0xdead);
+
+    let mut batch: Vec<(FileId, &FileId)> = ids.iter().map(|id| (*id, id)).collect();
+    batch.push((ids[4], &ids[4]));
+    batch.push((missing, &missing));
+    let results = m.load_many(&batch);
+    assert!(results[0].is_ok(), "known file: fast path");
+    assert_eq!(results[1], Err(Error::Deferred { file_id: deferred }));
+    for r in &results[2..10] {
+        assert!(r.is_ok(), "{r:?}");
+    }
+    assert!(
+        results[10].is_ok(),
+        "a repeated file waits on its own flight"
+    );
+    assert!(matches!(results[11], Err(Error::Extraction { .. })));
+    let state = m.state();
+    assert_eq!(state.files[&known].rc, 2);
+    assert_eq!(state.files[&ids[4]].rc, 2);
+    assert!(!state.files.contains_key(&deferred));
+    assert_eq!(state.in_flight, 0);
+    check(&m, &sources, "mixed");
+}
+
+#[test]
+fn a_file_refused_at_planning_does_not_block_the_others() {
+    let files = files(6);
+    let ids: Vec<FileId> = files.iter().map(|(id, _)| *id).collect();
+    let (m, _, sources) = setup(&files);
+    // A failed unload leaves the file's table as a leftover that cannot be
+    // removed yet: reloading it is refused (CleanupPending) at planning.
+    m.add_or_inc_ref(ids[2], &ids[2]).unwrap();
+    m.with_backend(|b| b.maps.fail_op(1, Errno::EBUSY));
+    assert!(m.remove_or_dec_ref(ids[2]).is_err());
+    // The next call retries the leftover first; make that retry fail too.
+    m.with_backend(|b| b.maps.fail_op(0, Errno::EBUSY));
+    let batch: Vec<(FileId, &FileId)> = ids.iter().map(|id| (*id, id)).collect();
+    let results = m.load_many(&batch);
+    for (i, r) in results.iter().enumerate() {
+        if i == 2 {
+            assert_eq!(r, &Err(Error::CleanupPending { file_id: ids[2] }));
+        } else {
+            assert!(r.is_ok(), "{i}: {r:?}");
+        }
+    }
+    check(&m, &sources, "refused");
+    assert!(!m.is_deferred(ids[2]), "cleanup pending is no deferral");
+}
