@@ -646,7 +646,9 @@ fn helpers() -> &'static Helpers {
                             }
                         }
                     };
-                    job();
+                    // A job that panicked has marked its chunk abandoned
+                    // (`Promise`); the helper lives on.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                 });
         }
     });
