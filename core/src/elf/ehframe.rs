@@ -8,12 +8,16 @@
 //! * [`vm`]: the CFA instructions and the recognised expressions.
 //! * [`rules`]: register rules to [`UnwindInfo`](crate::abi::UnwindInfo).
 //! * [`walk`]: finding the sections, walking the FDEs (through the
-//!   `.eh_frame_hdr` search table or linearly) and emitting the deltas.
+//!   `.eh_frame_hdr` search table or linearly) and emitting the deltas; a
+//!   big search table is walked in chunks on the machine's cores
+//!   ([`Parallelism`], [`ForkFilter`], [`crate::deltas::Detached`]), with
+//!   exactly the sequential walk's result.
 //!
-//! The parser is zero-copy and allocates nothing per FDE or per delta
-//! (apart from growing the output and caching parsed CIEs). Every loop is
-//! bounded by the input: records must lie inside their section and every
-//! walk step moves forward.
+//! The parser allocates nothing per FDE or per delta (apart from growing
+//! the output and caching parsed CIEs); it reads the section in place,
+//! except that a parallel walk hands its helper threads one copy of the
+//! two sections. Every loop is bounded by the input: records must lie
+//! inside their section and every walk step moves forward.
 
 mod reader;
 mod record;
