@@ -6,8 +6,14 @@
 //!   (one outer-map update, so one map-in-map RCU wait, per file) against
 //!   one `load_many` batch (one outer update per size class). The number of
 //!   outer-map updates of each is printed.
-//! * `corpus/<file>`: one corpus file through `add_or_inc_ref` into fresh
-//!   maps, with its `bpf()` call count printed.
+//!   `load64/per_element` is the same one-by-one load with one `bpf()`
+//!   call per map element (`WriteMode::PerElement`).
+//! * `corpus/<file>/batch` and `corpus/<file>/per_element`: one corpus
+//!   file through `add_or_inc_ref` into fresh maps, with batch writes and
+//!   with one call per element, each with its `bpf()` call count printed.
+//! * `corpus_all/{load_many,one_by_one,per_element}`: every corpus file at
+//!   once, with batched publication, one outer insert per file, and one
+//!   call per element.
 //!
 //! Map creation is outside the timed part (`iter_batched`).
 
@@ -16,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use eim_bpf::{sys, KernelMaps};
+use eim_bpf::{sys, KernelConfig, KernelMaps, WriteMode};
 use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::elf::{extract::extract, Elf};
 use eim_core::provider::MemoryProvider;
@@ -57,11 +63,75 @@ fn synthetic(i: u64) -> IntervalData {
 }
 
 fn manager(provider: &Arc<MemoryProvider>) -> Manager {
-    ExecutableInfoManager::new(
-        provider.clone(),
-        KernelMaps::new().expect("maps"),
-        Tracers::none(),
-    )
+    manager_in(provider, WriteMode::Batch)
+}
+
+fn manager_in(provider: &Arc<MemoryProvider>, write_mode: WriteMode) -> Manager {
+    let maps = KernelMaps::with_config(KernelConfig {
+        write_mode,
+        ..KernelConfig::default()
+    })
+    .expect("maps");
+    ExecutableInfoManager::new(provider.clone(), maps, Tracers::none())
+}
+
+/// The `bpf()` calls and outer-map updates of `load` on fresh maps.
+fn count(provider: &Arc<MemoryProvider>, mode: WriteMode, load: impl Fn(&Manager)) -> (u64, u64) {
+    let m = manager_in(provider, mode);
+    let before = sys::thread_syscalls();
+    load(&m);
+    let calls = sys::thread_syscalls() - before;
+    (calls, m.with_backend(|b| b.outer_updates()))
+}
+
+/// One way of loading a batch of files.
+type Load = fn(&Manager, &[(FileId, &FileId)]);
+
+fn one_by_one(m: &Manager, batch: &[(FileId, &FileId)]) {
+    for (id, elf) in batch {
+        m.add_or_inc_ref(*id, elf).expect("load");
+    }
+}
+
+fn many(m: &Manager, batch: &[(FileId, &FileId)]) {
+    assert!(m.load_many(batch).iter().all(Result::is_ok));
+}
+
+/// Times the three ways of loading `batch` into fresh maps, printing each
+/// way's `bpf()` calls and outer-map updates first.
+fn three_ways(
+    c: &mut Criterion,
+    group: &str,
+    provider: &Arc<MemoryProvider>,
+    batch: &[(FileId, &FileId)],
+) {
+    let ways: [(&str, WriteMode, Load); 3] = [
+        ("load_many", WriteMode::Batch, many),
+        ("one_by_one", WriteMode::Batch, one_by_one),
+        ("per_element", WriteMode::PerElement, one_by_one),
+    ];
+    for (name, mode, load) in ways {
+        let (calls, outer) = count(provider, mode, |m| load(m, batch));
+        eprintln!(
+            "{group}/{name}: {} files, {calls} bpf() calls, {outer} outer-map updates (RCU waits)",
+            batch.len()
+        );
+    }
+    let mut g = c.benchmark_group(group);
+    g.sample_size(10).measurement_time(Duration::from_secs(8));
+    for (name, mode, load) in ways {
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || manager_in(provider, mode),
+                |m| {
+                    load(&m, batch);
+                    m
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    g.finish();
 }
 
 fn testdata() -> PathBuf {
@@ -110,18 +180,8 @@ fn load64(c: &mut Criterion) {
         provider.insert(*id, synthetic(i as u64));
     }
     let batch: Vec<(FileId, &FileId)> = ids.iter().map(|id| (*id, id)).collect();
-
-    // Outer-map updates of each way, once.
     let m = manager(&provider);
-    for (id, elf) in &batch {
-        m.add_or_inc_ref(*id, elf).expect("load");
-    }
-    let one_by_one = m.with_backend(|b| b.outer_updates());
-    let m = manager(&provider);
-    let before = sys::thread_syscalls();
-    assert!(m.load_many(&batch).iter().all(Result::is_ok));
-    let calls = sys::thread_syscalls() - before;
-    let batched = m.with_backend(|b| b.outer_updates());
+    many(&m, &batch);
     let classes: std::collections::BTreeSet<u16> = m
         .state()
         .book
@@ -129,66 +189,51 @@ fn load64(c: &mut Criterion) {
         .values()
         .map(|t| t.map_ref.map_id)
         .collect();
-    eprintln!(
-        "64 files in {} classes: one-by-one {one_by_one} outer-map updates (RCU waits), \
-         load_many {batched} ({calls} bpf() calls)",
-        classes.len()
-    );
-
-    let mut g = c.benchmark_group("load64");
-    g.sample_size(10).measurement_time(Duration::from_secs(8));
-    g.bench_function("one_by_one", |b| {
-        b.iter_batched(
-            || manager(&provider),
-            |m| {
-                for (id, elf) in &batch {
-                    m.add_or_inc_ref(*id, elf).expect("load");
-                }
-                m
-            },
-            BatchSize::PerIteration,
-        )
-    });
-    g.bench_function("load_many", |b| {
-        b.iter_batched(
-            || manager(&provider),
-            |m| {
-                assert!(m.load_many(&batch).iter().all(Result::is_ok));
-                m
-            },
-            BatchSize::PerIteration,
-        )
-    });
-    g.finish();
+    eprintln!("load64: 64 files in {} size classes", classes.len());
+    three_ways(c, "load64", &provider, &batch);
 }
 
 fn corpus_files(c: &mut Criterion) {
     if !have_bpf() {
         return;
     }
+    let files = corpus();
+    let provider = Arc::new(MemoryProvider::new());
+    let ids: Vec<FileId> = (0..files.len() as u64)
+        .map(|i| FileId(0x7000 + i))
+        .collect();
+    for ((_, data), id) in files.iter().zip(&ids) {
+        provider.insert(*id, data.clone());
+    }
     let mut g = c.benchmark_group("corpus");
     g.sample_size(10).measurement_time(Duration::from_secs(3));
-    for (name, data) in corpus() {
-        let provider = Arc::new(MemoryProvider::new());
-        let id = FileId(0x77);
-        provider.insert(id, data.clone());
-        let m = manager(&provider);
-        let before = sys::thread_syscalls();
-        m.add_or_inc_ref(id, &id).expect("load");
-        let calls = sys::thread_syscalls() - before;
-        eprintln!("{name}: {} deltas, {calls} bpf() calls", data.deltas.len());
-        g.bench_function(name, |b| {
-            b.iter_batched(
-                || manager(&provider),
-                |m| {
-                    m.add_or_inc_ref(id, &id).expect("load");
-                    m
-                },
-                BatchSize::PerIteration,
-            )
-        });
+    for ((name, data), id) in files.iter().zip(&ids) {
+        for (way, mode) in [
+            ("batch", WriteMode::Batch),
+            ("per_element", WriteMode::PerElement),
+        ] {
+            let (calls, _) = count(&provider, mode, |m| {
+                m.add_or_inc_ref(*id, id).expect("load");
+            });
+            eprintln!(
+                "corpus/{name}/{way}: {} deltas, {calls} bpf() calls",
+                data.deltas.len()
+            );
+            g.bench_function(format!("{name}/{way}"), |b| {
+                b.iter_batched(
+                    || manager_in(&provider, mode),
+                    |m| {
+                        m.add_or_inc_ref(*id, id).expect("load");
+                        m
+                    },
+                    BatchSize::PerIteration,
+                )
+            });
+        }
     }
     g.finish();
+    let batch: Vec<(FileId, &FileId)> = ids.iter().map(|id| (*id, id)).collect();
+    three_ways(c, "corpus_all", &provider, &batch);
 }
 
 criterion_group!(benches, load64, corpus_files);

@@ -34,6 +34,12 @@
 //! * `DeletePages`: one `DELETE_BATCH` (stops at the first missing key).
 //! * `DeleteDeltaTable`, interpreter offsets: one single-element call.
 //!
+//! With [`KernelConfig::write_mode`] set to [`WriteMode::PerElement`],
+//! every run above is written with one single-element call per element
+//! instead (and a batch of tables is published one outer update per
+//! table), with the same partial-failure counts: the baseline the batches
+//! are measured against ([`crate::elements`]).
+//!
 //! The page-key set assumes this backend is the only writer of the page
 //! map, which holds for maps it created itself.
 //!
@@ -93,6 +99,7 @@ use eim_core::abi::{
 use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::FileId;
 
+use crate::elements::{self, WriteMode};
 use crate::lookup::{LookupResult, RESULT_SIZE};
 use crate::pin::{self, MapShape, PinReport};
 use crate::sys::{self, SysError};
@@ -115,6 +122,10 @@ pub struct KernelConfig {
     /// `None` for maps that live only as long as this process holds them.
     /// See the module documentation.
     pub pin_dir: Option<PathBuf>,
+    /// Batch calls (the default), or one call per element: the baseline
+    /// the batches are measured against, and what a kernel older than 5.6
+    /// supports for writes.
+    pub write_mode: WriteMode,
 }
 
 impl Default for KernelConfig {
@@ -125,6 +136,7 @@ impl Default for KernelConfig {
             pages: capacity::PAGES,
             outer: capacity::OUTER,
             pin_dir: None,
+            write_mode: WriteMode::Batch,
         }
     }
 }
@@ -440,25 +452,27 @@ impl KernelMaps {
     fn clean(&mut self) -> Result<MapStats, KernelError> {
         let keys = self.keys()?;
         let stats = keys.stats();
-        sys::delete_batch(fd(&self.pages), &keys.pages, stats.pages)?;
-        sys::delete_batch(
+        let mode = self.config.write_mode;
+        elements::delete(mode, fd(&self.pages), &keys.pages, stats.pages)?;
+        elements::delete(
+            mode,
             fd(&self.interpreter_offsets),
             &keys.interpreter_offsets,
             stats.interpreter_offsets,
         )?;
         for (class, files) in &keys.tables {
             if let Some(outer) = self.outer(*class) {
-                sys::delete_batch(fd(outer), files, files.len() / u64::SIZE)?;
+                elements::delete(mode, fd(outer), files, files.len() / u64::SIZE)?;
             }
         }
         let slots = flatten(keys.unwind_slots.iter().copied());
         let zeros = vec![0u8; keys.unwind_slots.len() * UnwindInfo::SIZE];
-        sys::update_batch(
+        elements::update(
+            mode,
             fd(&self.unwind_info),
             &slots,
             &zeros,
             keys.unwind_slots.len(),
-            0,
         )?;
         self.inner.clear();
         self.page_keys.clear();
@@ -523,8 +537,14 @@ impl KernelMaps {
         let values = flatten(deltas.iter().copied());
         // On any failure below, `inner` is dropped: its fd closes and the
         // unpublished array is freed.
-        sys::update_batch(inner.as_fd(), &keys, &values, deltas.len(), 0)
-            .map_err(|e| fail(e.errno))?;
+        elements::update(
+            self.config.write_mode,
+            inner.as_fd(),
+            &keys,
+            &values,
+            deltas.len(),
+        )
+        .map_err(|e| fail(e.errno))?;
         let inner_id = (std::os::fd::AsRawFd::as_raw_fd(&inner) as u32).to_le_bytes();
         let published = sys::update_elem(
             fd(outer),
@@ -576,8 +596,14 @@ impl KernelMaps {
             .map_err(|e| fail(e.errno))?;
             let keys = flatten(0..count);
             let values = flatten(deltas.iter().copied());
-            sys::update_batch(inner.as_fd(), &keys, &values, deltas.len(), 0)
-                .map_err(|e| fail(e.errno))?;
+            elements::update(
+                self.config.write_mode,
+                inner.as_fd(),
+                &keys,
+                &values,
+                deltas.len(),
+            )
+            .map_err(|e| fail(e.errno))?;
             created.push(inner);
         }
         let mut seen = BTreeSet::new();
@@ -591,10 +617,17 @@ impl KernelMaps {
                 .iter()
                 .map(|inner| std::os::fd::AsRawFd::as_raw_fd(inner) as u32),
         );
-        if absent > 0 {
-            self.outer_updates += 1;
-        }
-        let published = sys::update_batch(fd(&self.outers[at]), &keys, &values, absent, 0);
+        self.outer_updates += match self.config.write_mode {
+            WriteMode::Batch => u64::from(absent > 0),
+            WriteMode::PerElement => absent as u64,
+        };
+        let published = elements::update(
+            self.config.write_mode,
+            fd(&self.outers[at]),
+            &keys,
+            &values,
+            absent,
+        );
         let done = match &published {
             Ok(()) => absent,
             Err(e) => e.processed.min(absent),
@@ -622,7 +655,13 @@ impl KernelMaps {
         let prefix = &pages[..absent];
         let keys = flatten(prefix.iter().map(|(k, _)| *k));
         let values = flatten(prefix.iter().map(|(_, v)| *v));
-        let written = sys::update_batch(fd(&self.pages), &keys, &values, prefix.len(), 0);
+        let written = elements::update(
+            self.config.write_mode,
+            fd(&self.pages),
+            &keys,
+            &values,
+            prefix.len(),
+        );
         let done = match &written {
             Ok(()) => prefix.len(),
             Err(e) => e.processed.min(prefix.len()),
@@ -638,7 +677,7 @@ impl KernelMaps {
 
     fn delete_pages(&mut self, keys: &[StackDeltaPageKey]) -> Result<(), OpFailure> {
         let flat = flatten(keys.iter().copied());
-        let deleted = sys::delete_batch(fd(&self.pages), &flat, keys.len());
+        let deleted = elements::delete(self.config.write_mode, fd(&self.pages), &flat, keys.len());
         let done = match &deleted {
             Ok(()) => keys.len(),
             Err(e) => e.processed.min(keys.len()),
@@ -745,8 +784,14 @@ impl Backend for KernelMaps {
             MapOp::PutUnwindInfos(infos) => {
                 let keys = flatten(infos.iter().map(|(slot, _)| u32::from(*slot)));
                 let values = flatten(infos.iter().map(|(_, info)| *info));
-                sys::update_batch(fd(&self.unwind_info), &keys, &values, infos.len(), 0)
-                    .map_err(failure)
+                elements::update(
+                    self.config.write_mode,
+                    fd(&self.unwind_info),
+                    &keys,
+                    &values,
+                    infos.len(),
+                )
+                .map_err(failure)
             }
             MapOp::PutDeltaTable {
                 file_id,

@@ -6,6 +6,8 @@
 //! * every ELF of the oracle and upstream test data, loaded through the
 //!   manager into real maps, resolves in the kernel exactly as the sim
 //!   reader and a direct search of its deltas say;
+//! * the per-element write mode leaves the same maps as the batches;
+//! * capacity: full maps fail cleanly and roll back, in both write modes;
 //! * differential: the same calls with the same injected faults leave
 //!   `KernelMaps` and `SimMaps` with identical contents;
 //! * pinning: maps pinned in a bpffs directory are shared by two instances,
@@ -21,6 +23,7 @@ use std::time::Instant;
 use eim_bpf::lookup::{code, error_name, have, kind};
 use eim_bpf::{
     sys, Dump, KernelConfig, KernelMaps, KernelResolved, LookupResult, MapStats, PinState,
+    WriteMode,
 };
 use eim_core::abi::{
     OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo, Wire, PAGE_MASK,
@@ -274,6 +277,10 @@ fn name(path: &Path) -> String {
     path.file_name().unwrap().to_string_lossy().into_owned()
 }
 
+/// Random addresses probed per corpus file, besides every delta address
+/// and its two neighbours.
+const RANDOM_PROBES: usize = 3000;
+
 /// Addresses to probe in `data`: every delta address and its neighbours,
 /// plus `random` addresses in and around the covered range.
 fn probes(data: &IntervalData, random: usize, seed: u64) -> Vec<u64> {
@@ -343,7 +350,7 @@ fn every_corpus_file_resolves_in_the_kernel_as_the_sim_and_its_deltas_say() {
         sim.with_backend(|s| {
             let reader = SimReader::new(s);
             for &(id, name, data) in &ids {
-                for addr in probes(data, 500, id.0) {
+                for addr in probes(data, RANDOM_PROBES, id.0) {
                     let r = k.lookup(id, addr).expect("lookup");
                     assert_eq!(
                         kernel_answer(&r),
@@ -516,6 +523,14 @@ fn full_maps_fail_cleanly_and_roll_back_as_in_the_sim() {
     if !require_bpf() {
         return;
     }
+    // Both write modes: the kernel stops a batch part way and says how
+    // far it got; the per-element writes must report the same.
+    for mode in [WriteMode::Batch, WriteMode::PerElement] {
+        full_maps_in(mode);
+    }
+}
+
+fn full_maps_in(mode: WriteMode) {
     let files = corpus();
     let provider = Arc::new(MemoryProvider::new());
     for (i, (_, data)) in files.iter().enumerate() {
@@ -526,6 +541,7 @@ fn full_maps_fail_cleanly_and_roll_back_as_in_the_sim() {
         KernelMaps::with_config(eim_bpf::KernelConfig {
             pages: 96,
             outer: 2,
+            write_mode: mode,
             ..eim_bpf::KernelConfig::default()
         })
         .expect("maps"),
@@ -546,20 +562,87 @@ fn full_maps_fail_cleanly_and_roll_back_as_in_the_sim() {
         let id = FileId(i as u64 + 1);
         let got = format!("{:?}", kernel.add_or_inc_ref(id, &id).map(|_| ()));
         let want = format!("{:?}", sim.add_or_inc_ref(id, &id).map(|_| ()));
-        assert_eq!(got, want, "{name}");
+        assert_eq!(got, want, "{mode:?} {name}");
         if got.starts_with("Err") {
-            eprintln!("{name}: {got}");
+            eprintln!("{mode:?} {name}: {got}");
             assert!(got.contains("E2BIG"), "a kernel limit: {got}");
             failures += 1;
         }
         let k = kernel.with_backend(|b| b.dump().expect("dump"));
         let s = sim.with_backend(|b| sim_dump(b));
-        assert!(k == s, "{name}: kernel and sim maps differ");
+        assert!(k == s, "{mode:?} {name}: kernel and sim maps differ");
     }
     assert!(
         failures >= 2,
-        "the limits must be reached: {failures} failures"
+        "{mode:?}: the limits must be reached: {failures} failures"
     );
+}
+
+/// The per-element baseline writes exactly what the batches write, for
+/// the whole corpus loaded one file at a time and unloaded again, with a
+/// syscall count that grows with the deltas (where the batches' does not).
+#[test]
+fn per_element_writes_leave_the_same_maps_as_batches() {
+    if !require_bpf() {
+        return;
+    }
+    let files = corpus();
+    let provider = Arc::new(MemoryProvider::new());
+    for (i, (_, data)) in files.iter().enumerate() {
+        provider.insert(FileId(i as u64 + 1), data.clone());
+    }
+    let manager = |mode| {
+        ExecutableInfoManager::new(
+            provider.clone(),
+            KernelMaps::with_config(KernelConfig {
+                write_mode: mode,
+                ..KernelConfig::default()
+            })
+            .expect("maps"),
+            Tracers::none(),
+        )
+    };
+    let batch = manager(WriteMode::Batch);
+    let single = manager(WriteMode::PerElement);
+    for (i, (name, data)) in files.iter().enumerate() {
+        let id = FileId(i as u64 + 1);
+        let before = sys::thread_syscalls();
+        let got = format!("{:?}", single.add_or_inc_ref(id, &id).map(|_| ()));
+        let calls = sys::thread_syscalls() - before;
+        let want = format!("{:?}", batch.add_or_inc_ref(id, &id).map(|_| ()));
+        assert_eq!(got, want, "{name}");
+        let s = single.with_backend(|b| b.dump().expect("dump"));
+        let b = batch.with_backend(|b| b.dump().expect("dump"));
+        // One call per kernel delta and per page at least (merged deltas
+        // make the kernel table shorter than the source list).
+        let elements: usize = s
+            .delta_tables
+            .iter()
+            .filter(|((_, file), _)| *file == id)
+            .map(|(_, (_, deltas))| deltas.len())
+            .sum::<usize>()
+            + s.pages.keys().filter(|k| k.file_id == id.0).count();
+        if got.starts_with("Ok") && !data.deltas.is_empty() {
+            assert!(
+                calls as usize >= elements && elements > 0,
+                "{name}: {calls} calls for {elements} elements"
+            );
+        }
+        assert!(s == b, "{name}: per-element and batch maps differ");
+    }
+    for (i, (name, _)) in files.iter().enumerate() {
+        let id = FileId(i as u64 + 1);
+        single.remove_or_dec_ref(id).expect("remove");
+        batch.remove_or_dec_ref(id).expect("remove");
+        let s = single.with_backend(|b| b.dump().expect("dump"));
+        let b = batch.with_backend(|b| b.dump().expect("dump"));
+        assert!(
+            s == b,
+            "unloading {name}: per-element and batch maps differ"
+        );
+    }
+    let left = single.with_backend(|b| b.stats().expect("stats"));
+    assert!(left.pages == 0 && left.tables.is_empty(), "{left:?}");
 }
 
 /// A pin directory of its own for one test, removed with its pins when
