@@ -2,13 +2,18 @@
 //! `elfunwindinfo` provider): opens the file through its [`ElfFileRef`],
 //! runs the extraction with the debug-file lookup as its callback, and
 //! counts successes and failures the way upstream does (a file that has
-//! gone is not a failure).
+//! gone is not a failure). A file whose name marks it as a C library also
+//! gets its TSD layout ([`tsd_of`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::Path;
+
 use eim_core::deltas::IntervalData;
 use eim_core::elf::Elf;
+use eim_core::info::TsdInfo;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
 
 use crate::elf_file::{DebugFile, ElfFileRef, DEFAULT_MAX_SIZE};
@@ -32,6 +37,23 @@ pub fn extract(elf: &Elf<'_>, debuglink: &mut DebugLinkFn<'_>) -> Result<Interva
         Ok(debuglink().map(|file| Box::new(file) as DebugBytes))
     };
     eim_core::elf::extract::extract(elf, Some(&mut open)).map_err(|e| e.to_string())
+}
+
+/// Upstream's TSD step of `AddOrIncRef`: for a file whose path (as
+/// given, not resolved in a root) names a C library, the layout its
+/// `pthread_getspecific` reads. A failed analysis is not an error
+/// upstream: the file simply has no TSD layout.
+pub fn tsd_of(path: &Path, elf: &Elf<'_>) -> Option<TsdInfo> {
+    if !eim_core::tsd::is_potential_tsd_dso(path.as_os_str().as_bytes()) {
+        return None;
+    }
+    match eim_core::tsd::extract_tsd(elf) {
+        Ok(info) => Some(info),
+        Err(e) => {
+            tracing::debug!("{}: no TSD layout: {e}", path.display());
+            None
+        }
+    }
 }
 
 /// Upstream's provider statistics.
@@ -115,7 +137,7 @@ impl ElfProvider {
         }
     }
 
-    fn extract_deltas(&self, file: &ElfFileRef) -> Result<IntervalData, ExtractError> {
+    fn extract_deltas(&self, file: &ElfFileRef) -> Result<Extraction, ExtractError> {
         let open = file.get()?;
         let name = file.path().display().to_string();
         if open.len() > self.max_size {
@@ -145,12 +167,16 @@ impl ElfProvider {
         if let Some(e) = gone {
             return Err(e);
         }
-        result.map_err(|message| {
+        let data = result.map_err(|message| {
             ExtractError::new(
                 ExtractErrorKind::Invalid,
                 name,
                 format!("failed to extract stack deltas: {message}"),
             )
+        })?;
+        Ok(Extraction {
+            data,
+            tsd: tsd_of(file.path(), open.elf()),
         })
     }
 }
@@ -160,9 +186,9 @@ impl Provider for ElfProvider {
 
     fn extract(&self, file: &ElfFileRef) -> Result<Extraction, ExtractError> {
         match self.extract_deltas(file) {
-            Ok(data) => {
+            Ok(extraction) => {
                 self.success.fetch_add(1, Ordering::Relaxed);
-                Ok(Extraction { data, tsd: None })
+                Ok(extraction)
             }
             Err(e) => {
                 if !e.is_not_found() {
@@ -319,5 +345,35 @@ mod tests {
         let r = ElfProvider::new().extract(&volname).expect("extracts");
         assert_eq!(r.data.len(), 27);
         assert_eq!(r.data.deltas[0].address, 0x850);
+    }
+
+    #[test]
+    fn a_c_library_by_name_gets_its_tsd_layout() {
+        let musl = testdata().join("oracle/bin/aarch64-musl-libc.so");
+        let dir = tempdir();
+        let as_libc = dir.path().join("libc.so");
+        std::os::unix::fs::symlink(&musl, &as_libc).expect("symlink");
+        let p = ElfProvider::new();
+        let named = p.extract(&ElfFileRef::new(&as_libc)).expect("extracted");
+        assert_eq!(
+            named.tsd,
+            Some(TsdInfo {
+                offset: -88,
+                multiplier: 8,
+                indirect: 1
+            })
+        );
+        // The same bytes under their renamed name: not a C library by name.
+        let renamed = p.extract(&ElfFileRef::new(&musl)).expect("extracted");
+        assert_eq!(renamed.tsd, None);
+        assert_eq!(renamed.data, named.data);
+        // A C library name whose analysis fails has no layout, and that is
+        // not an extraction failure.
+        let volname = dir.path().join("libpthread.so.0");
+        std::os::unix::fs::symlink(testdata().join("upstream/volname"), &volname).expect("symlink");
+        assert_eq!(
+            p.extract(&ElfFileRef::new(&volname)).map(|e| e.tsd),
+            Ok(None)
+        );
     }
 }

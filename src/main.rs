@@ -13,6 +13,7 @@ mod demo;
 mod each;
 mod fileid;
 mod input;
+mod inspect;
 mod synth;
 mod table;
 mod tables;
@@ -46,6 +47,10 @@ enum Command {
     Deltas(deltas::DeltasArgs),
     /// Print the file ids of each ELF file: `<128-bit id> <64-bit host id> <path>`.
     Fileid(fileid::FileidArgs),
+    /// Print what eim knows about each ELF file: file ids, delta count,
+    /// C-library TSD (the oracle's `.tsd` line) and DTV layouts, and the
+    /// interpreter loaders that recognise it.
+    Inspect(inspect::InspectArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -130,6 +135,7 @@ fn main() -> ExitCode {
         Command::Tables(args) => each(|out| tables::run(args, out)),
         Command::Deltas(args) => each(|out| deltas::run(args, out)),
         Command::Fileid(args) => each(|out| fileid::run(args, out)),
+        Command::Inspect(args) => each(|out| inspect::run(args, out)),
     }
 }
 

@@ -613,3 +613,141 @@ fn deltas_vdso_prints_the_seven_synthetic_deltas() {
         .failure()
         .stderr(predicate::str::contains("not an arm64 vDSO image"));
 }
+
+// ---------------------------------------------------------------------------
+// `eim inspect`.
+
+/// The oracle's TSD line of an input (the second line of its `.tsd`).
+fn oracle_tsd_line(input: &OracleInput) -> String {
+    let text = std::fs::read_to_string(input.cwd.join(format!("{}.tsd", input.name)))
+        .unwrap_or_else(|e| panic!("{}.tsd: {e}", input.name));
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some(format!("# file: {}", input.path).as_str()),
+        "{}.tsd names its input",
+        input.name
+    );
+    lines.next().expect("a result line").to_string()
+}
+
+/// The TSD line a `--json` report implies.
+fn tsd_line_of_json(tsd: &serde_json::Value) -> String {
+    match tsd["status"].as_str() {
+        Some("found") => format!(
+            "tsd offset={} multiplier={} indirect={}",
+            tsd["offset"], tsd["multiplier"], tsd["indirect"]
+        ),
+        Some("not-a-tsd-dso") => "# not-a-tsd-dso".to_string(),
+        Some("error") => format!("# error: {}", tsd["message"].as_str().expect("message")),
+        other => panic!("unknown TSD status {other:?}"),
+    }
+}
+
+#[test]
+fn inspect_prints_the_oracles_tsd_line_for_every_input() {
+    let mut compared = 0;
+    for input in oracle_inputs() {
+        if input.fileid64.is_none() {
+            continue; // upstream's test files have no .tsd
+        }
+        let expected = oracle_tsd_line(&input);
+        let mut args = vec!["inspect"];
+        // The files in bin/ lost their C-library names when they were
+        // renamed: analyse those upstream analysed regardless of name.
+        if !input.path.starts_with('/') && expected != "# not-a-tsd-dso" {
+            args.push("--force-libc");
+        }
+        let text = stdout_of(eim().current_dir(&input.cwd).args(&args).arg(&input.path));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines.first().copied(),
+            Some(format!("# file: {}", input.path).as_str())
+        );
+        assert_eq!(
+            lines.get(3),
+            Some(&expected.as_str()),
+            "{}: {text}",
+            input.name
+        );
+        let tsd_lines = lines
+            .iter()
+            .filter(|l| {
+                l.starts_with("tsd ") || l.starts_with("# error") || l.starts_with("# not-a")
+            })
+            .count();
+        assert_eq!(tsd_lines, 1, "{}: exactly one TSD line: {text}", input.name);
+
+        let json = stdout_of(
+            eim()
+                .current_dir(&input.cwd)
+                .args(&args)
+                .arg("--json")
+                .arg(&input.path),
+        );
+        let report: serde_json::Value = serde_json::from_str(&json).expect("one JSON object");
+        assert_eq!(tsd_line_of_json(&report["tsd"]), expected, "{}", input.name);
+        assert_eq!(report["file"], input.path.as_str());
+        assert_eq!(
+            lines.get(1).copied(),
+            Some(format!(
+                "fileid: {} {}",
+                report["fileid"].as_str().expect("fileid"),
+                report["fileid64"].as_str().expect("fileid64")
+            ))
+            .as_deref()
+        );
+        assert_eq!(report["fileid64"].as_str(), input.fileid64.as_deref());
+        assert_eq!(
+            lines.get(2).copied(),
+            Some(format!("deltas: {}", report["deltas"])).as_deref()
+        );
+        assert_eq!(report["loaders"], serde_json::json!([]));
+        compared += 1;
+    }
+    assert_eq!(compared, 17);
+}
+
+#[test]
+fn inspect_checks_the_name_as_given() {
+    let bin = testdata().join("oracle/bin");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let link = |target: &str, name: &str| {
+        let path = dir.path().join(name);
+        std::os::unix::fs::symlink(bin.join(target), &path).expect("symlink");
+        path
+    };
+    // Under a C library's name the renamed musl is analysed without
+    // --force-libc, and its DTV too.
+    let musl = link("aarch64-musl-libc.so", "ld-musl-aarch64.so.1");
+    let text = stdout_of(eim().arg("inspect").arg(&musl));
+    assert!(
+        text.contains("\ntsd offset=-88 multiplier=8 indirect=1\n"),
+        "{text}"
+    );
+    assert!(text.contains("\ndtv offset=-8 multiplier=8\n"), "{text}");
+    // ld-linux is a C library only to HEAD's pattern: DTV, but no TSD.
+    let ld = link("aarch64-ld-linux-aarch64.so.1", "ld-linux-aarch64.so.1");
+    let text = stdout_of(eim().arg("inspect").arg(&ld));
+    assert!(text.contains("\n# not-a-tsd-dso\n"), "{text}");
+    assert!(text.contains("\ndtv offset=0 multiplier=16\n"), "{text}");
+    // The renamed file itself is not a C library by name.
+    let text = stdout_of(eim().arg("inspect").arg(bin.join("aarch64-musl-libc.so")));
+    assert!(
+        text.contains("\n# not-a-tsd-dso\n# dtv: not-a-libc-dso\nloaders:\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn inspect_reports_a_file_it_cannot_read_and_goes_on() {
+    let volname = testdata().join("upstream/volname");
+    eim()
+        .arg("inspect")
+        .arg("/nonexistent/eim/libc.so.6")
+        .arg(&volname)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("/nonexistent/eim/libc.so.6"))
+        .stdout(predicate::str::contains("# file: ").and(predicate::str::contains("volname")));
+}

@@ -13,6 +13,15 @@ pub struct TsdInfo {
     pub indirect: u8,
 }
 
+/// Where a C library keeps a thread's dynamic thread vector (upstream's
+/// HEAD `DTVInfo`): `dtv = *(tp + offset)`, entry `module` at
+/// `dtv + module * multiplier`. Taken from `__tls_get_addr`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DtvInfo {
+    pub offset: i16,
+    pub multiplier: u8,
+}
+
 /// Per-file data of an interpreter loader.
 pub trait InterpreterData: Send + Sync + fmt::Debug {
     /// The loader that produced it.

@@ -7,6 +7,7 @@
 //! * [`machine`]: the pure state machine (files, reference counts, unwind-info
 //!   slots, page accounting, deferral, leftovers) that turns calls into plans.
 //! * [`manager`]: [`ExecutableInfoManager`], the thread-safe facade.
+//! * [`tsd`]: C-library introspection (TSD and DTV layouts from machine code).
 //!
 //! Nothing in this crate performs I/O, reads a clock or spawns a thread;
 //! the facade takes a [`manager::Clock`] and a backend from its caller.
@@ -25,9 +26,10 @@ pub mod ops;
 pub mod provider;
 mod sync;
 pub mod text;
+pub mod tsd;
 
 pub use error::Error;
-pub use info::{ExecutableInfo, InterpreterData, TsdInfo};
+pub use info::{DtvInfo, ExecutableInfo, InterpreterData, TsdInfo};
 pub use manager::{Config, ExecutableInfoManager, Tracers};
 
 use std::fmt;

@@ -16,24 +16,9 @@ use eim_core::elf::ehframe::{lookup_fde, FdeRange};
 use eim_core::elf::{extract, DebugFileError, Elf};
 use eim_core::text::render_deltas;
 use object::Object as _;
-use sha2::{Digest, Sha256};
 
-fn testdata() -> PathBuf {
-    let dir = match std::env::var_os("EIM_TESTDATA") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"),
-    };
-    assert!(
-        dir.join("oracle/MANIFEST.tsv").is_file(),
-        "test data not found at {} (set EIM_TESTDATA)",
-        dir.display()
-    );
-    dir
-}
-
-fn read(path: &Path) -> Vec<u8> {
-    std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
-}
+mod oracle_inputs;
+use oracle_inputs::{inputs, read, testdata};
 
 fn xz_text(path: &Path) -> String {
     let mut input = std::io::BufReader::new(
@@ -108,68 +93,12 @@ fn first_difference(ours: &str, theirs: &str) -> Option<String> {
     None
 }
 
-struct Input {
-    name: String,
-    file: PathBuf,
-    sha256: Option<String>,
-    deltas: PathBuf,
-}
-
-fn inputs(root: &Path) -> Vec<Input> {
-    let oracle = root.join("oracle");
-    let manifest = std::fs::read_to_string(oracle.join("MANIFEST.tsv")).expect("manifest");
-    let mut out = Vec::new();
-    for line in manifest.lines().skip(1) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let (name, path, sha) = (cols[0], cols[1], cols[3]);
-        let absolute = path.starts_with('/');
-        out.push(Input {
-            name: name.to_string(),
-            file: if absolute {
-                PathBuf::from(path)
-            } else {
-                oracle.join(path)
-            },
-            sha256: absolute.then(|| sha.to_string()),
-            deltas: oracle.join(format!("{name}.deltas.xz")),
-        });
-    }
-    let upstream = root.join("upstream");
-    for name in [
-        "volname",
-        "libcrypto-alpine-test.so",
-        "schrodinger-libpython3.8.so.1.0",
-        "vdso.arch64.withframe",
-    ] {
-        out.push(Input {
-            name: name.to_string(),
-            file: upstream.join(name),
-            sha256: None,
-            deltas: upstream.join(format!("{name}.deltas.xz")),
-        });
-    }
-    out
-}
-
 #[test]
 fn extraction_matches_upstream_for_every_oracle_file() {
     let root = testdata();
     let mut results = BTreeMap::new();
     for input in inputs(&root) {
-        let bytes = read(&input.file);
-        if let Some(want) = &input.sha256 {
-            let have: String = Sha256::digest(&bytes)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            assert_eq!(
-                &have,
-                want,
-                "{} is not the file the oracle was made from: compare {} with MANIFEST.tsv",
-                input.file.display(),
-                input.name
-            );
-        }
+        let bytes = input.bytes();
         let expected = xz_text(&input.deltas);
         let path = expected
             .lines()

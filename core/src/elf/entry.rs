@@ -176,6 +176,17 @@ pub(crate) fn a64_class(word: u32) -> A64Class {
     }
 }
 
+/// Whether Go's decoder prints this MOVZ, MOVN or ORR as MOV (the TSD
+/// analysis follows MOV only).
+pub(crate) fn a64_mov_alias(opcode: Opcode, word: u32) -> bool {
+    match opcode {
+        // MOVZ: MOV unless it moves a zero chunk into an upper halfword.
+        Opcode::MOVZ => !((word >> 5) & 0xffff == 0 && (word >> 21) & 3 != 0),
+        Opcode::MOVN | Opcode::ORR => is_mov_alias(word),
+        _ => false,
+    }
+}
+
 /// Whether the architecture's preferred disassembly of `word` (an ORR,
 /// MOVN, INS, DUP or UMOV) is MOV. Bit patterns from the Arm ARM alias
 /// conditions.
@@ -228,7 +239,7 @@ fn is_mov_alias(word: u32) -> bool {
 /// False for a logical-immediate instruction (AND, ORR, EOR, ANDS) whose
 /// bitmask immediate is a reserved encoding (`DecodeBitMasks` undefined).
 /// Other instructions are always valid here.
-fn bitmask_immediate_valid(word: u32) -> bool {
+pub(crate) fn bitmask_immediate_valid(word: u32) -> bool {
     if word & 0x1f80_0000 != 0x1200_0000 {
         return true;
     }

@@ -1,0 +1,231 @@
+//! `eim inspect`: what eim knows about each ELF file: its file ids, how
+//! many stack deltas it has, its C-library layouts (TSD as one line in the
+//! oracle's `.tsd` form, and the DTV) and the interpreter loaders that
+//! recognised it. `--json` prints the same as one JSON object per file
+//! and line.
+
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+
+use eim::elf::Elf;
+use eim::elf_file::{ElfFileRef, DEFAULT_MAX_SIZE};
+use eim::tsd::{extract_dtv, extract_tsd, is_potential_libc_dso, is_potential_tsd_dso};
+use serde::Serialize;
+
+use crate::each::{self, Failure, Outcome};
+
+/// Options of `eim inspect`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct InspectArgs {
+    /// One JSON object per file and line instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Analyse every file as a C library, whatever its name (the name
+    /// check otherwise applies to the path as given, as upstream's does).
+    #[arg(long)]
+    pub force_libc: bool,
+    /// Refuse files larger than this many bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_SIZE)]
+    pub max_size: u64,
+    /// ELF files.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+}
+
+/// The TSD result, as the oracle's `.tsd` files state it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum TsdReport {
+    Found {
+        offset: i16,
+        multiplier: u8,
+        indirect: u8,
+    },
+    /// The name check rejected the file; nothing was analysed.
+    NotATsdDso,
+    Error {
+        message: String,
+    },
+}
+
+impl TsdReport {
+    /// The oracle's line.
+    pub fn line(&self) -> String {
+        match self {
+            TsdReport::Found {
+                offset,
+                multiplier,
+                indirect,
+            } => format!("tsd offset={offset} multiplier={multiplier} indirect={indirect}"),
+            TsdReport::NotATsdDso => "# not-a-tsd-dso".to_string(),
+            TsdReport::Error { message } => format!("# error: {message}"),
+        }
+    }
+}
+
+/// The DTV result (HEAD's analysis of `__tls_get_addr`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum DtvReport {
+    Found {
+        offset: i16,
+        multiplier: u8,
+    },
+    /// The file defines no `__tls_get_addr` (not an error upstream).
+    NoSymbol,
+    /// HEAD's name check rejected the file.
+    NotALibcDso,
+    Error {
+        message: String,
+    },
+}
+
+impl DtvReport {
+    pub fn line(&self) -> String {
+        match self {
+            DtvReport::Found { offset, multiplier } => {
+                format!("dtv offset={offset} multiplier={multiplier}")
+            }
+            DtvReport::NoSymbol => "# dtv: no __tls_get_addr".to_string(),
+            DtvReport::NotALibcDso => "# dtv: not-a-libc-dso".to_string(),
+            DtvReport::Error { message } => format!("# dtv error: {message}"),
+        }
+    }
+}
+
+/// An address range of a loader's `interpreter_offsets` entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OffsetRange {
+    pub lower: u64,
+    pub upper: u64,
+}
+
+/// An interpreter loader that recognised the file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LoaderMatch {
+    pub loader: String,
+    /// The loader's data, as its `Debug` form.
+    pub data: String,
+    pub interpreter_offsets: Vec<OffsetRange>,
+}
+
+/// The interpreter loaders that recognise the file at `path`.
+///
+/// None yet: the loaders are built elsewhere (branch wt-loaders). This is
+/// the one place to connect them: run each loader over `path` and `elf`
+/// and report the ones that match, with their data and ranges.
+pub fn loaders(_path: &Path, _elf: &Elf<'_>) -> Vec<LoaderMatch> {
+    Vec::new()
+}
+
+/// Everything `eim inspect` says about one file.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub file: String,
+    pub fileid: String,
+    pub fileid64: String,
+    /// The number of stack deltas, unless extraction failed.
+    pub deltas: Option<usize>,
+    pub deltas_error: Option<String>,
+    pub tsd: TsdReport,
+    pub dtv: DtvReport,
+    pub loaders: Vec<LoaderMatch>,
+}
+
+impl Report {
+    pub fn text(&self) -> String {
+        let deltas = match (&self.deltas, &self.deltas_error) {
+            (Some(n), _) => n.to_string(),
+            (None, Some(e)) => format!("# error: {e}"),
+            (None, None) => "# error".to_string(),
+        };
+        let mut out = format!(
+            "# file: {}\nfileid: {} {}\ndeltas: {deltas}\n{}\n{}\nloaders:\n",
+            self.file,
+            self.fileid,
+            self.fileid64,
+            self.tsd.line(),
+            self.dtv.line()
+        );
+        for m in &self.loaders {
+            let ranges: Vec<String> = m
+                .interpreter_offsets
+                .iter()
+                .map(|r| format!("{:x}-{:x}", r.lower, r.upper))
+                .collect();
+            out.push_str(&format!(
+                "  {} data={} interpreter_offsets=[{}]\n",
+                m.loader,
+                m.data,
+                ranges.join(" ")
+            ));
+        }
+        out
+    }
+}
+
+/// Inspects the file at `path`.
+pub fn inspect(path: &Path, force_libc: bool, max_size: u64) -> Result<Report, Failure> {
+    let file = ElfFileRef::new(path).with_max_size(max_size);
+    let open = file.get().map_err(|e| Failure::message(e.message))?;
+    let id = open.file_id();
+    let elf = open.elf();
+    let mut debuglink = || file.find_debug_file(&open).ok().flatten();
+    let (deltas, deltas_error) = match eim::elf_provider::extract(elf, &mut debuglink) {
+        Ok(data) => (Some(data.len()), None),
+        Err(e) => (None, Some(e)),
+    };
+    let name = path.as_os_str().as_bytes();
+    let tsd = if force_libc || is_potential_tsd_dso(name) {
+        match extract_tsd(elf) {
+            Ok(t) => TsdReport::Found {
+                offset: t.offset,
+                multiplier: t.multiplier,
+                indirect: t.indirect,
+            },
+            Err(e) => TsdReport::Error {
+                message: e.to_string(),
+            },
+        }
+    } else {
+        TsdReport::NotATsdDso
+    };
+    let dtv = if force_libc || is_potential_libc_dso(name) {
+        match extract_dtv(elf) {
+            Ok(Some(d)) => DtvReport::Found {
+                offset: d.offset,
+                multiplier: d.multiplier,
+            },
+            Ok(None) => DtvReport::NoSymbol,
+            Err(e) => DtvReport::Error {
+                message: e.to_string(),
+            },
+        }
+    } else {
+        DtvReport::NotALibcDso
+    };
+    Ok(Report {
+        file: path.display().to_string(),
+        fileid: id.to_string(),
+        fileid64: id.host().to_string(),
+        deltas,
+        deltas_error,
+        tsd,
+        dtv,
+        loaders: loaders(path, elf),
+    })
+}
+
+pub fn run(args: &InspectArgs, out: &mut impl Write) -> std::io::Result<Outcome> {
+    each::run(&args.files, out, |path| {
+        let report = inspect(path, args.force_libc, args.max_size)?;
+        if args.json {
+            serde_json::to_string(&report)
+                .map(|json| json + "\n")
+                .map_err(|e| Failure::message(format!("cannot encode the report: {e}")))
+        } else {
+            Ok(report.text())
+        }
+    })
+}
