@@ -28,7 +28,7 @@ use eim_core::ops::MapOp;
 use eim_core::FileId;
 
 use crate::kernel::SimMaps;
-use crate::reader::{answer_of, expected, Answer, LookupError, SimReader};
+use crate::reader::{answer_of, expected, Answer, LookupError, Resolved, SimReader};
 
 /// The source deltas of every file the manager may have loaded.
 pub type Sources = HashMap<FileId, IntervalData>;
@@ -300,6 +300,24 @@ fn page_samples(data: &IntervalData, page: u64, spread: u64) -> Vec<u64> {
     out
 }
 
+/// Whether one lookup result is safe (invariant 2): no page, or the answer
+/// of the file's deltas; never a missing table, an index out of range or
+/// an unwritten slot.
+pub(crate) fn reader_safe(result: &Result<Resolved, LookupError>, want: &Option<Answer>) -> bool {
+    match result {
+        // No page (another page of the file may be gone already).
+        Err(LookupError::TextSection { .. }) => true,
+        // These mean a page led somewhere it must not.
+        Err(
+            LookupError::OuterMap { .. }
+            | LookupError::InnerMap { .. }
+            | LookupError::Range { .. }
+            | LookupError::BadUnwindInfoIndex { .. },
+        ) => false,
+        _ => answer_of(result) == *want,
+    }
+}
+
 /// Invariant 2, for any moment (also between two ops of a plan): every
 /// page entry leads to the right answer or to none.
 pub fn check_reader_safety(
@@ -318,19 +336,7 @@ pub fn check_reader_safety(
         for address in page_samples(data, key.page, spread) {
             let result = reader.lookup(file_id, address);
             let want = expected(data, address);
-            let safe = match &result {
-                // No page (another page of the file may be gone already).
-                Err(LookupError::TextSection { .. }) => true,
-                // These mean a page led somewhere it must not.
-                Err(
-                    LookupError::OuterMap { .. }
-                    | LookupError::InnerMap { .. }
-                    | LookupError::Range { .. }
-                    | LookupError::BadUnwindInfoIndex { .. },
-                ) => false,
-                _ => answer_of(&result) == want,
-            };
-            if !safe {
+            if !reader_safe(&result, &want) {
                 return Err(Violation::ReaderSafety {
                     file_id,
                     address,

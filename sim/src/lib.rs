@@ -17,13 +17,36 @@
 //! * [`checker`]: design invariants 1-4 (projection, reader safety, lookup
 //!   equivalence, accounting) against a manager's state and the maps.
 //! * [`observed`]: a backend that checks reader safety after every op.
+//!
+//! The seeded simulator (binary `eim-sim`, `docs/SIMULATOR.md`):
+//!
+//! * [`rng`]: the platform-independent seeded generator;
+//! * [`synth`], [`corpus`], [`pool`]: synthetic files of every shape, the
+//!   real ELF files of the test data, the pool of a run and its provider;
+//! * [`workload`], [`profile`]: steps (actions with their fault seeds),
+//!   their text form and generator; the four profiles;
+//! * [`watch`]: the backend with seeded faults and per-op checks;
+//! * [`sampled`]: invariants 2 and 3 on chosen pages, with bounded lookups;
+//! * [`run`], [`shrink`], [`trace`]: the run loop and its API model,
+//!   delta debugging of a failing trace, the replayable trace file.
 
 pub mod checker;
+pub mod corpus;
 pub mod faults;
 pub mod kernel;
 pub mod maps;
 pub mod observed;
+pub mod pool;
+pub mod profile;
 pub mod reader;
+pub mod rng;
+pub mod run;
+pub mod sampled;
+pub mod shrink;
+pub mod synth;
+pub mod trace;
+pub mod watch;
+pub mod workload;
 
 pub use checker::{
     check_accounting, check_all, check_lookup_equivalence, check_projection, check_reader_safety,
