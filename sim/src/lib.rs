@@ -17,6 +17,8 @@
 //! * [`checker`]: design invariants 1-4 (projection, reader safety, lookup
 //!   equivalence, accounting) against a manager's state and the maps.
 //! * [`observed`]: a backend that checks reader safety after every op.
+//! * [`slot_watch`]: reader safety across time for `unwind_info_array`: no
+//!   slot gets a different rule while a reader may still reach it.
 
 pub mod checker;
 pub mod faults;
@@ -24,6 +26,7 @@ pub mod kernel;
 pub mod maps;
 pub mod observed;
 pub mod reader;
+pub mod slot_watch;
 
 pub use checker::{
     check_accounting, check_all, check_lookup_equivalence, check_projection, check_reader_safety,
@@ -40,3 +43,4 @@ pub use reader::{
     answer_for, answer_of, expected, Answer, DeltaHit, LookupError, Resolved, SimReader,
     MAX_SEARCH_STEPS,
 };
+pub use slot_watch::SlotWatch;
