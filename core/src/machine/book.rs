@@ -958,6 +958,7 @@ mod tests {
     use super::*;
     use crate::deltas::hint;
     use crate::deltas::info::sp;
+    use crate::machine::slots::DEFAULT_SLOT_GRACE;
     use crate::ops::Errno;
 
     /// Three pages, three distinct rules.
@@ -1235,6 +1236,148 @@ mod tests {
         assert_eq!(refs.len(), 2);
         assert_eq!(book.pages_in_use(), 4);
         assert_eq!(book.tables_in_class(9), 1);
+    }
+
+    /// Three pages like [`three_pages`], with rules no other file uses.
+    fn three_other_pages() -> Vec<StackDelta> {
+        vec![
+            StackDelta::new(0x1_0010, hint::KEEP, sp(32)),
+            StackDelta::new(0x2_0010, hint::NONE, sp(40)),
+            StackDelta::new(0x3_0010, hint::NONE, sp(48)),
+            StackDelta::new(0x3_0020, hint::GAP, crate::deltas::info::INVALID),
+        ]
+    }
+
+    fn three_slots() -> KernelBook {
+        KernelBook::with_slot_grace(
+            Capacities {
+                unwind_slots: 3,
+                ..Capacities::default()
+            },
+            Duration::from_secs(5),
+        )
+    }
+
+    fn at(secs: u64) -> Timestamp {
+        Timestamp(Duration::from_secs(secs))
+    }
+
+    fn load(book: &mut KernelBook, id: u64, deltas: &[StackDelta]) {
+        let plan = book.plan_load(FileId(id), deltas).unwrap();
+        book.commit_load(plan);
+    }
+
+    fn unload(book: &mut KernelBook, id: u64) {
+        let plan = book.plan_unload(FileId(id)).unwrap();
+        assert_eq!(book.finish_unload(plan, Ok(())), 0);
+    }
+
+    fn slot_writes(plan: &LoadPlan) -> usize {
+        plan.ops
+            .iter()
+            .filter(|op| matches!(op, MapOp::PutUnwindInfos(_)))
+            .map(MapOp::len)
+            .sum()
+    }
+
+    #[test]
+    fn a_released_rule_is_revived_without_a_write() {
+        let mut book = three_slots();
+        load(&mut book, 1, &three_pages());
+        book.advance_to(at(10));
+        unload(&mut book, 1);
+        assert_eq!(book.slots().live(), 0);
+        assert_eq!(
+            book.slots().cooling().collect::<Vec<_>>(),
+            vec![(0, at(15)), (1, at(15)), (2, at(15))]
+        );
+        // Another file with the same rules, inside the grace: no slot write.
+        let plan = book.plan_load(FileId(2), &three_pages()).unwrap();
+        assert_eq!(slot_writes(&plan), 0);
+        book.commit_load(plan);
+        assert_eq!(book.slots().live(), 3);
+        assert_eq!(book.slots().cooling().count(), 0);
+    }
+
+    #[test]
+    fn a_different_rule_takes_a_slot_only_after_the_grace() {
+        let mut book = three_slots();
+        load(&mut book, 1, &three_pages());
+        book.advance_to(at(10));
+        unload(&mut book, 1);
+        book.advance_to(Timestamp(Duration::from_secs(15) - Duration::from_nanos(1)));
+        assert_eq!(
+            book.plan_load(FileId(2), &three_other_pages()).err(),
+            Some(PlanError::MapFull {
+                map: MapKind::UnwindInfo,
+                capacity: 3
+            })
+        );
+        assert_eq!(book.slots().cooling().count(), 3, "nothing was taken");
+        book.advance_to(at(15));
+        let plan = book.plan_load(FileId(2), &three_other_pages()).unwrap();
+        assert_eq!(slot_writes(&plan), 3);
+        book.commit_load(plan);
+        assert_eq!(book.slots().slot_of(&sp(8)), None, "the old rules are gone");
+        assert_eq!(book.slots().live(), 3);
+    }
+
+    #[test]
+    fn a_leftover_table_keeps_its_slots_until_it_is_removed() {
+        let mut book = three_slots();
+        load(&mut book, 1, &three_pages());
+        // The unload removes the pages, then fails to unpublish the table.
+        let plan = book.plan_unload(FileId(1)).unwrap();
+        assert_eq!(book.finish_unload(plan, Err(stop(1, 0))), 1);
+        assert_eq!(book.leftover_slots()[&FileId(1)].len(), 3);
+        assert_eq!(book.slots().live(), 3, "the table still references them");
+        book.advance_to(at(100));
+        assert!(book.plan_load(FileId(2), &three_other_pages()).is_err());
+        assert!(book.leftover_result(FileId(1), Ok(())));
+        assert!(book.leftover_slots().is_empty());
+        assert_eq!(book.slots().cooling().next(), Some((0, at(105))));
+        assert!(book.plan_load(FileId(2), &three_other_pages()).is_err());
+        book.advance_to(at(105));
+        assert!(book.plan_load(FileId(2), &three_other_pages()).is_ok());
+    }
+
+    #[test]
+    fn a_rollback_pins_the_slots_of_a_table_it_could_not_remove() {
+        let mut book = three_slots();
+        let plan = book.plan_load(FileId(1), &three_pages()).unwrap();
+        let rollback = book.abort_load(&plan, stop(2, 1));
+        // The page is removed, the table is not.
+        assert!(!book.finish_rollback(rollback, Err(stop(1, 0))));
+        assert_eq!(book.leftover_slots()[&FileId(1)].len(), 3);
+        assert_eq!(book.slots().live(), 3);
+        assert!(book.leftover_result(FileId(1), Ok(())));
+        assert_eq!(book.slots().live(), 0);
+        assert_eq!(book.slots().cooling().count(), 3, "not zeroed: they cool");
+        assert_eq!(book.slots().in_use(), 3);
+    }
+
+    #[test]
+    fn a_reassigned_slot_never_written_is_put_back_exactly() {
+        let mut book = three_slots();
+        load(&mut book, 1, &three_pages());
+        unload(&mut book, 1);
+        book.advance_to(at(60));
+        let before: Vec<_> = book.slots().cooling().collect();
+        let plan = book.plan_load(FileId(2), &three_other_pages()).unwrap();
+        // The slot write itself fails after one element: that slot is
+        // zeroed (free: no table ever led to it), the others come back.
+        let rollback = book.abort_load(&plan, stop(0, 1));
+        assert!(book.finish_rollback(rollback, Ok(())));
+        assert_eq!(book.slots().free().collect::<Vec<_>>(), vec![0]);
+        assert_eq!(book.slots().cooling().collect::<Vec<_>>(), before[1..]);
+        assert_eq!(book.slots().slot_of(&sp(16)), Some(1));
+        assert_eq!(book.slots().slot_of(&sp(8)), None);
+        // Stopped before any write: everything as it was.
+        let plan = book.plan_load(FileId(2), &three_other_pages()).unwrap();
+        let rollback = book.abort_load(&plan, stop(0, 0));
+        assert!(book.finish_rollback(rollback, Ok(())));
+        assert_eq!(book.slots().free().collect::<Vec<_>>(), vec![0]);
+        assert_eq!(book.slots().cooling().collect::<Vec<_>>(), before[1..]);
     }
 
     #[test]
