@@ -1,5 +1,6 @@
 //! The invariant checker: design invariants 1-4, checked against what the
-//! simulated kernel really holds.
+//! simulated kernel really holds (invariant 6, slot reuse under a reader in
+//! flight, is checked op by op by [`crate::slot_watch`]).
 //!
 //! * **Projection**: the maps hold exactly what the machine's state implies:
 //!   every loaded file's pages and table, the leftovers the book records,
