@@ -110,6 +110,10 @@ pub struct Config {
     pub deferred_ttl: Duration,
     /// Shards of the file table (rounded up to a power of two).
     pub shards: usize,
+    /// How long an `unwind_info_array` slot no table references any more
+    /// keeps its rule before another rule may be written to it (see
+    /// [`crate::machine::slots::DEFAULT_SLOT_GRACE`] for why this is safe).
+    pub slot_grace: Duration,
 }
 
 impl Default for Config {
@@ -119,6 +123,7 @@ impl Default for Config {
             deferred_capacity: deferred::DEFAULT_CAPACITY,
             deferred_ttl: deferred::DEFAULT_TTL,
             shards: 64,
+            slot_grace: crate::machine::slots::DEFAULT_SLOT_GRACE,
         }
     }
 }
@@ -189,13 +194,22 @@ struct KernelSide<B> {
 }
 
 impl<B: Backend> KernelSide<B> {
+    /// Tells the book the time. Called before planning and again after the
+    /// backend is done, so that a slot whose last table was just unpublished
+    /// starts cooling no earlier than the unpublication.
+    fn tick(&mut self, clock: &dyn Clock) {
+        self.book.advance_to(clock.now());
+    }
+
     /// Retries the removal of leftover entries, oldest file first.
-    fn retry_leftovers(&mut self) {
+    fn retry_leftovers(&mut self, clock: &dyn Clock) {
+        self.tick(clock);
         for (file_id, op) in self.book.leftover_fronts() {
             let mut op = Some(op);
             // Each completed op pops one from the file's queue, so this ends.
             while let Some(current) = op.take() {
                 let result = crate::driver::apply_one(&mut self.backend, &current);
+                self.tick(clock);
                 if self.book.leftover_result(file_id, result) {
                     op = self
                         .book
@@ -207,8 +221,13 @@ impl<B: Backend> KernelSide<B> {
         }
     }
 
-    fn load(&mut self, file_id: FileId, deltas: &[StackDelta]) -> Result<MapRef, Error> {
-        self.retry_leftovers();
+    fn load(
+        &mut self,
+        clock: &dyn Clock,
+        file_id: FileId,
+        deltas: &[StackDelta],
+    ) -> Result<MapRef, Error> {
+        self.retry_leftovers(clock);
         let plan = self
             .book
             .plan_load(file_id, deltas)
@@ -220,6 +239,7 @@ impl<B: Backend> KernelSide<B> {
         let (map, op, len) = (failed.map(), failed.name(), failed.len());
         let rollback = self.book.abort_load(&plan, stopped);
         let result = execute(&mut self.backend, &rollback.ops);
+        self.tick(clock);
         let rolled_back = self.book.finish_rollback(rollback, result);
         Err(Error::Kernel {
             file_id,
@@ -239,9 +259,10 @@ impl<B: Backend> KernelSide<B> {
     /// others.
     fn load_many(
         &mut self,
+        clock: &dyn Clock,
         files: &[(FileId, &[StackDelta])],
     ) -> BTreeMap<FileId, Result<MapRef, Error>> {
-        self.retry_leftovers();
+        self.retry_leftovers(clock);
         let (plan, refused) = self.book.plan_load_many(files);
         let mut out = BTreeMap::new();
         let stopped = execute(&mut self.backend, &plan.ops).err();
@@ -256,6 +277,7 @@ impl<B: Backend> KernelSide<B> {
                 let (map, op, len) = (failed.map(), failed.name(), failed.len());
                 let rollback = self.book.abort_load_many(&plan, stopped);
                 let result = execute(&mut self.backend, &rollback.ops);
+                self.tick(clock);
                 self.book.finish_rollback_many(rollback, result);
                 for file in &plan.files {
                     let file_id = file.file_id;
@@ -280,12 +302,13 @@ impl<B: Backend> KernelSide<B> {
         out
     }
 
-    fn unload(&mut self, file_id: FileId) -> Result<(), Error> {
-        self.retry_leftovers();
+    fn unload(&mut self, clock: &dyn Clock, file_id: FileId) -> Result<(), Error> {
+        self.retry_leftovers(clock);
         let Some(plan) = self.book.plan_unload(file_id) else {
             return Ok(());
         };
         let result = execute(&mut self.backend, &plan.ops);
+        self.tick(clock);
         let failed = result
             .err()
             .map(|s| (plan.ops[s.at].map(), s.failure.errno));
@@ -359,7 +382,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 .map(|_| Padded(Mutex::new(Shard::default())))
                 .collect(),
             kernel: Mutex::new(KernelSide {
-                book: KernelBook::new(config.capacities),
+                book: KernelBook::with_slot_grace(config.capacities, config.slot_grace),
                 backend,
             }),
             deferred: Mutex::new(Deferred::new(config.deferred_capacity, config.deferred_ttl)),
@@ -430,7 +453,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 return Err(Error::Extraction { file_id, source });
             }
         };
-        let loaded = lock(&self.kernel).load(file_id, &extraction.data.deltas);
+        let loaded = lock(&self.kernel).load(&*self.clock, file_id, &extraction.data.deltas);
         match loaded {
             Ok(_) => Ok(ExecutableInfo {
                 interpreter: None,
@@ -516,7 +539,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         let mut loaded = if batch.is_empty() {
             BTreeMap::new()
         } else {
-            lock(&self.kernel).load_many(&batch)
+            lock(&self.kernel).load_many(&*self.clock, &batch)
         };
         for (n, extraction) in &extracted {
             let file_id = mine[*n].1.file_id;
@@ -565,7 +588,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         if shard.files.get(file_id).is_some() || shard.flights.contains_key(&file_id) {
             return Err(Error::AlreadyLoaded { file_id });
         }
-        lock(&self.kernel).load(file_id, &data.deltas)?;
+        lock(&self.kernel).load(&*self.clock, file_id, &data.deltas)?;
         shard.files.insert(file_id, ExecutableInfo::default(), 1);
         Ok(())
     }
@@ -577,7 +600,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         let mut shard = lock(self.shard(file_id));
         match shard.files.release(file_id, None) {
             Ok(Release::Held { .. }) | Ok(Release::Unused) => Ok(()),
-            Ok(Release::Last(_entry)) => lock(&self.kernel).unload(file_id),
+            Ok(Release::Last(_entry)) => lock(&self.kernel).unload(&*self.clock, file_id),
             Err(e) => Err(release_error(file_id, e)),
         }
     }
@@ -611,7 +634,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             let mut kernel = lock(&self.kernel);
             for (file_id, _entry) in unused {
                 report.unloaded += 1;
-                if let Err(e) = kernel.unload(file_id) {
+                if let Err(e) = kernel.unload(&*self.clock, file_id) {
                     report.errors.push(e);
                 }
             }
@@ -623,7 +646,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
     /// Returns the number of ops still pending.
     pub fn retry_leftovers(&self) -> usize {
         let mut kernel = lock(&self.kernel);
-        kernel.retry_leftovers();
+        kernel.retry_leftovers(&*self.clock);
         kernel.book.leftover_ops()
     }
 
@@ -643,10 +666,9 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 metrics::NUM_EXE_ID_LOADED_TO_EBPF,
                 book.loaded().len() as u64,
             );
-            summary.insert(
-                metrics::UNWIND_INFO_ARRAY_SIZE,
-                book.slots().in_use() as u64,
-            );
+            // Slots some kernel table references; cooling slots are a
+            // cache of old rules, reusable, so not counted.
+            summary.insert(metrics::UNWIND_INFO_ARRAY_SIZE, book.slots().live() as u64);
             summary.insert(metrics::HASHMAP_NUM_STACK_DELTA_PAGES, book.pages_in_use());
         }
         summary.insert(

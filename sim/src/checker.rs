@@ -1,5 +1,6 @@
 //! The invariant checker: design invariants 1-4, checked against what the
-//! simulated kernel really holds.
+//! simulated kernel really holds (invariant 6, slot reuse under a reader in
+//! flight, is checked op by op by [`crate::slot_watch`]).
 //!
 //! * **Projection**: the maps hold exactly what the machine's state implies:
 //!   every loaded file's pages and table, the leftovers the book records,
@@ -19,9 +20,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::time::Duration;
 
-use eim_core::abi::{StackDeltaPageKey, PAGE_BITS, PAGE_SIZE};
+use eim_core::abi::{StackDeltaPageKey, UnwindInfo, PAGE_BITS, PAGE_SIZE};
 use eim_core::deltas::IntervalData;
+use eim_core::machine::slots::SlotState;
 use eim_core::machine::KernelBook;
 use eim_core::manager::StateView;
 use eim_core::ops::MapOp;
@@ -50,6 +53,15 @@ pub enum Violation {
         want: Option<Answer>,
     },
     Accounting(String),
+    /// A slot got a different rule while a reader may still follow an
+    /// unpublished table to it (see [`crate::slot_watch`]).
+    SlotReuse {
+        slot: u32,
+        from: UnwindInfo,
+        to: UnwindInfo,
+        since_reference: Duration,
+        grace: Duration,
+    },
 }
 
 impl fmt::Display for Violation {
@@ -75,6 +87,16 @@ impl fmt::Display for Violation {
                 "lookup equivalence: file {file_id} address {address:#x}: reader {got}, deltas say {want:?}"
             ),
             Self::Accounting(m) => write!(f, "accounting: {m}"),
+            Self::SlotReuse {
+                slot,
+                from,
+                to,
+                since_reference,
+                grace,
+            } => write!(
+                f,
+                "slot reuse: unwind_info_array[{slot}] changed from {from:?} to {to:?} {since_reference:?} after a published table last referenced it (grace {grace:?})"
+            ),
         }
     }
 }
@@ -251,33 +273,103 @@ pub fn check_accounting(book: &KernelBook) -> Result<(), Violation> {
             )));
         }
     }
+    check_slot_accounting(book)
+}
+
+/// Invariant 4 for `unwind_info_array`: users per slot equal a recount of
+/// the tables that may be published (loaded files and leftover tables),
+/// and every slot below the high-water mark is in exactly one state: free
+/// (zero), live (users, holds a rule), or cooling (no users); none is left
+/// reserved between two calls.
+fn check_slot_accounting(book: &KernelBook) -> Result<(), Violation> {
+    let accounting = |m: String| Err(Violation::Accounting(m));
     let mut users: HashMap<u16, u32> = HashMap::new();
-    for t in book.loaded().values() {
-        for slot in t.slots.iter() {
+    let tables = book
+        .loaded()
+        .values()
+        .map(|t| &t.slots)
+        .chain(book.leftover_slots().values());
+    for slots in tables {
+        for slot in slots.iter() {
             *users.entry(*slot).or_default() += 1;
         }
     }
-    let slots = book.slots();
-    for (slot, _) in slots.occupied() {
-        let want = users.get(&slot).copied().unwrap_or(0);
-        if slots.users(slot) != want {
-            return Err(Violation::Accounting(format!(
-                "slot {slot}: {} users recorded, {want} loaded files use it",
-                slots.users(slot)
-            )));
+    // A leftover table's slots are recorded iff its removal is pending.
+    for (file_id, ops) in book.leftovers() {
+        let has_table = ops
+            .iter()
+            .any(|op| matches!(op, MapOp::DeleteDeltaTable { .. }));
+        if has_table != book.leftover_slots().contains_key(file_id) {
+            return accounting(format!(
+                "file {file_id}: leftover table pending {has_table}, its slots recorded {}",
+                !has_table
+            ));
         }
     }
-    if let Some(slot) = users.keys().find(|s| slots.content(**s).is_none()) {
-        return Err(Violation::Accounting(format!(
-            "a loaded file uses slot {slot}, which holds no rule"
-        )));
+    if let Some(file_id) = book
+        .leftover_slots()
+        .keys()
+        .find(|f| !book.leftovers().contains_key(f))
+    {
+        return accounting(format!(
+            "file {file_id}: slots recorded for a leftover table that is not pending"
+        ));
+    }
+    let slots = book.slots();
+    let cooling: BTreeMap<u16, _> = slots.cooling().collect();
+    let free: BTreeSet<u16> = slots.free().collect();
+    if cooling.len() != slots.cooling().count() {
+        return accounting("a slot is cooling twice".into());
+    }
+    for slot in 0..slots.high_water() {
+        let slot = slot as u16;
+        let want = users.get(&slot).copied().unwrap_or(0);
+        let content = slots.content(slot);
+        let state = slots.state(slot);
+        let ok = match state {
+            SlotState::Free => want == 0 && content.is_none() && free.contains(&slot),
+            SlotState::Live { users } => {
+                users == want && content.is_some() && !cooling.contains_key(&slot)
+            }
+            SlotState::Cooling { reusable_at } => {
+                want == 0 && cooling.get(&slot) == Some(&reusable_at) && !free.contains(&slot)
+            }
+            SlotState::Reserved => false,
+        };
+        if !ok {
+            return accounting(format!(
+                "slot {slot}: state {state:?}, holds {content:?}, {want} tables reference it"
+            ));
+        }
+        if let Some(info) = content {
+            if slots.slot_of(&info) != Some(slot) {
+                return accounting(format!("slot {slot} holds {info:?} but is not indexed"));
+            }
+        }
+    }
+    if let Some(slot) = users
+        .keys()
+        .find(|s| usize::from(**s) >= slots.high_water())
+    {
+        return accounting(format!(
+            "a table uses slot {slot}, above the high-water mark"
+        ));
+    }
+    if let Some(slot) = free
+        .iter()
+        .chain(cooling.keys())
+        .find(|s| usize::from(**s) >= slots.high_water())
+    {
+        return accounting(format!(
+            "slot {slot} is free or cooling above the high-water mark"
+        ));
     }
     if slots.occupied().count() != slots.in_use() {
-        return Err(Violation::Accounting(format!(
+        return accounting(format!(
             "{} occupied slots but the index has {}",
             slots.occupied().count(),
             slots.in_use()
-        )));
+        ));
     }
     Ok(())
 }

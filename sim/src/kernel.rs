@@ -230,7 +230,7 @@ impl SimMaps {
 
     /// Nothing of any file is in the maps: no page, no delta table (and no
     /// inner array alive), no interpreter offsets. Unwind infos may remain:
-    /// slots are shared and never deleted.
+    /// an unused slot keeps its rule (cooling) until another rule needs it.
     pub fn holds_no_file_data(&self) -> bool {
         self.map(self.pages).is_none_or(BpfMap::is_empty)
             && self.table_count() == 0

@@ -17,6 +17,8 @@
 //! * [`checker`]: design invariants 1-4 (projection, reader safety, lookup
 //!   equivalence, accounting) against a manager's state and the maps.
 //! * [`observed`]: a backend that checks reader safety after every op.
+//! * [`slot_watch`]: reader safety across time for `unwind_info_array`: no
+//!   slot gets a different rule while a reader may still reach it.
 //!
 //! The seeded simulator (binary `eim-sim`, `docs/SIMULATOR.md`):
 //!
@@ -43,6 +45,7 @@ pub mod rng;
 pub mod run;
 pub mod sampled;
 pub mod shrink;
+pub mod slot_watch;
 pub mod synth;
 pub mod trace;
 pub mod watch;
@@ -63,3 +66,4 @@ pub use reader::{
     answer_for, answer_of, expected, Answer, DeltaHit, LookupError, Resolved, SimReader,
     MAX_SEARCH_STEPS,
 };
+pub use slot_watch::SlotWatch;

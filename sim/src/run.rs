@@ -36,6 +36,8 @@ pub enum Invariant {
     ReaderSafety,
     LookupEquivalence,
     Accounting,
+    /// No slot changes its rule while a reader may still reach it.
+    SlotReuse,
     /// The public API's promises (reference counts, which errors may occur).
     Api,
 }
@@ -47,6 +49,7 @@ impl Invariant {
             Violation::ReaderSafety { .. } => Invariant::ReaderSafety,
             Violation::LookupEquivalence { .. } => Invariant::LookupEquivalence,
             Violation::Accounting(_) => Invariant::Accounting,
+            Violation::SlotReuse { .. } => Invariant::SlotReuse,
         }
     }
 
@@ -56,6 +59,7 @@ impl Invariant {
             Invariant::ReaderSafety => "reader safety",
             Invariant::LookupEquivalence => "lookup equivalence",
             Invariant::Accounting => "accounting",
+            Invariant::SlotReuse => "slot reuse",
             Invariant::Api => "api",
         }
     }
@@ -175,6 +179,7 @@ impl Sim {
             shards: 8,
             ..Config::default()
         };
+        watch.watch_slots(clock.clone(), config.slot_grace);
         let manager = ExecutableInfoManager::with_config(
             provider.clone(),
             watch,

@@ -27,8 +27,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use eim_core::abi::{StackDeltaPageKey, UnwindInfo, DELTA_COMMAND_FLAG};
+use eim_core::manager::Clock;
 use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::FileId;
 use sha2::{Digest, Sha256};
@@ -37,6 +39,7 @@ use crate::checker::{Sources, Violation};
 use crate::kernel::SimMaps;
 use crate::rng::SimRng;
 use crate::sampled::{check_pages_safe, present_pages, Sampling};
+use crate::slot_watch::SlotWatch;
 
 /// The errnos injected, in the order a fault draws them.
 pub const ERRNOS: [Errno; 6] = [
@@ -80,6 +83,9 @@ pub struct Watch {
     /// do nothing (a backend that loses writes), which the checks must
     /// notice.
     pub sabotage: Option<&'static str>,
+    /// Invariant 6: no slot changes its rule while a reader may still
+    /// reach it (on the manager's clock).
+    slot_watch: Option<SlotWatch>,
 }
 
 impl Watch {
@@ -97,7 +103,15 @@ impl Watch {
             table_slots: HashMap::new(),
             digest: Sha256::new(),
             sabotage: None,
+            slot_watch: None,
         }
+    }
+
+    /// Also checks, after every op, that no `unwind_info_array` slot got a
+    /// different rule less than `grace` (by `clock`, the manager's) after a
+    /// published table last referenced it.
+    pub fn watch_slots(&mut self, clock: Arc<dyn Clock>, grace: Duration) {
+        self.slot_watch = Some(SlotWatch::new(clock, grace));
     }
 
     /// Starts an action: its own fault die, fresh counters.
@@ -262,6 +276,11 @@ impl Watch {
 impl Backend for Watch {
     fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
         self.stats.ops += 1;
+        if let Some(watch) = &mut self.slot_watch {
+            if SlotWatch::wants_observation(op) {
+                watch.observe(&self.maps);
+            }
+        }
         let overwritten = self.slots_before(op);
         let result = if self.sabotage == Some(op.name()) {
             Ok(())
@@ -277,6 +296,15 @@ impl Backend for Watch {
             Err(f) => {
                 self.digest.update(f.errno.0.to_le_bytes());
                 self.digest.update((f.done as u64).to_le_bytes());
+            }
+        }
+        if self.violation.is_none() {
+            if let Some(Err(v)) = self
+                .slot_watch
+                .as_ref()
+                .map(|w| w.check_write(&self.maps, op))
+            {
+                self.violation = Some((format!("{op:?}"), v));
             }
         }
         if self.violation.is_none() {

@@ -50,7 +50,8 @@ fn setup() -> (Manager, Arc<ManualClock>, Arc<Sources>) {
     let maps = SimMaps::new(SimConfig::default()).expect("sim maps");
     let m = ExecutableInfoManager::with_config(
         provider,
-        Observed::new(maps, sources.clone(), 64),
+        Observed::new(maps, sources.clone(), 64)
+            .watch_slots(clock.clone(), eim_core::machine::slots::DEFAULT_SLOT_GRACE),
         Tracers::none(),
         Config::default(),
         Box::new(clock.clone()),

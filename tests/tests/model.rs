@@ -411,7 +411,8 @@ impl StateMachineTest for ManagerTest {
         let clock = Arc::new(ManualClock::new());
         let manager = ExecutableInfoManager::with_config(
             provider.clone(),
-            Observed::new(maps, sources.clone(), 4),
+            Observed::new(maps, sources.clone(), 4)
+                .watch_slots(clock.clone(), eim_core::machine::slots::DEFAULT_SLOT_GRACE),
             Tracers::none(),
             Config::default(),
             Box::new(clock.clone()),

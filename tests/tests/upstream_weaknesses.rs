@@ -36,21 +36,35 @@ struct World {
 
 impl World {
     fn new(files: &[(FileId, IntervalData)]) -> Self {
+        Self::with_slots(files, SimConfig::default().unwind_info)
+    }
+
+    /// A world whose `unwind_info_array` has `slots` entries. The backend
+    /// also watches slot reuse with the default grace on the manager's clock.
+    fn with_slots(files: &[(FileId, IntervalData)], slots: u32) -> Self {
         let sources: Arc<Sources> = Arc::new(files.iter().cloned().collect());
         let provider = Arc::new(MemoryProvider::new());
         for (id, d) in files {
             provider.insert(*id, d.clone());
         }
         let clock = Arc::new(ManualClock::new());
+        let config = Config::default();
+        let maps = SimMaps::new(SimConfig {
+            unwind_info: slots,
+            ..SimConfig::default()
+        })
+        .unwrap();
         let m = ExecutableInfoManager::with_config(
             provider,
-            Observed::new(
-                SimMaps::new(SimConfig::default()).unwrap(),
-                sources.clone(),
-                16,
-            ),
+            Observed::new(maps, sources.clone(), 16).watch_slots(clock.clone(), config.slot_grace),
             Tracers::none(),
-            Config::default(),
+            Config {
+                capacities: eim_core::machine::Capacities {
+                    unwind_slots: slots,
+                    ..config.capacities
+                },
+                ..config
+            },
             Box::new(clock.clone()),
         );
         Self { m, clock, sources }
@@ -165,6 +179,33 @@ fn weakness_04_a_table_that_cannot_be_filled_is_never_published() {
         assert!(b.maps.is_pristine(), "slots are zeroed again too");
     });
     w.check();
+}
+
+/// Upstream never frees `unwind_info_array` slots: a host that keeps seeing
+/// new binaries fills the array, and from then on every file needing a new
+/// rule fails. eim reclaims the slots of unloaded files once no reader can
+/// reach them: here 40 binaries with 2 rules each of their own pass through
+/// a 6-slot array (upstream fails the fourth), and the metric counts only
+/// the slots loaded files use.
+#[test]
+fn weakness_06_unwind_slots_of_unloaded_files_are_reused() {
+    let binaries: Vec<(FileId, IntervalData)> = (0..40)
+        .map(|k| (FileId(0x600 + k), file(1, 10 + 4 * k as i32)))
+        .collect();
+    let w = World::with_slots(&binaries, 6);
+    let mut s = metrics::Summary::new();
+    for (k, (id, _)) in binaries.iter().enumerate() {
+        w.add(*id)
+            .unwrap_or_else(|e| panic!("binary {k} of {}: {e}", binaries.len()));
+        w.m.update_metric_summary(&mut s);
+        assert_eq!(s[&metrics::UNWIND_INFO_ARRAY_SIZE], 2, "binary {k}");
+        w.m.remove_or_dec_ref(*id).unwrap();
+        w.clock
+            .advance(eim_core::machine::slots::DEFAULT_SLOT_GRACE / 2);
+        w.check();
+    }
+    w.m.update_metric_summary(&mut s);
+    assert_eq!(s[&metrics::UNWIND_INFO_ARRAY_SIZE], 0);
 }
 
 /// Upstream keeps an entry with rc 1 when a page delete fails, though the

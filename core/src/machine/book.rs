@@ -8,14 +8,16 @@
 //! (`leftovers`) until a later retry removes it. It never touches a map: the
 //! caller applies the ops and reports how far the backend got.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::abi::{self, StackDeltaPageKey, UnwindInfo, PAGE_BITS};
 use crate::deltas::StackDelta;
 use crate::encode::{self, EncodeError, KernelTable};
-use crate::machine::slots::UnwindSlots;
+use crate::machine::slots::{Reclaimed, UnwindSlots, DEFAULT_SLOT_GRACE};
+use crate::machine::Timestamp;
 use crate::ops::{MapKind, MapOp, OpFailure};
 use crate::FileId;
 
@@ -89,8 +91,18 @@ pub struct LoadPlan {
     pub map_ref: MapRef,
     /// Gaps of at least 512 KiB, for interpreter loaders.
     pub gaps: Vec<Range<u64>>,
+    reserved: Reservation,
+}
+
+/// The slots a plan took: every slot its table references, the cooling
+/// slots it revived (with when they would have been reusable), and the
+/// slots it writes (with what a reassigned one held before).
+#[derive(Clone, Debug, Default)]
+struct Reservation {
+    file_id: FileId,
     slots: Box<[u16]>,
-    new_slots: Vec<u16>,
+    revived: Vec<(u16, Timestamp)>,
+    fresh: Vec<(u16, Option<Reclaimed>)>,
 }
 
 /// Ops that undo the applied part of a failed plan (top-down).
@@ -98,6 +110,11 @@ pub struct LoadPlan {
 pub struct Rollback {
     pub file_id: FileId,
     pub ops: Vec<MapOp>,
+    reserved: Reservation,
+    /// Slots of the plan whose write took effect.
+    written: Vec<u16>,
+    /// The plan's table was published (a reader may have followed it).
+    published: bool,
 }
 
 /// The ops that unload one file (top-down: pages, then the table).
@@ -148,6 +165,9 @@ pub struct ManyRollback {
     /// The files of the batch (for a `DeletePages` the owner is read from
     /// each key; the slot op has no owner).
     pub files: Vec<FileId>,
+    reserved: Vec<Reservation>,
+    written: Vec<u16>,
+    published: bool,
 }
 
 /// The book itself.
@@ -161,14 +181,47 @@ pub struct KernelBook {
     /// Entries that may still be in the kernel although no loaded file owns
     /// them, as the ops that remove them, in the order they must run.
     leftovers: BTreeMap<FileId, VecDeque<MapOp>>,
+    /// The slots referenced by each leftover table (one per file at most:
+    /// a file with leftovers cannot be loaded again). They count as users
+    /// until the table's removal succeeds.
+    leftover_slots: BTreeMap<FileId, Box<[u16]>>,
+    /// How long an unreferenced slot cools before another rule may use it.
+    grace: Duration,
+    /// The latest time the caller has told the book (the book reads no clock).
+    now: Timestamp,
 }
 
 fn class_index(map_id: u16) -> usize {
     usize::from(map_id.saturating_sub(abi::SIZE_CLASS_MIN)).min(abi::SIZE_CLASS_COUNT - 1)
 }
 
+/// The slots a rollback's slot writes (all zeros) set back to zero, as far
+/// as the ops got.
+fn zeroed_slots(ops: &[MapOp], result: Result<(), Stopped>) -> BTreeSet<u16> {
+    let mut zeroed = BTreeSet::new();
+    for (i, op) in ops.iter().enumerate() {
+        let in_effect = match result {
+            Ok(()) => op.len(),
+            Err(stopped) if i < stopped.at => op.len(),
+            Err(stopped) if i == stopped.at => stopped.failure.done.min(op.len()),
+            Err(_) => 0,
+        };
+        if let MapOp::PutUnwindInfos(v) = op {
+            zeroed.extend(v[..in_effect].iter().map(|(slot, _)| *slot));
+        }
+    }
+    zeroed
+}
+
 impl KernelBook {
+    /// A book with the default slot grace period ([`DEFAULT_SLOT_GRACE`]).
     pub fn new(caps: Capacities) -> Self {
+        Self::with_slot_grace(caps, DEFAULT_SLOT_GRACE)
+    }
+
+    /// A book whose unreferenced slots may hold another rule `grace` after
+    /// the last table that referenced them was unpublished.
+    pub fn with_slot_grace(caps: Capacities, grace: Duration) -> Self {
         Self {
             caps,
             slots: UnwindSlots::new(caps.unwind_slots),
@@ -176,7 +229,35 @@ impl KernelBook {
             pages_in_use: 0,
             tables: [0; abi::SIZE_CLASS_COUNT],
             leftovers: BTreeMap::new(),
+            leftover_slots: BTreeMap::new(),
+            grace,
+            now: Timestamp::default(),
         }
+    }
+
+    pub fn slot_grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// Tells the book the time (monotonic: an earlier time is ignored). The
+    /// caller should do so before planning and again before recording an
+    /// outcome, so that a slot's cooling starts no earlier than the moment
+    /// its last table was really unpublished.
+    pub fn advance_to(&mut self, now: Timestamp) {
+        self.now = self.now.max(now);
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    /// Slots referenced by each leftover table.
+    pub fn leftover_slots(&self) -> &BTreeMap<FileId, Box<[u16]>> {
+        &self.leftover_slots
+    }
+
+    fn reusable_after_grace(&self) -> Timestamp {
+        self.now.after(self.grace)
     }
 
     pub fn capacities(&self) -> Capacities {
@@ -258,8 +339,10 @@ impl KernelBook {
                 ops: Vec::new(),
                 map_ref: MapRef::default(),
                 gaps: Vec::new(),
-                slots: Box::new([]),
-                new_slots: Vec::new(),
+                reserved: Reservation {
+                    file_id,
+                    ..Reservation::default()
+                },
             });
         };
         let num_pages = draft.per_page.len() as u64;
@@ -283,39 +366,54 @@ impl KernelBook {
             });
         }
         let rules = draft.slot_rules();
-        let mut slots = Vec::with_capacity(rules.len());
-        let mut new_slots = Vec::new();
+        let mut reserved = Reservation {
+            file_id,
+            ..Reservation::default()
+        };
+        // Rules already in a slot first, so that a cooling slot this file
+        // revives is never reassigned to another of its rules.
+        let mut missing = Vec::new();
         for rule in &rules {
-            let slot = match self.slots.slot_of(rule) {
-                Some(slot) => slot,
-                None => match self.slots.allocate(*rule) {
-                    Some(slot) => {
-                        new_slots.push(slot);
-                        slot
+            match self.slots.slot_of(rule) {
+                Some(slot) => {
+                    if let Some(at) = self.slots.revive(slot) {
+                        reserved.revived.push((slot, at));
                     }
-                    None => {
-                        for slot in new_slots {
-                            self.slots.release(slot);
-                        }
-                        return Err(PlanError::MapFull {
-                            map: MapKind::UnwindInfo,
-                            capacity: self.slots.capacity(),
-                        });
-                    }
-                },
+                }
+                None => missing.push(*rule),
+            }
+        }
+        for rule in missing {
+            match self.slots.allocate(rule, self.now) {
+                Some((slot, reclaimed)) => reserved.fresh.push((slot, reclaimed)),
+                None => {
+                    self.unreserve(&reserved);
+                    return Err(PlanError::MapFull {
+                        map: MapKind::UnwindInfo,
+                        capacity: self.slots.capacity(),
+                    });
+                }
+            }
+        }
+        let mut slots = Vec::with_capacity(rules.len());
+        for rule in &rules {
+            let Some(slot) = self.slots.slot_of(rule) else {
+                unreachable!("every rule of the draft was given a slot above");
             };
             slots.push(slot);
         }
+        reserved.slots = slots.into_boxed_slice();
         let slots_ref = &self.slots;
         let table: KernelTable = draft
             .resolve(file_id.0, |info| slots_ref.slot_of(info))
             .expect("every rule of the draft was given a slot above");
         let mut ops = Vec::with_capacity(3);
-        if !new_slots.is_empty() {
+        if !reserved.fresh.is_empty() {
             ops.push(MapOp::PutUnwindInfos(
-                new_slots
+                reserved
+                    .fresh
                     .iter()
-                    .map(|&s| (s, self.slots.content(s).unwrap_or_default()))
+                    .map(|&(s, _)| (s, self.slots.content(s).unwrap_or_default()))
                     .collect(),
             ));
         }
@@ -334,9 +432,75 @@ impl KernelBook {
                 map_id: class,
             },
             gaps: draft.gaps,
-            slots: slots.into_boxed_slice(),
-            new_slots,
+            reserved,
         })
+    }
+
+    /// Gives back what a plan reserved and never wrote, exactly as it was
+    /// (latest reservation first, so a rule moved twice lands where it was).
+    fn unreserve(&mut self, reserved: &Reservation) {
+        for &(slot, previous) in reserved.fresh.iter().rev() {
+            match previous {
+                Some(previous) => self.slots.restore(slot, previous),
+                None => self.slots.release(slot),
+            }
+        }
+        for &(slot, at) in reserved.revived.iter().rev() {
+            self.slots.cool(slot, at);
+        }
+    }
+
+    /// Settles the slots of rolled-back plans (in plan order). A plan whose
+    /// table is still published as a leftover (`pinned`) keeps its slots in
+    /// use until the table is gone. Otherwise: a slot never written goes back
+    /// exactly as it was; a written slot that was zeroed again is free, or
+    /// cooling if any table of the rollback was published (a reader may have
+    /// followed it there); a written slot that could not be zeroed keeps its
+    /// rule and cools; a revived slot cools again, at least a grace period
+    /// from now if a table was published.
+    fn settle(
+        &mut self,
+        reserved: &[Reservation],
+        pinned: &BTreeSet<FileId>,
+        written: &BTreeSet<u16>,
+        zeroed: &BTreeSet<u16>,
+        published: bool,
+    ) {
+        let until = self.reusable_after_grace();
+        for r in reserved.iter().filter(|r| pinned.contains(&r.file_id)) {
+            for &slot in r.slots.iter() {
+                self.slots.add_user(slot);
+            }
+            self.leftover_slots.insert(r.file_id, r.slots.clone());
+        }
+        for r in reserved.iter().rev() {
+            for &(slot, previous) in r.fresh.iter().rev() {
+                if self.slots.users(slot) > 0 {
+                    continue;
+                }
+                if !written.contains(&slot) {
+                    match previous {
+                        Some(previous) => self.slots.restore(slot, previous),
+                        None => self.slots.release(slot),
+                    }
+                } else if zeroed.contains(&slot) {
+                    if published {
+                        self.slots.quarantine_zeroed(slot, until);
+                    } else {
+                        self.slots.release(slot);
+                    }
+                } else {
+                    self.slots
+                        .cool(slot, if published { until } else { self.now });
+                }
+            }
+            for &(slot, at) in r.revived.iter().rev() {
+                if self.slots.users(slot) == 0 {
+                    self.slots
+                        .cool(slot, if published { until.max(at) } else { at });
+                }
+            }
+        }
     }
 
     /// Records a plan whose ops all took effect.
@@ -345,7 +509,7 @@ impl KernelBook {
         if map_ref.map_id == 0 {
             return map_ref;
         }
-        for &slot in plan.slots.iter() {
+        for &slot in plan.reserved.slots.iter() {
             self.slots.add_user(slot);
         }
         self.pages_in_use += u64::from(map_ref.num_pages);
@@ -354,15 +518,16 @@ impl KernelBook {
             plan.file_id,
             LoadedTable {
                 map_ref,
-                slots: plan.slots,
+                slots: plan.reserved.slots,
             },
         );
         map_ref
     }
 
     /// A plan stopped part way: the ops that undo what took effect, deepest
-    /// first (pages, table, then slots back to zero). Slots that were
-    /// reserved but never written are released at once.
+    /// first (pages, table, then the written slots back to zero). What the
+    /// plan reserved is settled by [`Self::finish_rollback`], once it is
+    /// known whether the table is gone.
     pub fn abort_load(&mut self, plan: &LoadPlan, stopped: Stopped) -> Rollback {
         let mut undo = Vec::new();
         let mut written_slots: Vec<u16> = Vec::new();
@@ -405,11 +570,9 @@ impl KernelBook {
             }
         }
         undo.reverse();
-        for &slot in &plan.new_slots {
-            if !written_slots.contains(&slot) {
-                self.slots.release(slot);
-            }
-        }
+        let published = undo
+            .iter()
+            .any(|op| matches!(op, MapOp::DeleteDeltaTable { .. }));
         if !written_slots.is_empty() {
             undo.push(MapOp::PutUnwindInfos(
                 written_slots
@@ -421,46 +584,50 @@ impl KernelBook {
         Rollback {
             file_id: plan.file_id,
             ops: undo,
+            reserved: plan.reserved.clone(),
+            written: written_slots,
+            published,
         }
     }
 
     /// Records how far a rollback got. Returns true when everything was
-    /// undone. What could not be removed becomes a leftover; slots that could
-    /// not be zeroed keep their (valid, unreferenced) rule and stay reusable.
+    /// undone. What could not be removed becomes a leftover; a table that
+    /// stays published keeps its slots in use; the other slots the plan took
+    /// are settled (see [`Self::settle`]).
     pub fn finish_rollback(&mut self, rollback: Rollback, result: Result<(), Stopped>) -> bool {
-        let applied = match result {
-            Ok(()) => rollback.ops.len(),
-            Err(stopped) => stopped.at,
-        };
-        for op in &rollback.ops[..applied] {
-            if let MapOp::PutUnwindInfos(v) = op {
-                for (slot, _) in v {
-                    self.slots.release(*slot);
-                }
-            }
-        }
-        let Err(stopped) = result else {
-            return true;
-        };
+        let zeroed = zeroed_slots(&rollback.ops, result);
         let mut remaining = VecDeque::new();
-        for (i, op) in rollback.ops.iter().enumerate().skip(stopped.at) {
-            let from = if i == stopped.at {
-                stopped.failure.done
-            } else {
-                0
-            };
-            match op {
-                MapOp::PutUnwindInfos(v) => {
-                    for (slot, _) in v.iter().take(from) {
-                        self.slots.release(*slot);
-                    }
+        if let Err(stopped) = result {
+            for (i, op) in rollback.ops.iter().enumerate().skip(stopped.at) {
+                let from = if i == stopped.at {
+                    stopped.failure.done
+                } else {
+                    0
+                };
+                if !matches!(op, MapOp::PutUnwindInfos(_)) {
+                    remaining.extend(op.tail(from));
                 }
-                other => remaining.extend(other.tail(from)),
             }
         }
-        if !remaining.is_empty() {
-            self.leftovers.insert(rollback.file_id, remaining);
+        let mut pinned = BTreeSet::new();
+        if remaining
+            .iter()
+            .any(|op| matches!(op, MapOp::DeleteDeltaTable { .. }))
+        {
+            pinned.insert(rollback.file_id);
         }
+        let written: BTreeSet<u16> = rollback.written.iter().copied().collect();
+        self.settle(
+            std::slice::from_ref(&rollback.reserved),
+            &pinned,
+            &written,
+            &zeroed,
+            rollback.published,
+        );
+        if remaining.is_empty() {
+            return result.is_ok();
+        }
+        self.leftovers.insert(rollback.file_id, remaining);
         false
     }
 
@@ -562,6 +729,9 @@ impl KernelBook {
         let mut pages = Vec::new();
         let mut tables = Vec::new();
         let mut zeros = Vec::new();
+        let mut written = Vec::new();
+        let mut published = false;
+        let reserved: Vec<Reservation> = plan.files.iter().map(|p| p.reserved.clone()).collect();
         for file in &plan.files {
             // The file's own ops in effect, as a single-file stop point.
             let mut counts = Vec::with_capacity(file.ops.len());
@@ -593,7 +763,10 @@ impl KernelBook {
                 at,
                 failure: OpFailure::new(stopped.failure.errno, counts[at]),
             };
-            for op in self.abort_load(file, own).ops {
+            let rollback = self.abort_load(file, own);
+            published |= rollback.published;
+            written.extend(rollback.written);
+            for op in rollback.ops {
                 match op {
                     MapOp::DeletePages(keys) => pages.extend(keys),
                     MapOp::PutUnwindInfos(v) => zeros.extend(v),
@@ -612,6 +785,9 @@ impl KernelBook {
         ManyRollback {
             ops,
             files: plan.files.iter().map(|p| p.file_id).collect(),
+            reserved,
+            written,
+            published,
         }
     }
 
@@ -623,54 +799,49 @@ impl KernelBook {
         rollback: ManyRollback,
         result: Result<(), Stopped>,
     ) -> bool {
-        let applied = match result {
-            Ok(()) => rollback.ops.len(),
-            Err(stopped) => stopped.at,
-        };
-        for op in &rollback.ops[..applied] {
-            if let MapOp::PutUnwindInfos(v) = op {
-                for (slot, _) in v {
-                    self.slots.release(*slot);
-                }
-            }
-        }
-        let Err(stopped) = result else {
-            return true;
-        };
-        for (i, op) in rollback.ops.iter().enumerate().skip(stopped.at) {
-            let from = if i == stopped.at {
-                stopped.failure.done
-            } else {
-                0
-            };
-            match op {
-                MapOp::PutUnwindInfos(v) => {
-                    for (slot, _) in v.iter().take(from) {
-                        self.slots.release(*slot);
+        let zeroed = zeroed_slots(&rollback.ops, result);
+        let mut pinned = BTreeSet::new();
+        if let Err(stopped) = result {
+            for (i, op) in rollback.ops.iter().enumerate().skip(stopped.at) {
+                let from = if i == stopped.at {
+                    stopped.failure.done
+                } else {
+                    0
+                };
+                match op {
+                    MapOp::PutUnwindInfos(_) => {}
+                    MapOp::DeletePages(keys) => {
+                        let mut by_file: BTreeMap<FileId, Vec<StackDeltaPageKey>> = BTreeMap::new();
+                        for key in keys.iter().skip(from) {
+                            by_file.entry(FileId(key.file_id)).or_default().push(*key);
+                        }
+                        for (file_id, keys) in by_file {
+                            self.leftovers
+                                .entry(file_id)
+                                .or_default()
+                                .push_back(MapOp::DeletePages(keys));
+                        }
                     }
-                }
-                MapOp::DeletePages(keys) => {
-                    let mut by_file: BTreeMap<FileId, Vec<StackDeltaPageKey>> = BTreeMap::new();
-                    for key in keys.iter().skip(from) {
-                        by_file.entry(FileId(key.file_id)).or_default().push(*key);
-                    }
-                    for (file_id, keys) in by_file {
+                    MapOp::DeleteDeltaTable { file_id, .. } => {
+                        pinned.insert(*file_id);
                         self.leftovers
-                            .entry(file_id)
+                            .entry(*file_id)
                             .or_default()
-                            .push_back(MapOp::DeletePages(keys));
+                            .push_back(op.clone());
                     }
+                    other => unreachable!("a batch rollback holds no {other:?}"),
                 }
-                MapOp::DeleteDeltaTable { file_id, .. } => {
-                    self.leftovers
-                        .entry(*file_id)
-                        .or_default()
-                        .push_back(op.clone());
-                }
-                other => unreachable!("a batch rollback holds no {other:?}"),
             }
         }
-        false
+        let written: BTreeSet<u16> = rollback.written.iter().copied().collect();
+        self.settle(
+            &rollback.reserved,
+            &pinned,
+            &written,
+            &zeroed,
+            rollback.published,
+        );
+        result.is_ok()
     }
 
     /// The ops that unload a file; `None` when it has no table.
@@ -693,14 +864,15 @@ impl KernelBook {
     /// what the backend could not remove becomes a leftover. Returns the
     /// number of leftover entries.
     pub fn finish_unload(&mut self, plan: UnloadPlan, result: Result<(), Stopped>) -> usize {
-        if let Some(table) = self.loaded.remove(&plan.file_id) {
-            for &slot in table.slots.iter() {
-                self.slots.remove_user(slot);
-            }
+        let table = self.loaded.remove(&plan.file_id);
+        if let Some(table) = &table {
             self.pages_in_use -= u64::from(table.map_ref.num_pages);
             self.tables[class_index(table.map_ref.map_id)] -= 1;
         }
         let Err(stopped) = result else {
+            if let Some(table) = table {
+                self.unreference(&table.slots);
+            }
             return 0;
         };
         let remaining: VecDeque<MapOp> = plan
@@ -717,10 +889,30 @@ impl KernelBook {
             })
             .collect();
         let entries = remaining.iter().map(MapOp::len).sum();
+        let table_stays = remaining
+            .iter()
+            .any(|op| matches!(op, MapOp::DeleteDeltaTable { .. }));
+        if let Some(table) = table {
+            if table_stays {
+                // Still published: a reader can reach its slots until the
+                // leftover removal succeeds.
+                self.leftover_slots.insert(plan.file_id, table.slots);
+            } else {
+                self.unreference(&table.slots);
+            }
+        }
         if !remaining.is_empty() {
             self.leftovers.insert(plan.file_id, remaining);
         }
         entries
+    }
+
+    /// A table that referenced `slots` was unpublished just now.
+    fn unreference(&mut self, slots: &[u16]) {
+        let until = self.reusable_after_grace();
+        for &slot in slots {
+            self.slots.remove_user(slot, until);
+        }
     }
 
     /// The next leftover op to retry for each file, in file order.
@@ -752,6 +944,11 @@ impl KernelBook {
         if queue.is_empty() {
             self.leftovers.remove(&file_id);
         }
+        if completed && matches!(front, MapOp::DeleteDeltaTable { .. }) {
+            if let Some(slots) = self.leftover_slots.remove(&file_id) {
+                self.unreference(&slots);
+            }
+        }
         completed
     }
 }
@@ -761,6 +958,7 @@ mod tests {
     use super::*;
     use crate::deltas::hint;
     use crate::deltas::info::sp;
+    use crate::machine::slots::DEFAULT_SLOT_GRACE;
     use crate::ops::Errno;
 
     /// Three pages, three distinct rules.
@@ -841,11 +1039,44 @@ mod tests {
                     assert!(v.iter().all(|(_, info)| *info == UnwindInfo::default()));
                 }
                 assert!(book.finish_rollback(rollback, Ok(())));
-                assert_eq!(book.slots().in_use(), 0, "slots released at op {at}/{done}");
+                assert_eq!(book.slots().in_use(), 0, "slots zeroed at op {at}/{done}");
                 assert!(book.leftovers().is_empty());
-                // The next plan gets the same slots again.
-                let again = book.plan_load(FileId(1), &three_pages()).unwrap();
-                assert_eq!(again.ops[0], plan.ops[0]);
+                let published = at >= 2 || (at == 1 && done > 0);
+                if published {
+                    // A reader may have followed the table to the slots:
+                    // they wait a grace period, so the next plan takes
+                    // others, and the same ones once it has passed.
+                    assert_eq!(book.slots().cooling().count(), 3, "at op {at}/{done}");
+                    let mut other = book.clone();
+                    let elsewhere = other.plan_load(FileId(1), &three_pages()).unwrap();
+                    assert_ne!(elsewhere.ops[0], plan.ops[0]);
+                    let mut tiny = KernelBook::with_slot_grace(
+                        Capacities {
+                            unwind_slots: 3,
+                            ..Capacities::default()
+                        },
+                        DEFAULT_SLOT_GRACE,
+                    );
+                    let first = tiny.plan_load(FileId(1), &three_pages()).unwrap();
+                    let rollback = tiny.abort_load(&first, stop(at, done));
+                    assert!(tiny.finish_rollback(rollback, Ok(())));
+                    assert_eq!(
+                        tiny.plan_load(FileId(1), &three_pages()).err(),
+                        Some(PlanError::MapFull {
+                            map: MapKind::UnwindInfo,
+                            capacity: 3
+                        }),
+                        "no reuse inside the grace period at op {at}/{done}"
+                    );
+                    tiny.advance_to(Timestamp::default().after(DEFAULT_SLOT_GRACE));
+                    let again = tiny.plan_load(FileId(1), &three_pages()).unwrap();
+                    assert_eq!(again.ops[0], first.ops[0]);
+                } else {
+                    // Never reachable: free at once, the next plan gets them.
+                    assert_eq!(book.slots().cooling().count(), 0);
+                    let again = book.plan_load(FileId(1), &three_pages()).unwrap();
+                    assert_eq!(again.ops[0], plan.ops[0]);
+                }
             }
         }
     }
@@ -1005,6 +1236,148 @@ mod tests {
         assert_eq!(refs.len(), 2);
         assert_eq!(book.pages_in_use(), 4);
         assert_eq!(book.tables_in_class(9), 1);
+    }
+
+    /// Three pages like [`three_pages`], with rules no other file uses.
+    fn three_other_pages() -> Vec<StackDelta> {
+        vec![
+            StackDelta::new(0x1_0010, hint::KEEP, sp(32)),
+            StackDelta::new(0x2_0010, hint::NONE, sp(40)),
+            StackDelta::new(0x3_0010, hint::NONE, sp(48)),
+            StackDelta::new(0x3_0020, hint::GAP, crate::deltas::info::INVALID),
+        ]
+    }
+
+    fn three_slots() -> KernelBook {
+        KernelBook::with_slot_grace(
+            Capacities {
+                unwind_slots: 3,
+                ..Capacities::default()
+            },
+            Duration::from_secs(5),
+        )
+    }
+
+    fn at(secs: u64) -> Timestamp {
+        Timestamp(Duration::from_secs(secs))
+    }
+
+    fn load(book: &mut KernelBook, id: u64, deltas: &[StackDelta]) {
+        let plan = book.plan_load(FileId(id), deltas).unwrap();
+        book.commit_load(plan);
+    }
+
+    fn unload(book: &mut KernelBook, id: u64) {
+        let plan = book.plan_unload(FileId(id)).unwrap();
+        assert_eq!(book.finish_unload(plan, Ok(())), 0);
+    }
+
+    fn slot_writes(plan: &LoadPlan) -> usize {
+        plan.ops
+            .iter()
+            .filter(|op| matches!(op, MapOp::PutUnwindInfos(_)))
+            .map(MapOp::len)
+            .sum()
+    }
+
+    #[test]
+    fn a_released_rule_is_revived_without_a_write() {
+        let mut book = three_slots();
+        load(&mut book, 1, &three_pages());
+        book.advance_to(at(10));
+        unload(&mut book, 1);
+        assert_eq!(book.slots().live(), 0);
+        assert_eq!(
+            book.slots().cooling().collect::<Vec<_>>(),
+            vec![(0, at(15)), (1, at(15)), (2, at(15))]
+        );
+        // Another file with the same rules, inside the grace: no slot write.
+        let plan = book.plan_load(FileId(2), &three_pages()).unwrap();
+        assert_eq!(slot_writes(&plan), 0);
+        book.commit_load(plan);
+        assert_eq!(book.slots().live(), 3);
+        assert_eq!(book.slots().cooling().count(), 0);
+    }
+
+    #[test]
+    fn a_different_rule_takes_a_slot_only_after_the_grace() {
+        let mut book = three_slots();
+        load(&mut book, 1, &three_pages());
+        book.advance_to(at(10));
+        unload(&mut book, 1);
+        book.advance_to(Timestamp(Duration::from_secs(15) - Duration::from_nanos(1)));
+        assert_eq!(
+            book.plan_load(FileId(2), &three_other_pages()).err(),
+            Some(PlanError::MapFull {
+                map: MapKind::UnwindInfo,
+                capacity: 3
+            })
+        );
+        assert_eq!(book.slots().cooling().count(), 3, "nothing was taken");
+        book.advance_to(at(15));
+        let plan = book.plan_load(FileId(2), &three_other_pages()).unwrap();
+        assert_eq!(slot_writes(&plan), 3);
+        book.commit_load(plan);
+        assert_eq!(book.slots().slot_of(&sp(8)), None, "the old rules are gone");
+        assert_eq!(book.slots().live(), 3);
+    }
+
+    #[test]
+    fn a_leftover_table_keeps_its_slots_until_it_is_removed() {
+        let mut book = three_slots();
+        load(&mut book, 1, &three_pages());
+        // The unload removes the pages, then fails to unpublish the table.
+        let plan = book.plan_unload(FileId(1)).unwrap();
+        assert_eq!(book.finish_unload(plan, Err(stop(1, 0))), 1);
+        assert_eq!(book.leftover_slots()[&FileId(1)].len(), 3);
+        assert_eq!(book.slots().live(), 3, "the table still references them");
+        book.advance_to(at(100));
+        assert!(book.plan_load(FileId(2), &three_other_pages()).is_err());
+        assert!(book.leftover_result(FileId(1), Ok(())));
+        assert!(book.leftover_slots().is_empty());
+        assert_eq!(book.slots().cooling().next(), Some((0, at(105))));
+        assert!(book.plan_load(FileId(2), &three_other_pages()).is_err());
+        book.advance_to(at(105));
+        assert!(book.plan_load(FileId(2), &three_other_pages()).is_ok());
+    }
+
+    #[test]
+    fn a_rollback_pins_the_slots_of_a_table_it_could_not_remove() {
+        let mut book = three_slots();
+        let plan = book.plan_load(FileId(1), &three_pages()).unwrap();
+        let rollback = book.abort_load(&plan, stop(2, 1));
+        // The page is removed, the table is not.
+        assert!(!book.finish_rollback(rollback, Err(stop(1, 0))));
+        assert_eq!(book.leftover_slots()[&FileId(1)].len(), 3);
+        assert_eq!(book.slots().live(), 3);
+        assert!(book.leftover_result(FileId(1), Ok(())));
+        assert_eq!(book.slots().live(), 0);
+        assert_eq!(book.slots().cooling().count(), 3, "not zeroed: they cool");
+        assert_eq!(book.slots().in_use(), 3);
+    }
+
+    #[test]
+    fn a_reassigned_slot_never_written_is_put_back_exactly() {
+        let mut book = three_slots();
+        load(&mut book, 1, &three_pages());
+        unload(&mut book, 1);
+        book.advance_to(at(60));
+        let before: Vec<_> = book.slots().cooling().collect();
+        let plan = book.plan_load(FileId(2), &three_other_pages()).unwrap();
+        // The slot write itself fails after one element: that slot is
+        // zeroed (free: no table ever led to it), the others come back.
+        let rollback = book.abort_load(&plan, stop(0, 1));
+        assert!(book.finish_rollback(rollback, Ok(())));
+        assert_eq!(book.slots().free().collect::<Vec<_>>(), vec![0]);
+        assert_eq!(book.slots().cooling().collect::<Vec<_>>(), before[1..]);
+        assert_eq!(book.slots().slot_of(&sp(16)), Some(1));
+        assert_eq!(book.slots().slot_of(&sp(8)), None);
+        // Stopped before any write: everything as it was.
+        let plan = book.plan_load(FileId(2), &three_other_pages()).unwrap();
+        let rollback = book.abort_load(&plan, stop(0, 0));
+        assert!(book.finish_rollback(rollback, Ok(())));
+        assert_eq!(book.slots().free().collect::<Vec<_>>(), vec![0]);
+        assert_eq!(book.slots().cooling().collect::<Vec<_>>(), before[1..]);
     }
 
     #[test]
