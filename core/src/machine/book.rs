@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::abi::{self, StackDeltaPageKey, UnwindInfo, PAGE_BITS};
+use crate::abi::{self, OffsetRange, StackDeltaPageKey, UnwindInfo, PAGE_BITS};
 use crate::deltas::StackDelta;
 use crate::encode::{self, EncodeError, KernelTable};
 use crate::machine::slots::UnwindSlots;
@@ -84,13 +84,15 @@ pub enum PlanError {
 #[derive(Clone, Debug)]
 pub struct LoadPlan {
     pub file_id: FileId,
-    /// In publication order: slots, table, pages.
+    /// In publication order: slots, table, interpreter offsets, pages.
     pub ops: Vec<MapOp>,
     pub map_ref: MapRef,
     /// Gaps of at least 512 KiB, for interpreter loaders.
     pub gaps: Vec<Range<u64>>,
     slots: Box<[u16]>,
     new_slots: Vec<u16>,
+    /// The file's `interpreter_offsets` entry, if its loaders need one.
+    offsets: Option<OffsetRange>,
 }
 
 /// Ops that undo the applied part of a failed plan (top-down).
@@ -100,7 +102,8 @@ pub struct Rollback {
     pub ops: Vec<MapOp>,
 }
 
-/// The ops that unload one file (top-down: pages, then the table).
+/// The ops that unload one file (top-down: pages, interpreter offsets, then
+/// the table).
 #[derive(Clone, Debug)]
 pub struct UnloadPlan {
     pub file_id: FileId,
@@ -124,6 +127,7 @@ struct Pending {
     files: std::collections::BTreeSet<FileId>,
     pages: u64,
     tables: [u32; abi::SIZE_CLASS_COUNT],
+    offsets: u32,
 }
 
 /// The ops that load several files at once, and the per-file plans they
@@ -158,6 +162,9 @@ pub struct KernelBook {
     loaded: BTreeMap<FileId, LoadedTable>,
     pages_in_use: u64,
     tables: [u32; abi::SIZE_CLASS_COUNT],
+    /// `interpreter_offsets` entries owned by loaded files (a file may have
+    /// one without a table).
+    offsets: BTreeMap<FileId, OffsetRange>,
     /// Entries that may still be in the kernel although no loaded file owns
     /// them, as the ops that remove them, in the order they must run.
     leftovers: BTreeMap<FileId, VecDeque<MapOp>>,
@@ -175,6 +182,7 @@ impl KernelBook {
             loaded: BTreeMap::new(),
             pages_in_use: 0,
             tables: [0; abi::SIZE_CLASS_COUNT],
+            offsets: BTreeMap::new(),
             leftovers: BTreeMap::new(),
         }
     }
@@ -199,6 +207,22 @@ impl KernelBook {
     /// Published tables of a size class owned by loaded files.
     pub fn tables_in_class(&self, map_id: u16) -> u32 {
         self.tables[class_index(map_id)]
+    }
+
+    /// The `interpreter_offsets` entries of loaded files.
+    pub fn interpreter_offsets(&self) -> &BTreeMap<FileId, OffsetRange> {
+        &self.offsets
+    }
+
+    /// Whether the book holds anything of `file_id` (a table or offsets).
+    pub fn is_loaded(&self, file_id: FileId) -> bool {
+        self.loaded.contains_key(&file_id) || self.offsets.contains_key(&file_id)
+    }
+
+    fn leftover_offsets(&self) -> u32 {
+        self.leftover_ops_iter()
+            .filter(|op| matches!(op, MapOp::DeleteInterpreterOffsets { .. }))
+            .count() as u32
     }
 
     pub fn leftovers(&self) -> &BTreeMap<FileId, VecDeque<MapOp>> {
@@ -235,7 +259,20 @@ impl KernelBook {
         file_id: FileId,
         deltas: &[StackDelta],
     ) -> Result<LoadPlan, PlanError> {
-        self.plan_one(file_id, deltas, &Pending::default())
+        self.plan_one(file_id, deltas, None, &Pending::default())
+    }
+
+    /// Plans the load of a file whose interpreter loaders need an
+    /// `interpreter_offsets` entry: written after the table and before the
+    /// pages, deleted after the pages on unload. A full map refuses the
+    /// file before anything is written. On error nothing was reserved.
+    pub fn plan_load_with(
+        &mut self,
+        file_id: FileId,
+        deltas: &[StackDelta],
+        offsets: Option<OffsetRange>,
+    ) -> Result<LoadPlan, PlanError> {
+        self.plan_one(file_id, deltas, offsets, &Pending::default())
     }
 
     /// Plans one file, counting `pending` (earlier files of the same batch,
@@ -244,22 +281,36 @@ impl KernelBook {
         &mut self,
         file_id: FileId,
         deltas: &[StackDelta],
+        offsets: Option<OffsetRange>,
         pending: &Pending,
     ) -> Result<LoadPlan, PlanError> {
-        if self.loaded.contains_key(&file_id) || pending.files.contains(&file_id) {
+        if self.is_loaded(file_id) || pending.files.contains(&file_id) {
             return Err(PlanError::AlreadyLoaded);
         }
         if self.leftovers.contains_key(&file_id) {
             return Err(PlanError::CleanupPending);
         }
+        if offsets.is_some()
+            && self.offsets.len() as u64
+                + u64::from(self.leftover_offsets())
+                + u64::from(pending.offsets)
+                >= u64::from(self.caps.interpreter_offsets)
+        {
+            return Err(PlanError::MapFull {
+                map: MapKind::InterpreterOffsets,
+                capacity: self.caps.interpreter_offsets,
+            });
+        }
+        let put_offsets = offsets.map(|range| MapOp::PutInterpreterOffsets { file_id, range });
         let Some(draft) = encode::draft(deltas, u64::from(self.caps.pages))? else {
             return Ok(LoadPlan {
                 file_id,
-                ops: Vec::new(),
+                ops: put_offsets.into_iter().collect(),
                 map_ref: MapRef::default(),
                 gaps: Vec::new(),
                 slots: Box::new([]),
                 new_slots: Vec::new(),
+                offsets,
             });
         };
         let num_pages = draft.per_page.len() as u64;
@@ -310,7 +361,7 @@ impl KernelBook {
         let table: KernelTable = draft
             .resolve(file_id.0, |info| slots_ref.slot_of(info))
             .expect("every rule of the draft was given a slot above");
-        let mut ops = Vec::with_capacity(3);
+        let mut ops = Vec::with_capacity(4);
         if !new_slots.is_empty() {
             ops.push(MapOp::PutUnwindInfos(
                 new_slots
@@ -324,6 +375,9 @@ impl KernelBook {
             map_id: class,
             deltas: Arc::from(table.deltas),
         });
+        // The unwinder looks the offsets up by file id once a process
+        // mapping names the file; like the table, they exist before any page.
+        ops.extend(put_offsets);
         ops.push(MapOp::PutPages(table.pages));
         Ok(LoadPlan {
             file_id,
@@ -336,12 +390,16 @@ impl KernelBook {
             gaps: draft.gaps,
             slots: slots.into_boxed_slice(),
             new_slots,
+            offsets,
         })
     }
 
     /// Records a plan whose ops all took effect.
     pub fn commit_load(&mut self, plan: LoadPlan) -> MapRef {
         let map_ref = plan.map_ref;
+        if let Some(range) = plan.offsets {
+            self.offsets.insert(plan.file_id, range);
+        }
         if map_ref.map_id == 0 {
             return map_ref;
         }
@@ -472,13 +530,24 @@ impl KernelBook {
         &mut self,
         files: &[(FileId, &[StackDelta])],
     ) -> (LoadManyPlan, Vec<(FileId, PlanError)>) {
+        let files: Vec<_> = files.iter().map(|&(id, d)| (id, d, None)).collect();
+        self.plan_load_many_with(&files)
+    }
+
+    /// [`Self::plan_load_many`] for files with `interpreter_offsets`
+    /// entries: one put per file, after the tables and before the pages.
+    pub fn plan_load_many_with(
+        &mut self,
+        files: &[(FileId, &[StackDelta], Option<OffsetRange>)],
+    ) -> (LoadManyPlan, Vec<(FileId, PlanError)>) {
         let mut pending = Pending::default();
         let mut plans = Vec::with_capacity(files.len());
         let mut refused = Vec::new();
-        for &(file_id, deltas) in files {
-            match self.plan_one(file_id, deltas, &pending) {
+        for &(file_id, deltas, offsets) in files {
+            match self.plan_one(file_id, deltas, offsets, &pending) {
                 Ok(plan) => {
                     pending.files.insert(file_id);
+                    pending.offsets += u32::from(plan.offsets.is_some());
                     if plan.map_ref.map_id != 0 {
                         pending.pages += u64::from(plan.map_ref.num_pages);
                         pending.tables[class_index(plan.map_ref.map_id)] += 1;
@@ -491,6 +560,7 @@ impl KernelBook {
         let mut slots = Vec::new();
         let mut tables: BTreeMap<u16, Vec<ClassTable>> = BTreeMap::new();
         let mut pages = Vec::new();
+        let mut offsets = Vec::new();
         for plan in &plans {
             for op in &plan.ops {
                 match op {
@@ -504,11 +574,12 @@ impl KernelBook {
                         .or_default()
                         .push((*file_id, deltas.clone())),
                     MapOp::PutPages(v) => pages.extend(v.iter().copied()),
+                    put @ MapOp::PutInterpreterOffsets { .. } => offsets.push(put.clone()),
                     other => unreachable!("a load plan holds no {other:?}"),
                 }
             }
         }
-        let mut ops = Vec::with_capacity(2 + tables.len());
+        let mut ops = Vec::with_capacity(2 + tables.len() + offsets.len());
         if !slots.is_empty() {
             ops.push(MapOp::PutUnwindInfos(slots));
         }
@@ -517,6 +588,7 @@ impl KernelBook {
                 .into_iter()
                 .map(|(map_id, tables)| MapOp::PutDeltaTables { map_id, tables }),
         );
+        ops.extend(offsets);
         if !pages.is_empty() {
             ops.push(MapOp::PutPages(pages));
         }
@@ -566,6 +638,8 @@ impl KernelBook {
             // The file's own ops in effect, as a single-file stop point.
             let mut counts = Vec::with_capacity(file.ops.len());
             for op in &file.ops {
+                // A file's offsets are an op of their own: no base to share.
+                let mut own = 0;
                 let (at, base) = match op {
                     MapOp::PutUnwindInfos(_) => (slot_op, &mut slot_base),
                     MapOp::PutDeltaTable { map_id, .. } => {
@@ -575,6 +649,9 @@ impl KernelBook {
                         (at, table_base.entry(*map_id).or_default())
                     }
                     MapOp::PutPages(_) => (page_op, &mut page_base),
+                    put @ MapOp::PutInterpreterOffsets { .. } => {
+                        (plan.ops.iter().position(|o| o == put), &mut own)
+                    }
                     other => unreachable!("a load plan holds no {other:?}"),
                 };
                 let done = at.map_or(0, |at| in_effect[at]);
@@ -661,7 +738,8 @@ impl KernelBook {
                             .push_back(MapOp::DeletePages(keys));
                     }
                 }
-                MapOp::DeleteDeltaTable { file_id, .. } => {
+                MapOp::DeleteDeltaTable { file_id, .. }
+                | MapOp::DeleteInterpreterOffsets { file_id } => {
                     self.leftovers
                         .entry(*file_id)
                         .or_default()
@@ -673,26 +751,38 @@ impl KernelBook {
         false
     }
 
-    /// The ops that unload a file; `None` when it has no table.
+    /// The ops that unload a file, the reverse of its load: pages,
+    /// interpreter offsets (upstream never deletes them, weakness 7), the
+    /// table. `None` when it has nothing in the kernel.
     pub fn plan_unload(&self, file_id: FileId) -> Option<UnloadPlan> {
-        let table = self.loaded.get(&file_id)?;
-        let map_ref = table.map_ref;
-        Some(UnloadPlan {
-            file_id,
-            ops: vec![
-                MapOp::DeletePages(map_ref.page_keys(file_id).collect()),
-                MapOp::DeleteDeltaTable {
-                    file_id,
-                    map_id: map_ref.map_id,
-                },
-            ],
-        })
+        let table = self.loaded.get(&file_id);
+        let offsets = self.offsets.contains_key(&file_id);
+        if table.is_none() && !offsets {
+            return None;
+        }
+        let mut ops = Vec::with_capacity(3);
+        if let Some(table) = table {
+            ops.push(MapOp::DeletePages(
+                table.map_ref.page_keys(file_id).collect(),
+            ));
+        }
+        if offsets {
+            ops.push(MapOp::DeleteInterpreterOffsets { file_id });
+        }
+        if let Some(table) = table {
+            ops.push(MapOp::DeleteDeltaTable {
+                file_id,
+                map_id: table.map_ref.map_id,
+            });
+        }
+        Some(UnloadPlan { file_id, ops })
     }
 
     /// Records an unload. The file is no longer loaded whatever happened;
     /// what the backend could not remove becomes a leftover. Returns the
     /// number of leftover entries.
     pub fn finish_unload(&mut self, plan: UnloadPlan, result: Result<(), Stopped>) -> usize {
+        self.offsets.remove(&plan.file_id);
         if let Some(table) = self.loaded.remove(&plan.file_id) {
             for &slot in table.slots.iter() {
                 self.slots.remove_user(slot);
