@@ -13,6 +13,7 @@ mod demo;
 mod each;
 mod fileid;
 mod input;
+mod loaders_cmd;
 mod synth;
 mod table;
 mod tables;
@@ -46,6 +47,9 @@ enum Command {
     Deltas(deltas::DeltasArgs),
     /// Print the file ids of each ELF file: `<128-bit id> <64-bit host id> <path>`.
     Fileid(fileid::FileidArgs),
+    /// Print what every interpreter loader says about each ELF file: the
+    /// loader, the interpreter version and the interpreter_offsets ranges.
+    Loaders(loaders_cmd::LoadersArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -130,6 +134,7 @@ fn main() -> ExitCode {
         Command::Tables(args) => each(|out| tables::run(args, out)),
         Command::Deltas(args) => each(|out| deltas::run(args, out)),
         Command::Fileid(args) => each(|out| fileid::run(args, out)),
+        Command::Loaders(args) => each(|out| loaders_cmd::run(args, out)),
     }
 }
 
