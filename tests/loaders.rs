@@ -172,7 +172,7 @@ fn first_external_jump(file: &str, range: &std::ops::Range<u64>) -> u64 {
 }
 
 #[test]
-fn perl_5_36_library_and_not_its_executable() {
+fn perl_5_36_library_and_executable() {
     let lib = std::fs::canonicalize(PERL_LIB).unwrap_or_else(|_| PERL_LIB.into());
     if !present(&lib) {
         return;
@@ -187,8 +187,53 @@ fn perl_5_36_library_and_not_its_executable() {
     assert_eq!(o.program, 3);
     assert_eq!(o.first, nm_range(&lib, "Perl_runops_standard"));
     assert_eq!(o.second, None);
-    // Debian's perl links libperl: the library is the file to handle.
-    assert!(matches_of(PERL).is_empty());
+    // An executable that links libperl is skipped (the library is the file
+    // to handle); Debian's /usr/bin/perl is static and handled itself.
+    if !present(Path::new(PERL)) {
+        return;
+    }
+    let links_libperl = run("readelf", &["-d", PERL]).contains("[libperl.so");
+    let matches = matches_of(PERL);
+    print_row(PERL, &matches);
+    if links_libperl {
+        assert!(matches.is_empty());
+    } else {
+        let l = loaded(&matches, "perl");
+        assert_eq!(l.data.version(), run(PERL, &["-e", "printf '%vd', $^V"]));
+        let o = l.offsets.as_ref().expect("ranges");
+        assert_eq!(o.first, nm_range(PERL, "Perl_runops_standard"));
+    }
+}
+
+#[test]
+fn a_perl_executable_that_links_libperl_is_not_handled() {
+    // A C program that links libperl (built here), named perl.
+    let lib = std::fs::canonicalize(PERL_LIB).unwrap_or_else(|_| PERL_LIB.into());
+    if !present(&lib) || !present(Path::new("/usr/bin/cc")) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = dir.path().join("main.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n").expect("write");
+    let exe = dir.path().join("perl");
+    run(
+        "cc",
+        &[
+            "-o",
+            &exe.to_string_lossy(),
+            &src.to_string_lossy(),
+            "-Wl,--no-as-needed",
+            &lib.to_string_lossy(),
+        ],
+    );
+    assert!(run("readelf", &["-d", &exe.to_string_lossy()]).contains("[libperl.so"));
+    assert!(matches_of(&exe.to_string_lossy()).is_empty());
+    // The same program without libperl is recognised by its name and refused.
+    run(
+        "cc",
+        &["-o", &exe.to_string_lossy(), &src.to_string_lossy()],
+    );
+    assert_eq!(loaders(&matches_of(&exe.to_string_lossy())), ["perl"]);
 }
 
 #[test]
