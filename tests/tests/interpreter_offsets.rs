@@ -39,6 +39,14 @@ fn three_pages(base: u64) -> IntervalData {
     d
 }
 
+/// One page, a rule no other file uses (so `FILE`'s load writes slots).
+fn other() -> IntervalData {
+    let mut d = IntervalData::new();
+    d.add(StackDelta::new(0x10_0100, hint::KEEP, sp(120)));
+    d.add(StackDelta::new(0x10_0140, hint::GAP, info::INVALID));
+    d
+}
+
 fn python_match(first: std::ops::Range<u64>) -> LoaderMatch {
     LoaderMatch {
         loader: "python",
@@ -85,7 +93,7 @@ fn setup_with(offsets_capacity: u32, extra: Vec<Extra>) -> Setup {
             three_pages(0x40_0000),
             vec![python_match(0x1000..0x2000)],
         ),
-        (OTHER, three_pages(0x10_0000), Vec::new()),
+        (OTHER, other(), Vec::new()),
     ];
     files.extend(extra);
     let sources: Sources = files.iter().map(|(id, d, _)| (*id, d.clone())).collect();

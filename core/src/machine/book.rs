@@ -1097,6 +1097,97 @@ mod tests {
         assert_eq!(book.tables_in_class(9), 1);
     }
 
+    fn offsets() -> OffsetRange {
+        OffsetRange {
+            lower_offset1: 0x10,
+            upper_offset1: 0x20,
+            program_index: abi::program::PYTHON,
+            ..OffsetRange::default()
+        }
+    }
+
+    #[test]
+    fn interpreter_offsets_go_after_the_table_and_come_off_after_the_pages() {
+        let mut book = KernelBook::new(Capacities::default());
+        let plan = book
+            .plan_load_with(FileId(1), &three_pages(), Some(offsets()))
+            .unwrap();
+        let kinds: Vec<_> = plan.ops.iter().map(MapOp::name).collect();
+        assert_eq!(
+            kinds,
+            [
+                "put unwind infos",
+                "put delta table",
+                "put interpreter offsets",
+                "put pages"
+            ]
+        );
+        // Every stop point: the undo removes exactly what took effect.
+        for at in 0..4 {
+            let mut b = KernelBook::new(Capacities::default());
+            let p = b
+                .plan_load_with(FileId(2), &three_pages(), Some(offsets()))
+                .unwrap();
+            let rollback = b.abort_load(&p, stop(at, 0));
+            let undone = rollback
+                .ops
+                .iter()
+                .filter(|op| matches!(op, MapOp::DeleteInterpreterOffsets { .. }))
+                .count();
+            assert_eq!(undone, usize::from(at > 2), "stopped at op {at}");
+        }
+        book.commit_load(plan);
+        assert_eq!(book.interpreter_offsets()[&FileId(1)], offsets());
+        let unload = book.plan_unload(FileId(1)).unwrap();
+        let kinds: Vec<_> = unload.ops.iter().map(MapOp::name).collect();
+        assert_eq!(
+            kinds,
+            [
+                "delete pages",
+                "delete interpreter offsets",
+                "delete delta table"
+            ]
+        );
+        book.finish_unload(unload, Ok(()));
+        assert!(book.interpreter_offsets().is_empty());
+    }
+
+    #[test]
+    fn a_file_without_deltas_can_still_own_offsets_and_a_full_map_refuses() {
+        let caps = Capacities {
+            interpreter_offsets: 1,
+            ..Capacities::default()
+        };
+        let mut book = KernelBook::new(caps);
+        let plan = book
+            .plan_load_with(FileId(1), &[], Some(offsets()))
+            .unwrap();
+        assert_eq!(plan.ops.len(), 1);
+        book.commit_load(plan);
+        assert!(book.is_loaded(FileId(1)));
+        assert_eq!(
+            book.plan_load_with(FileId(2), &three_pages(), Some(offsets()))
+                .err(),
+            Some(PlanError::MapFull {
+                map: MapKind::InterpreterOffsets,
+                capacity: 1
+            })
+        );
+        assert_eq!(book.slots().in_use(), 0, "nothing reserved");
+        assert!(book.plan_load(FileId(2), &three_pages()).is_ok());
+        let unload = book.plan_unload(FileId(1)).unwrap();
+        assert_eq!(
+            unload.ops,
+            [MapOp::DeleteInterpreterOffsets { file_id: FileId(1) }]
+        );
+        // A failed delete is a leftover that still counts against the map.
+        assert_eq!(book.finish_unload(unload, Err(stop(0, 0))), 1);
+        assert!(matches!(
+            book.plan_load_with(FileId(3), &[], Some(offsets())),
+            Err(PlanError::MapFull { .. })
+        ));
+    }
+
     #[test]
     fn an_empty_file_writes_nothing() {
         let mut book = KernelBook::new(Capacities::default());
