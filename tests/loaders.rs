@@ -569,7 +569,10 @@ fn mutated_interpreter_files_never_panic() {
                 bytes.len()
             };
             if let Ok(elf) = Elf::parse(&bytes[..len]) {
-                let gaps = [0x1000..0x90_0000];
+                let gaps = vec![std::ops::Range {
+                    start: 0x1000,
+                    end: 0x90_0000,
+                }];
                 let info = LoaderInfo::new(FileId(1), name, &elf, &gaps);
                 let _ = interp::detect(&info, ALL_TRACERS);
             }
