@@ -295,7 +295,7 @@ fn ruby_3_1() {
     print_row(&lib, &matches);
     assert_eq!(loaders(&matches), ["ruby"]);
     let l = loaded(&matches, "ruby");
-    assert_eq!(l.data.version(), run("ruby", &["-e", "print RUBY_VERSION"]));
+    assert_eq!(l.data.version(), run("ruby3.1", &["-e", "print RUBY_VERSION"]));
     let o = l.offsets.as_ref().expect("ranges");
     assert_eq!(o.program, 6);
     assert_eq!(o.first, nm_range(&lib, "rb_vm_exec"));
@@ -579,4 +579,62 @@ fn mutated_interpreter_files_never_panic() {
             bytes.copy_from_slice(&original);
         }
     }
+}
+
+/// A shared library built here from `source` at `<dir>/<name>`.
+fn shared_library(dir: &Path, name: &str, source: &str) -> String {
+    let src = dir.join("lib.c");
+    std::fs::write(&src, source).expect("write");
+    let out = dir.join(name);
+    std::fs::create_dir_all(out.parent().expect("parent")).expect("mkdir");
+    let out = out.to_string_lossy().into_owned();
+    run(
+        "cc",
+        &["-shared", "-fPIC", "-o", &out, &src.to_string_lossy()],
+    );
+    out
+}
+
+#[test]
+fn dotnet_and_apm_on_libraries_built_here() {
+    // No .NET runtime or APM agent is packaged by Debian: minimal libraries
+    // with the exports the loaders key on stand in for them.
+    if !present(Path::new("/usr/bin/cc")) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let coreclr = shared_library(
+        dir.path(),
+        "shared/Microsoft.NETCore.App/8.0.11/libcoreclr.so",
+        "unsigned long g_dacTable[8] = {1};\n",
+    );
+    let matches = matches_of(&coreclr);
+    assert_eq!(loaders(&matches), ["dotnet"]);
+    assert_eq!(loaded(&matches, "dotnet").data.version(), "8.0.11");
+    let dac = nm_range(&coreclr, "g_dacTable").start;
+    assert!(format!("{:?}", loaded(&matches, "dotnet").data).contains(&format!("dac_table: {dac}")));
+
+    let apm = shared_library(
+        dir.path(),
+        "agent/elastic-jvmti-linux-x86_64.so",
+        "void *elastic_apm_profiling_correlation_process_storage_v1 = 0;\n\
+         __thread char elastic_apm_profiling_correlation_tls_v1[64];\n",
+    );
+    let matches = matches_of(&apm);
+    assert_eq!(loaders(&matches), ["apm"]);
+    let storage = nm_range(&apm, "elastic_apm_profiling_correlation_process_storage_v1").start;
+    let dbg = format!("{:?}", loaded(&matches, "apm").data);
+    assert!(
+        dbg.contains(&format!("process_storage: {storage}")),
+        "{dbg}"
+    );
+    assert!(dbg.contains("flavour: \"x86_64\""), "{dbg}");
+    // The wrong size of the storage export is an error, not "not mine".
+    let wrong = shared_library(
+        dir.path(),
+        "bad/elastic-jvmti-linux-x86_64.so",
+        "int elastic_apm_profiling_correlation_process_storage_v1 = 0;\n\
+         __thread char elastic_apm_profiling_correlation_tls_v1[64];\n",
+    );
+    assert!(error_of(&wrong, "apm").to_string().contains("not 8"));
 }
