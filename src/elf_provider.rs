@@ -16,8 +16,9 @@ use eim_core::elf::Elf;
 use eim_core::info::TsdInfo;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
 
-use crate::elf_file::{DebugFile, ElfFileRef, DEFAULT_MAX_SIZE};
+use crate::elf_file::{DebugFile, ElfFileRef, OpenElf, DEFAULT_MAX_SIZE};
 use eim_core::elf::extract::{DebugBytes, DebugFileError};
+use eim_core::{FileId, Tracers};
 
 /// The debug-file callback the extraction calls (at most when it needs
 /// one): the bytes of the file's separate debug file, or `None`.
@@ -137,7 +138,10 @@ impl ElfProvider {
         }
     }
 
-    fn extract_deltas(&self, file: &ElfFileRef) -> Result<Extraction, ExtractError> {
+    fn extract_deltas(
+        &self,
+        file: &ElfFileRef,
+    ) -> Result<(IntervalData, Arc<OpenElf>), ExtractError> {
         let open = file.get()?;
         let name = file.path().display().to_string();
         if open.len() > self.max_size {
@@ -174,21 +178,29 @@ impl ElfProvider {
                 format!("failed to extract stack deltas: {message}"),
             )
         })?;
-        Ok(Extraction {
-            data,
-            tsd: tsd_of(file.path(), open.elf()),
-        })
+        Ok((data, open))
     }
-}
 
-impl Provider for ElfProvider {
-    type Elf = ElfFileRef;
-
-    fn extract(&self, file: &ElfFileRef) -> Result<Extraction, ExtractError> {
+    fn extract_counted(
+        &self,
+        file: &ElfFileRef,
+        loaders: Option<(FileId, Tracers)>,
+    ) -> Result<Extraction, ExtractError> {
         match self.extract_deltas(file) {
-            Ok(extraction) => {
+            Ok((data, open)) => {
                 self.success.fetch_add(1, Ordering::Relaxed);
-                Ok(extraction)
+                let interpreters = match loaders {
+                    Some((file_id, tracers)) => {
+                        let name = file.path().to_string_lossy();
+                        crate::loaders::detect(file_id, &name, open.elf(), &data, tracers)
+                    }
+                    None => Vec::new(),
+                };
+                Ok(Extraction {
+                    data,
+                    tsd: tsd_of(file.path(), open.elf()),
+                    interpreters,
+                })
             }
             Err(e) => {
                 if !e.is_not_found() {
@@ -197,6 +209,25 @@ impl Provider for ElfProvider {
                 Err(e)
             }
         }
+    }
+}
+
+impl Provider for ElfProvider {
+    type Elf = ElfFileRef;
+
+    fn extract(&self, file: &ElfFileRef) -> Result<Extraction, ExtractError> {
+        self.extract_counted(file, None)
+    }
+
+    /// Extracts, then asks the loaders `tracers` enables about the file
+    /// (with the gaps of its deltas), outside every lock of the manager.
+    fn extract_for(
+        &self,
+        file_id: FileId,
+        file: &ElfFileRef,
+        tracers: Tracers,
+    ) -> Result<Extraction, ExtractError> {
+        self.extract_counted(file, Some((file_id, tracers)))
     }
 }
 

@@ -8,9 +8,11 @@ use std::io::Write;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
+use eim::deltas::IntervalData;
 use eim::elf::Elf;
 use eim::elf_file::{ElfFileRef, DEFAULT_MAX_SIZE};
 use eim::tsd::{extract_dtv, extract_tsd, is_potential_libc_dso, is_potential_tsd_dso};
+use eim::FileId;
 use serde::Serialize;
 
 use crate::each::{self, Failure, Outcome};
@@ -101,22 +103,49 @@ pub struct OffsetRange {
     pub upper: u64,
 }
 
-/// An interpreter loader that recognised the file.
+/// An interpreter loader that recognised the file (or that claims it by
+/// name and refused it: then `data` is its error).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LoaderMatch {
     pub loader: String,
-    /// The loader's data, as its `Debug` form.
+    /// The loader's data, as its `Debug` form, or `error: ...`.
     pub data: String,
+    /// The BPF program the ranges dispatch to, if it writes any.
+    pub program: Option<u16>,
     pub interpreter_offsets: Vec<OffsetRange>,
 }
 
-/// The interpreter loaders that recognise the file at `path`.
-///
-/// None yet: the loaders are built elsewhere (branch wt-loaders). This is
-/// the one place to connect them: run each loader over `path` and `elf`
-/// and report the ones that match, with their data and ranges.
-pub fn loaders(_path: &Path, _elf: &Elf<'_>) -> Vec<LoaderMatch> {
-    Vec::new()
+/// Every enabled loader's answer for the file at `path` (all tracers;
+/// the gaps come from `deltas`, empty when extraction failed).
+pub fn loaders(
+    file_id: FileId,
+    path: &Path,
+    elf: &Elf<'_>,
+    deltas: &IntervalData,
+) -> Vec<LoaderMatch> {
+    let name = path.to_string_lossy();
+    eim::loaders::detect(file_id, &name, elf, deltas, eim::loaders::ALL_TRACERS)
+        .into_iter()
+        .map(|m| {
+            let (data, offsets) = match &m.outcome {
+                Ok(loaded) => (format!("{:?}", loaded.data), loaded.offsets.clone()),
+                Err(e) => (format!("error: {e}"), None),
+            };
+            LoaderMatch {
+                loader: m.loader.to_string(),
+                data,
+                program: offsets.as_ref().map(|o| o.program),
+                interpreter_offsets: offsets
+                    .iter()
+                    .flat_map(|o| std::iter::once(o.first.clone()).chain(o.second.clone()))
+                    .map(|r| OffsetRange {
+                        lower: r.start,
+                        upper: r.end,
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 /// Everything `eim inspect` says about one file.
@@ -172,10 +201,11 @@ pub fn inspect(path: &Path, force_libc: bool, max_size: u64) -> Result<Report, F
     let id = open.file_id();
     let elf = open.elf();
     let mut debuglink = || file.find_debug_file(&open).ok().flatten();
-    let (deltas, deltas_error) = match eim::elf_provider::extract(elf, &mut debuglink) {
-        Ok(data) => (Some(data.len()), None),
+    let (data, deltas_error) = match eim::elf_provider::extract(elf, &mut debuglink) {
+        Ok(data) => (Some(data), None),
         Err(e) => (None, Some(e)),
     };
+    let deltas = data.as_ref().map(IntervalData::len);
     let name = path.as_os_str().as_bytes();
     let tsd = if force_libc || is_potential_tsd_dso(name) {
         match extract_tsd(elf) {
@@ -213,7 +243,7 @@ pub fn inspect(path: &Path, force_libc: bool, max_size: u64) -> Result<Report, F
         deltas_error,
         tsd,
         dtv,
-        loaders: loaders(path, elf),
+        loaders: loaders(id.host(), path, elf, &data.unwrap_or_default()),
     })
 }
 

@@ -12,7 +12,8 @@
 //!
 //! Files are read here, not in the core: [`ElfFileRef`] (a lazily opened,
 //! memory-mapped ELF file and its debug-file search) and [`ElfProvider`]
-//! (the stack-delta provider over it).
+//! (the stack-delta provider over it, which also runs the interpreter
+//! loaders: [`loaders`]).
 //!
 //! Depending on `eim` alone keeps one version of each in a user's build and
 //! lets the split between the crates change without breaking users.
@@ -45,6 +46,7 @@ pub use eim_sim as sim;
 
 pub mod elf_file;
 pub mod elf_provider;
+pub mod loaders;
 
 pub use elf_file::ElfFileRef;
 pub use elf_provider::ElfProvider;

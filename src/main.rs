@@ -14,6 +14,7 @@ mod each;
 mod fileid;
 mod input;
 mod inspect;
+mod loaders_cmd;
 mod synth;
 mod table;
 mod tables;
@@ -51,6 +52,9 @@ enum Command {
     /// C-library TSD (the oracle's `.tsd` line) and DTV layouts, and the
     /// interpreter loaders that recognise it.
     Inspect(inspect::InspectArgs),
+    /// Print what every interpreter loader says about each ELF file: the
+    /// loader, the interpreter version and the interpreter_offsets ranges.
+    Loaders(loaders_cmd::LoadersArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -136,6 +140,7 @@ fn main() -> ExitCode {
         Command::Deltas(args) => each(|out| deltas::run(args, out)),
         Command::Fileid(args) => each(|out| fileid::run(args, out)),
         Command::Inspect(args) => each(|out| inspect::run(args, out)),
+        Command::Loaders(args) => each(|out| loaders_cmd::run(args, out)),
     }
 }
 

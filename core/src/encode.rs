@@ -109,6 +109,31 @@ pub fn rule_of(info: UnwindInfo) -> Rule {
     }
 }
 
+/// The gaps of [`Draft::gaps`] without the rest of the layout, for the
+/// interpreter loaders that run before the machine encodes the file (V8
+/// finds its snapshot code there). Deltas merged into their predecessor are
+/// skipped exactly as [`draft`] skips them; unsorted input gives no gap
+/// where it is out of order (and is refused by [`draft`] anyway).
+pub fn gaps(deltas: &[StackDelta]) -> Vec<Range<u64>> {
+    let mut gaps = Vec::new();
+    let mut merged_into_previous = false;
+    for (delta, next) in deltas.iter().zip(deltas.iter().skip(1)) {
+        if merged_into_previous {
+            merged_into_previous = false;
+            continue;
+        }
+        merged_into_previous = merge_opcode(delta, next) != 0;
+        let long = next
+            .address
+            .checked_sub(delta.address)
+            .is_some_and(|len| len >= MEMOIZABLE_GAP);
+        if delta.hints & hint::GAP != 0 && long {
+            gaps.push(delta.address..next.address);
+        }
+    }
+    gaps
+}
+
 /// Lays out the kernel table of `deltas`. `None` for an empty list: nothing
 /// is written for such a file. `max_pages` bounds the page entries (and the
 /// memory this function allocates) for one file.
@@ -350,6 +375,18 @@ mod tests {
         ];
         let draft = draft(&deltas, 1 << 20).unwrap().unwrap();
         assert_eq!(draft.gaps, vec![0x2000..0x2000 + big]);
+        assert_eq!(gaps(&deltas), draft.gaps);
+        // A gap marker right after a merged pair is seen by both.
+        let merged = [
+            d(0x1000, sp(16)),
+            d(0x1001, sp(8)),
+            StackDelta::new(0x1002, hint::GAP, info::INVALID),
+            d(0x1002 + big, sp(8)),
+        ];
+        let draft = super::draft(&merged, 1 << 20).unwrap().unwrap();
+        assert_eq!(draft.entries.len(), 3, "the pair was merged");
+        assert_eq!(gaps(&merged), draft.gaps);
+        assert_eq!(draft.gaps.len(), 1);
     }
 
     #[test]

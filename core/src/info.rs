@@ -1,8 +1,11 @@
-//! What the manager hands back for a file: the C-library TSD layout and the
-//! data of the interpreter loader that recognised it, if any.
+//! What the manager hands back for a file: the C-library TSD layout and
+//! what every interpreter loader that recognised it found (its data, or its
+//! error: all matches are kept, upstream weakness 11).
 
 use std::fmt;
 use std::sync::Arc;
+
+use crate::interp::LoaderMatch;
 
 /// Where a C library keeps thread-specific data, as the BPF side reads it:
 /// `addr = tp + offset; if indirect { addr = *addr }; value = *(addr + key * multiplier)`.
@@ -26,22 +29,34 @@ pub struct DtvInfo {
 pub trait InterpreterData: Send + Sync + fmt::Debug {
     /// The loader that produced it.
     fn loader(&self) -> &'static str;
+
+    /// The interpreter's version, as the loader read it.
+    fn version(&self) -> String {
+        String::new()
+    }
 }
 
 /// A copy of what the manager knows about a file.
 #[derive(Clone, Debug, Default)]
 pub struct ExecutableInfo {
-    pub interpreter: Option<Arc<dyn InterpreterData>>,
+    /// One entry per loader that recognised the file, in loader order; a
+    /// shared slice so that the per-process fast path copies a pointer.
+    pub interpreters: Arc<[LoaderMatch]>,
     pub tsd: Option<TsdInfo>,
+}
+
+impl ExecutableInfo {
+    /// The data of the loaders that handle the file.
+    pub fn interpreter_data(&self) -> impl Iterator<Item = &Arc<dyn InterpreterData>> {
+        self.interpreters
+            .iter()
+            .filter_map(|m| m.outcome.as_ref().ok().map(|l| &l.data))
+    }
 }
 
 impl PartialEq for ExecutableInfo {
     fn eq(&self, other: &Self) -> bool {
-        let same_interpreter = match (&self.interpreter, &other.interpreter) {
-            (None, None) => true,
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        };
+        let same_interpreter = self.interpreters[..] == other.interpreters[..];
         same_interpreter && self.tsd == other.tsd
     }
 }

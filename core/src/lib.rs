@@ -8,6 +8,7 @@
 //!   slots, page accounting, deferral, leftovers) that turns calls into plans.
 //! * [`manager`]: [`ExecutableInfoManager`], the thread-safe facade.
 //! * [`tsd`]: C-library introspection (TSD and DTV layouts from machine code).
+//! * [`interp`]: the interpreter loaders (pure functions of a parsed ELF).
 //!
 //! Nothing in this crate performs I/O, reads a clock or spawns a thread;
 //! the facade takes a [`manager::Clock`] and a backend from its caller.
@@ -19,6 +20,7 @@ pub mod elf;
 pub mod encode;
 pub mod error;
 pub mod info;
+pub mod interp;
 pub mod machine;
 pub mod manager;
 pub mod metrics;

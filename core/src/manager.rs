@@ -16,10 +16,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::abi::OffsetRange;
 use crate::deltas::{IntervalData, StackDelta};
 use crate::driver::execute;
 use crate::error::Error;
 use crate::info::ExecutableInfo;
+use crate::interp;
 use crate::machine::{
     deferred, Capacities, Deferred, FileEntry, FileTable, KernelBook, MapRef, PlanError, Release,
     ReleaseError, Timestamp,
@@ -221,16 +223,19 @@ impl<B: Backend> KernelSide<B> {
         }
     }
 
-    fn load(
+    /// Loads a file's table and, if its loaders need them, its
+    /// `interpreter_offsets` entry, all or nothing.
+    fn load_with(
         &mut self,
         clock: &dyn Clock,
         file_id: FileId,
         deltas: &[StackDelta],
+        offsets: Option<OffsetRange>,
     ) -> Result<MapRef, Error> {
         self.retry_leftovers(clock);
         let plan = self
             .book
-            .plan_load(file_id, deltas)
+            .plan_load_with(file_id, deltas, offsets)
             .map_err(|e| plan_error(file_id, e))?;
         let Err(stopped) = execute(&mut self.backend, &plan.ops) else {
             return Ok(self.book.commit_load(plan));
@@ -260,10 +265,10 @@ impl<B: Backend> KernelSide<B> {
     fn load_many(
         &mut self,
         clock: &dyn Clock,
-        files: &[(FileId, &[StackDelta])],
+        files: &[(FileId, &[StackDelta], Option<OffsetRange>)],
     ) -> BTreeMap<FileId, Result<MapRef, Error>> {
         self.retry_leftovers(clock);
-        let (plan, refused) = self.book.plan_load_many(files);
+        let (plan, refused) = self.book.plan_load_many_with(files);
         let mut out = BTreeMap::new();
         let stopped = execute(&mut self.backend, &plan.ops).err();
         match stopped {
@@ -439,7 +444,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
     }
 
     fn extract_and_load(&self, file_id: FileId, elf: &P::Elf) -> Result<ExecutableInfo, Error> {
-        let extraction = match self.provider.extract(elf) {
+        let extraction = match self.provider.extract_for(file_id, elf, self.tracers) {
             Ok(extraction) => {
                 self.extracted.fetch_add(1, Ordering::Relaxed);
                 extraction
@@ -453,10 +458,12 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 return Err(Error::Extraction { file_id, source });
             }
         };
-        let loaded = lock(&self.kernel).load(&*self.clock, file_id, &extraction.data.deltas);
+        let offsets = interp::offsets_of(&extraction.interpreters);
+        let loaded =
+            lock(&self.kernel).load_with(&*self.clock, file_id, &extraction.data.deltas, offsets);
         match loaded {
             Ok(_) => Ok(ExecutableInfo {
-                interpreter: None,
+                interpreters: std::sync::Arc::from(extraction.interpreters),
                 tsd: extraction.tsd,
             }),
             Err(e) => {
@@ -517,7 +524,10 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         let mut extracted = Vec::new();
         for (n, (i, guard)) in mine.iter().enumerate() {
             let file_id = guard.file_id;
-            match self.provider.extract(files[*i].1) {
+            match self
+                .provider
+                .extract_for(file_id, files[*i].1, self.tracers)
+            {
                 Ok(extraction) => {
                     self.extracted.fetch_add(1, Ordering::Relaxed);
                     extracted.push((n, extraction));
@@ -532,20 +542,23 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             }
         }
         // One kernel-lock session for the whole batch.
-        let batch: Vec<(FileId, &[StackDelta])> = extracted
+        let batch: Vec<(FileId, &[StackDelta], Option<OffsetRange>)> = extracted
             .iter()
-            .map(|(n, e)| (mine[*n].1.file_id, &e.data.deltas[..]))
+            .map(|(n, e)| {
+                let offsets = interp::offsets_of(&e.interpreters);
+                (mine[*n].1.file_id, &e.data.deltas[..], offsets)
+            })
             .collect();
         let mut loaded = if batch.is_empty() {
             BTreeMap::new()
         } else {
             lock(&self.kernel).load_many(&*self.clock, &batch)
         };
-        for (n, extraction) in &extracted {
-            let file_id = mine[*n].1.file_id;
+        for (n, extraction) in extracted {
+            let file_id = mine[n].1.file_id;
             let outcome = match loaded.remove(&file_id) {
                 Some(Ok(_)) => Ok(ExecutableInfo {
-                    interpreter: None,
+                    interpreters: std::sync::Arc::from(extraction.interpreters),
                     tsd: extraction.tsd,
                 }),
                 Some(Err(e)) => {
@@ -556,7 +569,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 }
                 None => Err(Error::ExtractionAborted { file_id }),
             };
-            outcomes[*n] = Some(outcome);
+            outcomes[n] = Some(outcome);
         }
         // Land every flight of the batch, then wait for the others' (never
         // before: two batches waiting on each other's flights would hang).
@@ -588,7 +601,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         if shard.files.get(file_id).is_some() || shard.flights.contains_key(&file_id) {
             return Err(Error::AlreadyLoaded { file_id });
         }
-        lock(&self.kernel).load(&*self.clock, file_id, &data.deltas)?;
+        lock(&self.kernel).load_with(&*self.clock, file_id, &data.deltas, None)?;
         shard.files.insert(file_id, ExecutableInfo::default(), 1);
         Ok(())
     }
@@ -650,11 +663,11 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         kernel.book.leftover_ops()
     }
 
-    /// Enabled interpreter loaders. None is implemented yet, so this is the
-    /// number of loaders that will run: zero.
+    /// The interpreter loaders the tracer set enables (the APM integration
+    /// is always on, as upstream's). They run in the provider's
+    /// [`Provider::extract_for`]; a provider without loaders runs none.
     pub fn num_interpreter_loaders(&self) -> usize {
-        let _ = self.tracers;
-        0
+        interp::enabled(self.tracers).count()
     }
 
     /// Sets upstream's five metrics. The provider counters are reset by the read.

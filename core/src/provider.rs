@@ -7,6 +7,8 @@ use std::sync::Mutex;
 
 use crate::deltas::IntervalData;
 use crate::info::TsdInfo;
+use crate::interp::LoaderMatch;
+use crate::manager::Tracers;
 use crate::FileId;
 
 /// What extraction yields for one file.
@@ -14,6 +16,8 @@ use crate::FileId;
 pub struct Extraction {
     pub data: IntervalData,
     pub tsd: Option<TsdInfo>,
+    /// What every enabled interpreter loader that recognised the file said.
+    pub interpreters: Vec<LoaderMatch>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +66,19 @@ pub trait Provider: Send + Sync {
     type Elf: ?Sized + Sync;
 
     fn extract(&self, elf: &Self::Elf) -> Result<Extraction, ExtractError>;
+
+    /// Extraction for the manager: also asks the interpreter loaders that
+    /// `tracers` enables about the file (the manager passes its own set).
+    /// A provider without loaders extracts as [`Provider::extract`] does.
+    fn extract_for(
+        &self,
+        file_id: FileId,
+        elf: &Self::Elf,
+        tracers: Tracers,
+    ) -> Result<Extraction, ExtractError> {
+        let _ = (file_id, tracers);
+        self.extract(elf)
+    }
 }
 
 impl<T: Provider + ?Sized> Provider for std::sync::Arc<T> {
@@ -69,6 +86,15 @@ impl<T: Provider + ?Sized> Provider for std::sync::Arc<T> {
 
     fn extract(&self, elf: &T::Elf) -> Result<Extraction, ExtractError> {
         (**self).extract(elf)
+    }
+
+    fn extract_for(
+        &self,
+        file_id: FileId,
+        elf: &T::Elf,
+        tracers: Tracers,
+    ) -> Result<Extraction, ExtractError> {
+        (**self).extract_for(file_id, elf, tracers)
     }
 }
 
@@ -85,7 +111,13 @@ impl MemoryProvider {
     }
 
     pub fn insert(&self, id: FileId, data: IntervalData) {
-        self.set(id, Ok(Extraction { data, tsd: None }));
+        self.set(
+            id,
+            Ok(Extraction {
+                data,
+                ..Extraction::default()
+            }),
+        );
     }
 
     pub fn set(&self, id: FileId, result: Result<Extraction, ExtractError>) {

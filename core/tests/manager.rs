@@ -110,6 +110,7 @@ impl Provider for Gate {
         Ok(Extraction {
             data: data(1),
             tsd: None,
+            interpreters: Vec::new(),
         })
     }
 }

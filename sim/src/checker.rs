@@ -3,7 +3,8 @@
 //! flight, is checked op by op by [`crate::slot_watch`]).
 //!
 //! * **Projection**: the maps hold exactly what the machine's state implies:
-//!   every loaded file's pages and table, the leftovers the book records,
+//!   every loaded file's pages, table and `interpreter_offsets` entry, the
+//!   leftovers the book records,
 //!   the unwind slots the book mirrors, nothing else (no leaked inner map).
 //! * **Reader safety**: at any moment, a lookup of any address of any file
 //!   that has a page entry either finds nothing (no page) or the answer the
@@ -133,6 +134,7 @@ pub fn check_projection(state: &StateView, maps: &SimMaps) -> Result<(), Violati
                 MapOp::DeleteDeltaTable { map_id, .. } => {
                     leftover_tables.insert((*map_id, *file_id));
                 }
+                MapOp::DeleteInterpreterOffsets { .. } => {}
                 other => {
                     return Err(projection(format!(
                         "file {file_id}: leftover {other:?} is not a removal"
@@ -231,13 +233,36 @@ pub fn check_projection(state: &StateView, maps: &SimMaps) -> Result<(), Violati
             )));
         }
     }
-    if !maps.interpreter_offsets().is_empty() {
-        return Err(projection(
-            "interpreter_offsets holds entries but no loader wrote any",
-        ));
+    // interpreter_offsets: every loaded file's entry, exactly; other entries
+    // only where a leftover delete still owes their removal.
+    let in_kernel = maps.interpreter_offsets();
+    for (file_id, want) in book.interpreter_offsets() {
+        match in_kernel.get(file_id) {
+            Some(have) if have == want => {}
+            other => {
+                return Err(projection(format!(
+                    "interpreter_offsets[{file_id}] holds {other:?}, the book says {want:?}"
+                )))
+            }
+        }
     }
-    // Every table belongs to a file the manager knows.
-    for file_id in book.loaded().keys() {
+    for file_id in in_kernel.keys() {
+        let owed = book.leftovers().get(file_id).is_some_and(|q| {
+            q.iter()
+                .any(|op| matches!(op, MapOp::DeleteInterpreterOffsets { .. }))
+        });
+        if !book.interpreter_offsets().contains_key(file_id) && !owed {
+            return Err(projection(format!(
+                "interpreter_offsets holds an entry of file {file_id} that no loaded file owns and no leftover removes"
+            )));
+        }
+    }
+    // Every table and offsets entry belongs to a file the manager knows.
+    for file_id in book
+        .loaded()
+        .keys()
+        .chain(book.interpreter_offsets().keys())
+    {
         if !state.files.contains_key(file_id) {
             return Err(projection(format!(
                 "file {file_id} has a table but no entry (a zombie table)"

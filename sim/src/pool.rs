@@ -164,6 +164,7 @@ impl Provider for SimProvider {
             Mode::Present => Ok(Extraction {
                 data: IntervalData::clone(&self.files[*index]),
                 tsd: None,
+                interpreters: Vec::new(),
             }),
             Mode::Gone => Err(ExtractError::new(
                 ExtractErrorKind::NotFound,

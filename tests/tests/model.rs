@@ -173,6 +173,7 @@ impl Harness {
             Mode::Data => Ok(Extraction {
                 data: self.sources[&id(i)].clone(),
                 tsd: None,
+                interpreters: Vec::new(),
             }),
             Mode::Vanished => Err(vanished(i)),
             Mode::Broken => Err(broken(i)),

@@ -196,6 +196,16 @@ pub fn go_version<'d>(elf: &Elf<'d>) -> Option<&'d [u8]> {
     buildinfo::go_version(elf)
 }
 
+/// What the Go interpreter loader learns from the table: its size in bytes
+/// and its number of functions; `None` when the file has no Go table.
+pub fn table_summary(elf: &Elf<'_>) -> Result<Option<(usize, usize)>, GoError> {
+    let Some(bytes) = locate::pclntab_bytes(elf)? else {
+        return Ok(None);
+    };
+    let table = Pclntab::parse(bytes)?;
+    Ok(Some((bytes.len(), table.num_funcs)))
+}
+
 /// The per-file default strategy (spec 5.6): frame pointers, except on
 /// arm64 before Go 1.21.
 fn default_strategy(elf: &Elf<'_>, version: Version) -> Strategy {

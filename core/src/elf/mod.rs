@@ -260,6 +260,51 @@ impl<'d> Elf<'d> {
         Some(bytes.get(..end)?.to_vec())
     }
 
+    /// Up to `max` bytes at virtual address `addr`: as many as the first
+    /// `PT_LOAD` holding `addr` has from there (for strings of unknown length).
+    pub fn virtual_memory_upto(&self, addr: u64, max: usize) -> Option<Cow<'d, [u8]>> {
+        let (seg, offset) = self.load_segment_at(addr)?;
+        let len = (seg.memsz - offset).min(max as u64) as usize;
+        self.virtual_memory(addr, len)
+    }
+
+    /// The `DT_NEEDED` names, in order (at most `MAX_NEEDED`, each at most
+    /// 256 bytes); empty when the file has no dynamic section.
+    pub fn needed(&self) -> Vec<Vec<u8>> {
+        const DT_NEEDED: u64 = 1;
+        const DT_STRTAB: u64 = 5;
+        const MAX_NEEDED: usize = 1024;
+        const MAX_NAME: usize = 256;
+        let Some(dynamic) = self.segments(PT_DYNAMIC).next() else {
+            return Vec::new();
+        };
+        let Some(entries) = self.bytes_at(dynamic.offset, dynamic.filesz) else {
+            return Vec::new();
+        };
+        let (mut strtab, mut offsets) = (None, Vec::new());
+        for entry in entries.chunks_exact(16) {
+            let tag = u64::from_le_bytes(entry[..8].try_into().unwrap_or([0; 8]));
+            let val = u64::from_le_bytes(entry[8..].try_into().unwrap_or([0; 8]));
+            match tag {
+                0 => break,
+                DT_STRTAB => strtab = Some(val),
+                DT_NEEDED if offsets.len() < MAX_NEEDED => offsets.push(val),
+                _ => {}
+            }
+        }
+        let Some(strtab) = strtab else {
+            return Vec::new();
+        };
+        offsets
+            .into_iter()
+            .filter_map(|off| {
+                let bytes = self.virtual_memory_upto(strtab.checked_add(off)?, MAX_NAME)?;
+                let end = bytes.iter().position(|&b| b == 0)?;
+                Some(bytes.get(..end)?.to_vec())
+            })
+            .collect()
+    }
+
     /// The `.gnu_debuglink` section, if present and well formed.
     pub fn debug_link(&self) -> Option<DebugLink> {
         let data = self.section_region(".gnu_debuglink", 1 << 20)?.data;

@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::abi::{self, StackDeltaPageKey, UnwindInfo, PAGE_BITS};
+use crate::abi::{self, OffsetRange, StackDeltaPageKey, UnwindInfo, PAGE_BITS};
 use crate::deltas::StackDelta;
 use crate::encode::{self, EncodeError, KernelTable};
 use crate::machine::slots::{Reclaimed, UnwindSlots, DEFAULT_SLOT_GRACE};
@@ -86,7 +86,7 @@ pub enum PlanError {
 #[derive(Clone, Debug)]
 pub struct LoadPlan {
     pub file_id: FileId,
-    /// In publication order: slots, table, pages.
+    /// In publication order: slots, table, interpreter offsets, pages.
     pub ops: Vec<MapOp>,
     pub map_ref: MapRef,
     /// Gaps of at least 512 KiB, for interpreter loaders.
@@ -103,6 +103,8 @@ struct Reservation {
     slots: Box<[u16]>,
     revived: Vec<(u16, Timestamp)>,
     fresh: Vec<(u16, Option<Reclaimed>)>,
+    /// The file's `interpreter_offsets` entry, if its loaders need one.
+    offsets: Option<OffsetRange>,
 }
 
 /// Ops that undo the applied part of a failed plan (top-down).
@@ -117,7 +119,8 @@ pub struct Rollback {
     published: bool,
 }
 
-/// The ops that unload one file (top-down: pages, then the table).
+/// The ops that unload one file (top-down: pages, interpreter offsets, then
+/// the table).
 #[derive(Clone, Debug)]
 pub struct UnloadPlan {
     pub file_id: FileId,
@@ -141,6 +144,7 @@ struct Pending {
     files: std::collections::BTreeSet<FileId>,
     pages: u64,
     tables: [u32; abi::SIZE_CLASS_COUNT],
+    offsets: u32,
 }
 
 /// The ops that load several files at once, and the per-file plans they
@@ -178,6 +182,9 @@ pub struct KernelBook {
     loaded: BTreeMap<FileId, LoadedTable>,
     pages_in_use: u64,
     tables: [u32; abi::SIZE_CLASS_COUNT],
+    /// `interpreter_offsets` entries owned by loaded files (a file may have
+    /// one without a table).
+    offsets: BTreeMap<FileId, OffsetRange>,
     /// Entries that may still be in the kernel although no loaded file owns
     /// them, as the ops that remove them, in the order they must run.
     leftovers: BTreeMap<FileId, VecDeque<MapOp>>,
@@ -228,6 +235,7 @@ impl KernelBook {
             loaded: BTreeMap::new(),
             pages_in_use: 0,
             tables: [0; abi::SIZE_CLASS_COUNT],
+            offsets: BTreeMap::new(),
             leftovers: BTreeMap::new(),
             leftover_slots: BTreeMap::new(),
             grace,
@@ -282,6 +290,22 @@ impl KernelBook {
         self.tables[class_index(map_id)]
     }
 
+    /// The `interpreter_offsets` entries of loaded files.
+    pub fn interpreter_offsets(&self) -> &BTreeMap<FileId, OffsetRange> {
+        &self.offsets
+    }
+
+    /// Whether the book holds anything of `file_id` (a table or offsets).
+    pub fn is_loaded(&self, file_id: FileId) -> bool {
+        self.loaded.contains_key(&file_id) || self.offsets.contains_key(&file_id)
+    }
+
+    fn leftover_offsets(&self) -> u32 {
+        self.leftover_ops_iter()
+            .filter(|op| matches!(op, MapOp::DeleteInterpreterOffsets { .. }))
+            .count() as u32
+    }
+
     pub fn leftovers(&self) -> &BTreeMap<FileId, VecDeque<MapOp>> {
         &self.leftovers
     }
@@ -316,7 +340,20 @@ impl KernelBook {
         file_id: FileId,
         deltas: &[StackDelta],
     ) -> Result<LoadPlan, PlanError> {
-        self.plan_one(file_id, deltas, &Pending::default())
+        self.plan_one(file_id, deltas, None, &Pending::default())
+    }
+
+    /// Plans the load of a file whose interpreter loaders need an
+    /// `interpreter_offsets` entry: written after the table and before the
+    /// pages, deleted after the pages on unload. A full map refuses the
+    /// file before anything is written. On error nothing was reserved.
+    pub fn plan_load_with(
+        &mut self,
+        file_id: FileId,
+        deltas: &[StackDelta],
+        offsets: Option<OffsetRange>,
+    ) -> Result<LoadPlan, PlanError> {
+        self.plan_one(file_id, deltas, offsets, &Pending::default())
     }
 
     /// Plans one file, counting `pending` (earlier files of the same batch,
@@ -325,22 +362,36 @@ impl KernelBook {
         &mut self,
         file_id: FileId,
         deltas: &[StackDelta],
+        offsets: Option<OffsetRange>,
         pending: &Pending,
     ) -> Result<LoadPlan, PlanError> {
-        if self.loaded.contains_key(&file_id) || pending.files.contains(&file_id) {
+        if self.is_loaded(file_id) || pending.files.contains(&file_id) {
             return Err(PlanError::AlreadyLoaded);
         }
         if self.leftovers.contains_key(&file_id) {
             return Err(PlanError::CleanupPending);
         }
+        if offsets.is_some()
+            && self.offsets.len() as u64
+                + u64::from(self.leftover_offsets())
+                + u64::from(pending.offsets)
+                >= u64::from(self.caps.interpreter_offsets)
+        {
+            return Err(PlanError::MapFull {
+                map: MapKind::InterpreterOffsets,
+                capacity: self.caps.interpreter_offsets,
+            });
+        }
+        let put_offsets = offsets.map(|range| MapOp::PutInterpreterOffsets { file_id, range });
         let Some(draft) = encode::draft(deltas, u64::from(self.caps.pages))? else {
             return Ok(LoadPlan {
                 file_id,
-                ops: Vec::new(),
+                ops: put_offsets.into_iter().collect(),
                 map_ref: MapRef::default(),
                 gaps: Vec::new(),
                 reserved: Reservation {
                     file_id,
+                    offsets,
                     ..Reservation::default()
                 },
             });
@@ -368,6 +419,7 @@ impl KernelBook {
         let rules = draft.slot_rules();
         let mut reserved = Reservation {
             file_id,
+            offsets,
             ..Reservation::default()
         };
         // Rules already in a slot first, so that a cooling slot this file
@@ -407,7 +459,7 @@ impl KernelBook {
         let table: KernelTable = draft
             .resolve(file_id.0, |info| slots_ref.slot_of(info))
             .expect("every rule of the draft was given a slot above");
-        let mut ops = Vec::with_capacity(3);
+        let mut ops = Vec::with_capacity(4);
         if !reserved.fresh.is_empty() {
             ops.push(MapOp::PutUnwindInfos(
                 reserved
@@ -422,6 +474,9 @@ impl KernelBook {
             map_id: class,
             deltas: Arc::from(table.deltas),
         });
+        // The unwinder looks the offsets up by file id once a process
+        // mapping names the file; like the table, they exist before any page.
+        ops.extend(put_offsets);
         ops.push(MapOp::PutPages(table.pages));
         Ok(LoadPlan {
             file_id,
@@ -506,6 +561,9 @@ impl KernelBook {
     /// Records a plan whose ops all took effect.
     pub fn commit_load(&mut self, plan: LoadPlan) -> MapRef {
         let map_ref = plan.map_ref;
+        if let Some(range) = plan.reserved.offsets {
+            self.offsets.insert(plan.file_id, range);
+        }
         if map_ref.map_id == 0 {
             return map_ref;
         }
@@ -639,13 +697,24 @@ impl KernelBook {
         &mut self,
         files: &[(FileId, &[StackDelta])],
     ) -> (LoadManyPlan, Vec<(FileId, PlanError)>) {
+        let files: Vec<_> = files.iter().map(|&(id, d)| (id, d, None)).collect();
+        self.plan_load_many_with(&files)
+    }
+
+    /// [`Self::plan_load_many`] for files with `interpreter_offsets`
+    /// entries: one put per file, after the tables and before the pages.
+    pub fn plan_load_many_with(
+        &mut self,
+        files: &[(FileId, &[StackDelta], Option<OffsetRange>)],
+    ) -> (LoadManyPlan, Vec<(FileId, PlanError)>) {
         let mut pending = Pending::default();
         let mut plans = Vec::with_capacity(files.len());
         let mut refused = Vec::new();
-        for &(file_id, deltas) in files {
-            match self.plan_one(file_id, deltas, &pending) {
+        for &(file_id, deltas, offsets) in files {
+            match self.plan_one(file_id, deltas, offsets, &pending) {
                 Ok(plan) => {
                     pending.files.insert(file_id);
+                    pending.offsets += u32::from(plan.reserved.offsets.is_some());
                     if plan.map_ref.map_id != 0 {
                         pending.pages += u64::from(plan.map_ref.num_pages);
                         pending.tables[class_index(plan.map_ref.map_id)] += 1;
@@ -658,6 +727,7 @@ impl KernelBook {
         let mut slots = Vec::new();
         let mut tables: BTreeMap<u16, Vec<ClassTable>> = BTreeMap::new();
         let mut pages = Vec::new();
+        let mut offsets = Vec::new();
         for plan in &plans {
             for op in &plan.ops {
                 match op {
@@ -671,11 +741,12 @@ impl KernelBook {
                         .or_default()
                         .push((*file_id, deltas.clone())),
                     MapOp::PutPages(v) => pages.extend(v.iter().copied()),
+                    put @ MapOp::PutInterpreterOffsets { .. } => offsets.push(put.clone()),
                     other => unreachable!("a load plan holds no {other:?}"),
                 }
             }
         }
-        let mut ops = Vec::with_capacity(2 + tables.len());
+        let mut ops = Vec::with_capacity(2 + tables.len() + offsets.len());
         if !slots.is_empty() {
             ops.push(MapOp::PutUnwindInfos(slots));
         }
@@ -684,6 +755,7 @@ impl KernelBook {
                 .into_iter()
                 .map(|(map_id, tables)| MapOp::PutDeltaTables { map_id, tables }),
         );
+        ops.extend(offsets);
         if !pages.is_empty() {
             ops.push(MapOp::PutPages(pages));
         }
@@ -736,6 +808,8 @@ impl KernelBook {
             // The file's own ops in effect, as a single-file stop point.
             let mut counts = Vec::with_capacity(file.ops.len());
             for op in &file.ops {
+                // A file's offsets are an op of their own: no base to share.
+                let mut own = 0;
                 let (at, base) = match op {
                     MapOp::PutUnwindInfos(_) => (slot_op, &mut slot_base),
                     MapOp::PutDeltaTable { map_id, .. } => {
@@ -745,6 +819,9 @@ impl KernelBook {
                         (at, table_base.entry(*map_id).or_default())
                     }
                     MapOp::PutPages(_) => (page_op, &mut page_base),
+                    put @ MapOp::PutInterpreterOffsets { .. } => {
+                        (plan.ops.iter().position(|o| o == put), &mut own)
+                    }
                     other => unreachable!("a load plan holds no {other:?}"),
                 };
                 let done = at.map_or(0, |at| in_effect[at]);
@@ -829,6 +906,12 @@ impl KernelBook {
                             .or_default()
                             .push_back(op.clone());
                     }
+                    MapOp::DeleteInterpreterOffsets { file_id } => {
+                        self.leftovers
+                            .entry(*file_id)
+                            .or_default()
+                            .push_back(op.clone());
+                    }
                     other => unreachable!("a batch rollback holds no {other:?}"),
                 }
             }
@@ -844,26 +927,38 @@ impl KernelBook {
         result.is_ok()
     }
 
-    /// The ops that unload a file; `None` when it has no table.
+    /// The ops that unload a file, the reverse of its load: pages,
+    /// interpreter offsets (upstream never deletes them, weakness 7), the
+    /// table. `None` when it has nothing in the kernel.
     pub fn plan_unload(&self, file_id: FileId) -> Option<UnloadPlan> {
-        let table = self.loaded.get(&file_id)?;
-        let map_ref = table.map_ref;
-        Some(UnloadPlan {
-            file_id,
-            ops: vec![
-                MapOp::DeletePages(map_ref.page_keys(file_id).collect()),
-                MapOp::DeleteDeltaTable {
-                    file_id,
-                    map_id: map_ref.map_id,
-                },
-            ],
-        })
+        let table = self.loaded.get(&file_id);
+        let offsets = self.offsets.contains_key(&file_id);
+        if table.is_none() && !offsets {
+            return None;
+        }
+        let mut ops = Vec::with_capacity(3);
+        if let Some(table) = table {
+            ops.push(MapOp::DeletePages(
+                table.map_ref.page_keys(file_id).collect(),
+            ));
+        }
+        if offsets {
+            ops.push(MapOp::DeleteInterpreterOffsets { file_id });
+        }
+        if let Some(table) = table {
+            ops.push(MapOp::DeleteDeltaTable {
+                file_id,
+                map_id: table.map_ref.map_id,
+            });
+        }
+        Some(UnloadPlan { file_id, ops })
     }
 
     /// Records an unload. The file is no longer loaded whatever happened;
     /// what the backend could not remove becomes a leftover. Returns the
     /// number of leftover entries.
     pub fn finish_unload(&mut self, plan: UnloadPlan, result: Result<(), Stopped>) -> usize {
+        self.offsets.remove(&plan.file_id);
         let table = self.loaded.remove(&plan.file_id);
         if let Some(table) = &table {
             self.pages_in_use -= u64::from(table.map_ref.num_pages);
@@ -1378,6 +1473,97 @@ mod tests {
         assert!(book.finish_rollback(rollback, Ok(())));
         assert_eq!(book.slots().free().collect::<Vec<_>>(), vec![0]);
         assert_eq!(book.slots().cooling().collect::<Vec<_>>(), before[1..]);
+    }
+
+    fn offsets() -> OffsetRange {
+        OffsetRange {
+            lower_offset1: 0x10,
+            upper_offset1: 0x20,
+            program_index: abi::program::PYTHON,
+            ..OffsetRange::default()
+        }
+    }
+
+    #[test]
+    fn interpreter_offsets_go_after_the_table_and_come_off_after_the_pages() {
+        let mut book = KernelBook::new(Capacities::default());
+        let plan = book
+            .plan_load_with(FileId(1), &three_pages(), Some(offsets()))
+            .unwrap();
+        let kinds: Vec<_> = plan.ops.iter().map(MapOp::name).collect();
+        assert_eq!(
+            kinds,
+            [
+                "put unwind infos",
+                "put delta table",
+                "put interpreter offsets",
+                "put pages"
+            ]
+        );
+        // Every stop point: the undo removes exactly what took effect.
+        for at in 0..4 {
+            let mut b = KernelBook::new(Capacities::default());
+            let p = b
+                .plan_load_with(FileId(2), &three_pages(), Some(offsets()))
+                .unwrap();
+            let rollback = b.abort_load(&p, stop(at, 0));
+            let undone = rollback
+                .ops
+                .iter()
+                .filter(|op| matches!(op, MapOp::DeleteInterpreterOffsets { .. }))
+                .count();
+            assert_eq!(undone, usize::from(at > 2), "stopped at op {at}");
+        }
+        book.commit_load(plan);
+        assert_eq!(book.interpreter_offsets()[&FileId(1)], offsets());
+        let unload = book.plan_unload(FileId(1)).unwrap();
+        let kinds: Vec<_> = unload.ops.iter().map(MapOp::name).collect();
+        assert_eq!(
+            kinds,
+            [
+                "delete pages",
+                "delete interpreter offsets",
+                "delete delta table"
+            ]
+        );
+        book.finish_unload(unload, Ok(()));
+        assert!(book.interpreter_offsets().is_empty());
+    }
+
+    #[test]
+    fn a_file_without_deltas_can_still_own_offsets_and_a_full_map_refuses() {
+        let caps = Capacities {
+            interpreter_offsets: 1,
+            ..Capacities::default()
+        };
+        let mut book = KernelBook::new(caps);
+        let plan = book
+            .plan_load_with(FileId(1), &[], Some(offsets()))
+            .unwrap();
+        assert_eq!(plan.ops.len(), 1);
+        book.commit_load(plan);
+        assert!(book.is_loaded(FileId(1)));
+        assert_eq!(
+            book.plan_load_with(FileId(2), &three_pages(), Some(offsets()))
+                .err(),
+            Some(PlanError::MapFull {
+                map: MapKind::InterpreterOffsets,
+                capacity: 1
+            })
+        );
+        assert_eq!(book.slots().in_use(), 0, "nothing reserved");
+        assert!(book.plan_load(FileId(2), &three_pages()).is_ok());
+        let unload = book.plan_unload(FileId(1)).unwrap();
+        assert_eq!(
+            unload.ops,
+            [MapOp::DeleteInterpreterOffsets { file_id: FileId(1) }]
+        );
+        // A failed delete is a leftover that still counts against the map.
+        assert_eq!(book.finish_unload(unload, Err(stop(0, 0))), 1);
+        assert!(matches!(
+            book.plan_load_with(FileId(3), &[], Some(offsets())),
+            Err(PlanError::MapFull { .. })
+        ));
     }
 
     #[test]

@@ -1,0 +1,152 @@
+//! HotSpot (`libjvm.so`).
+//!
+//! Extracts the VM version from `Abstract_VM_Version::_vm_{major,minor,
+//! security,patch}_version` and `_vm_build_number` (4-byte ints; those the
+//! build leaves zero live in `.bss`), and parses the VM structs the
+//! serviceability agent reads: `gHotSpotVMStructs` and `gHotSpotVMTypes`
+//! point (through relocations) to NULL-terminated arrays of entries whose
+//! names are relocated string pointers. The field offsets / static
+//! addresses and the type sizes are kept by name. HotSpot needs no
+//! `interpreter_offsets`.
+
+use std::collections::BTreeMap;
+
+use super::access::{read_cstr, read_u32, read_u64, Relocations};
+use super::names::HOTSPOT;
+use super::{Loaded, LoaderError, LoaderInfo};
+use crate::elf::Elf;
+use crate::info::InterpreterData;
+
+pub const NAME: &str = "hotspot";
+
+/// Entries read from either table at most.
+const MAX_ENTRIES: usize = 1 << 16;
+const MAX_NAME: usize = 256;
+/// `VMStructEntry`: typeName, fieldName, typeString, isStatic (int32, padded),
+/// offset, address.
+const STRUCT_ENTRY: u64 = 48;
+/// `VMTypeEntry`: typeName, superclassName, isOopType, isIntegerType,
+/// isUnsigned (int32 each, padded), size.
+const TYPE_ENTRY: u64 = 40;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HotspotData {
+    pub major: u32,
+    pub minor: u32,
+    pub security: u32,
+    pub patch: u32,
+    pub build: u32,
+    /// `Type::field` -> its offset (instance fields) or address (statics).
+    pub fields: BTreeMap<String, u64>,
+    /// Type name -> size.
+    pub types: BTreeMap<String, u64>,
+}
+
+impl InterpreterData for HotspotData {
+    fn loader(&self) -> &'static str {
+        NAME
+    }
+
+    fn version(&self) -> String {
+        let mut v = format!("{}.{}.{}", self.major, self.minor, self.security);
+        if self.patch != 0 {
+            v.push_str(&format!(".{}", self.patch));
+        }
+        format!("{v}+{}", self.build)
+    }
+}
+
+fn version_int(info: &LoaderInfo<'_, '_>, name: &str) -> Result<u32, LoaderError> {
+    let symbol = format!("_ZN19Abstract_VM_Version{}{name}E", name.len());
+    let sym = info.symbols().require(&symbol)?;
+    read_u32(info.elf, sym.address, &symbol)
+}
+
+pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
+    if !HOTSPOT.is_match(info.name) {
+        return Ok(None);
+    }
+    let major = version_int(info, "_vm_major_version")?;
+    if major == 0 {
+        return Err(LoaderError::Invalid("the VM major version is 0".into()));
+    }
+    let relocations = Relocations::of(info.elf);
+    let syms = info.symbols();
+    let table = |name: &str| -> Result<u64, LoaderError> {
+        let sym = syms.require(name)?;
+        relocations.pointer(info.elf, sym.address, name)
+    };
+    let fields = read_structs(info.elf, &relocations, table("gHotSpotVMStructs")?)?;
+    let types = read_types(info.elf, &relocations, table("gHotSpotVMTypes")?)?;
+    Ok(Some(Loaded::new(
+        HotspotData {
+            major,
+            minor: version_int(info, "_vm_minor_version")?,
+            security: version_int(info, "_vm_security_version")?,
+            patch: version_int(info, "_vm_patch_version").unwrap_or(0),
+            build: version_int(info, "_vm_build_number")?,
+            fields,
+            types,
+        },
+        None,
+    )))
+}
+
+fn name_at(
+    elf: &Elf<'_>,
+    relocations: &Relocations,
+    at: u64,
+    what: &str,
+) -> Result<Option<String>, LoaderError> {
+    let ptr = relocations.pointer(elf, at, what)?;
+    if ptr == 0 {
+        return Ok(None);
+    }
+    let bytes = read_cstr(elf, ptr, MAX_NAME, what)?;
+    Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+fn read_structs(
+    elf: &Elf<'_>,
+    relocations: &Relocations,
+    base: u64,
+) -> Result<BTreeMap<String, u64>, LoaderError> {
+    let mut out = BTreeMap::new();
+    for i in 0..MAX_ENTRIES as u64 {
+        let entry = base.saturating_add(i * STRUCT_ENTRY);
+        let Some(type_name) = name_at(elf, relocations, entry, "VMStructEntry.typeName")? else {
+            return Ok(out);
+        };
+        let field =
+            name_at(elf, relocations, entry + 8, "VMStructEntry.fieldName")?.unwrap_or_default();
+        let is_static = read_u32(elf, entry + 24, "VMStructEntry.isStatic")? != 0;
+        let value = if is_static {
+            relocations.pointer(elf, entry + 40, "VMStructEntry.address")?
+        } else {
+            read_u64(elf, entry + 32, "VMStructEntry.offset")?
+        };
+        out.insert(format!("{type_name}::{field}"), value);
+    }
+    Err(LoaderError::Invalid(format!(
+        "gHotSpotVMStructs has no end within {MAX_ENTRIES} entries"
+    )))
+}
+
+fn read_types(
+    elf: &Elf<'_>,
+    relocations: &Relocations,
+    base: u64,
+) -> Result<BTreeMap<String, u64>, LoaderError> {
+    let mut out = BTreeMap::new();
+    for i in 0..MAX_ENTRIES as u64 {
+        let entry = base.saturating_add(i * TYPE_ENTRY);
+        let Some(type_name) = name_at(elf, relocations, entry, "VMTypeEntry.typeName")? else {
+            return Ok(out);
+        };
+        let size = read_u64(elf, entry + 32, "VMTypeEntry.size")?;
+        out.insert(type_name, size);
+    }
+    Err(LoaderError::Invalid(format!(
+        "gHotSpotVMTypes has no end within {MAX_ENTRIES} entries"
+    )))
+}

@@ -1,0 +1,393 @@
+//! Interpreter loaders (upstream's `interpreter.Loader`s): which files run
+//! an interpreter the BPF side can unwind, and the per-file facts it needs.
+//!
+//! A loader is a pure function of a [`LoaderInfo`] (file id, name, parsed
+//! ELF, the gaps of at least 512 KiB between its stack deltas). It says
+//! "not mine" (`Ok(None)`), or returns its per-file data and the
+//! `interpreter_offsets` ranges it needs ([`Loaded`]), or fails. Loaders run
+//! in the extraction phase, outside the manager's locks; the manager turns
+//! the ranges into [`crate::ops::MapOp::PutInterpreterOffsets`] in the load
+//! plan and deletes them when the file is unloaded (upstream weakness 7).
+//!
+//! Every enabled loader is asked and every match is kept, as newer upstream
+//! does (weakness 11): one loader's error is reported in its own
+//! [`LoaderMatch`] and hides nothing.
+//!
+//! One module per interpreter; [`access`] holds the ELF reading they share
+//! and [`names`] the file-name patterns of spec 8.2.
+
+pub mod access;
+pub mod apm;
+pub mod dotnet;
+pub mod go;
+pub mod hotspot;
+pub mod names;
+pub mod perl;
+pub mod php;
+pub mod python;
+pub mod ruby;
+pub mod v8;
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::abi::OffsetRange;
+use crate::elf::Elf;
+use crate::info::InterpreterData;
+use crate::manager::Tracers;
+use crate::FileId;
+
+pub use access::Symbols;
+
+/// What a loader sees of a file.
+pub struct LoaderInfo<'a, 'd> {
+    pub file_id: FileId,
+    /// The path the file was mapped from (upstream's `FileName()`).
+    pub name: &'a str,
+    pub elf: &'a Elf<'d>,
+    /// Ranges after an end-of-function marker of at least 512 KiB
+    /// (upstream's `Gaps()`, see [`crate::encode::gaps`]).
+    pub gaps: &'a [Range<u64>],
+    symbols: std::cell::OnceCell<Symbols<'d>>,
+}
+
+impl<'a, 'd> LoaderInfo<'a, 'd> {
+    pub fn new(file_id: FileId, name: &'a str, elf: &'a Elf<'d>, gaps: &'a [Range<u64>]) -> Self {
+        Self {
+            file_id,
+            name,
+            elf,
+            gaps,
+            symbols: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The file's symbols (dynamic first, then `.symtab`), indexed once.
+    pub fn symbols(&self) -> &Symbols<'d> {
+        self.symbols.get_or_init(|| Symbols::of(self.elf))
+    }
+}
+
+/// Why a loader refused a file it recognised. Every message names what was
+/// missing or wrong; the file is named by [`LoaderMatch`]'s display.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LoaderError {
+    #[error("symbol {0} not found")]
+    MissingSymbol(String),
+    #[error("cannot read {what} at {addr:#x}")]
+    Unreadable { what: String, addr: u64 },
+    #[error("version {found} is not supported (supported: {supported})")]
+    UnsupportedVersion { found: String, supported: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("interpreter_offsets of this file are already used by the {0} loader")]
+    OffsetsTaken(&'static str),
+}
+
+/// The code ranges a loader asks the BPF side to hand to its program: one
+/// or two half-open ranges of file virtual addresses (upstream's
+/// `UpdateInterpreterOffsets`; the BPF side compares both bounds
+/// inclusively, spec 3.8 and erratum I11).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterpreterOffsets {
+    pub program: u16,
+    pub first: Range<u64>,
+    pub second: Option<Range<u64>>,
+}
+
+impl InterpreterOffsets {
+    pub fn one(program: u16, range: Range<u64>) -> Self {
+        Self {
+            program,
+            first: range,
+            second: None,
+        }
+    }
+
+    /// The map value: an absent second range is written as 0..0, as
+    /// upstream does.
+    pub fn value(&self) -> OffsetRange {
+        let second = self.second.clone().unwrap_or(0..0);
+        OffsetRange {
+            lower_offset1: self.first.start,
+            upper_offset1: self.first.end,
+            lower_offset2: second.start,
+            upper_offset2: second.end,
+            program_index: self.program,
+            pad: [0; 6],
+        }
+    }
+}
+
+/// A loader's "handle it": its per-file data, and the ranges it needs.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub data: Arc<dyn InterpreterData>,
+    pub offsets: Option<InterpreterOffsets>,
+}
+
+impl Loaded {
+    pub fn new(data: impl InterpreterData + 'static, offsets: Option<InterpreterOffsets>) -> Self {
+        Self {
+            data: Arc::new(data),
+            offsets,
+        }
+    }
+}
+
+/// One loader's answer for a file it recognised (a loader that said "not
+/// mine" leaves no match).
+#[derive(Clone, Debug)]
+pub struct LoaderMatch {
+    pub loader: &'static str,
+    pub outcome: Result<Loaded, LoaderError>,
+}
+
+impl LoaderMatch {
+    /// The ranges this match puts in `interpreter_offsets`, if any.
+    pub fn offsets(&self) -> Option<&InterpreterOffsets> {
+        self.outcome.as_ref().ok()?.offsets.as_ref()
+    }
+}
+
+impl PartialEq for LoaderMatch {
+    fn eq(&self, other: &Self) -> bool {
+        self.loader == other.loader
+            && match (&self.outcome, &other.outcome) {
+                (Ok(a), Ok(b)) => Arc::ptr_eq(&a.data, &b.data) && a.offsets == b.offsets,
+                (Err(a), Err(b)) => a == b,
+                _ => false,
+            }
+    }
+}
+
+impl Eq for LoaderMatch {}
+
+impl fmt::Display for LoaderMatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.outcome {
+            Ok(loaded) => {
+                write!(f, "{} {}", self.loader, loaded.data.version())?;
+                if let Some(o) = &loaded.offsets {
+                    write!(
+                        f,
+                        " program {} {:#x}..{:#x}",
+                        o.program, o.first.start, o.first.end
+                    )?;
+                    if let Some(s) = &o.second {
+                        write!(f, " + {:#x}..{:#x}", s.start, s.end)?;
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => write!(f, "{}: error: {e}", self.loader),
+        }
+    }
+}
+
+/// A loader: `Ok(None)` for "not mine".
+pub type LoadFn = fn(&LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError>;
+
+/// A registered loader and the tracer that enables it (`None`: always on,
+/// like upstream's APM integration).
+pub struct Loader {
+    pub name: &'static str,
+    pub tracer: Option<u32>,
+    pub load: LoadFn,
+}
+
+/// Every loader, in upstream's order (perl, python, php, opcache, hotspot,
+/// ruby, v8, dotnet, go, apm, golabels).
+pub const LOADERS: &[Loader] = &[
+    Loader {
+        name: perl::NAME,
+        tracer: Some(Tracers::PERL),
+        load: perl::load,
+    },
+    Loader {
+        name: python::NAME,
+        tracer: Some(Tracers::PYTHON),
+        load: python::load,
+    },
+    Loader {
+        name: php::NAME,
+        tracer: Some(Tracers::PHP),
+        load: php::load,
+    },
+    Loader {
+        name: php::OPCACHE_NAME,
+        tracer: Some(Tracers::PHP),
+        load: php::load_opcache,
+    },
+    Loader {
+        name: hotspot::NAME,
+        tracer: Some(Tracers::HOTSPOT),
+        load: hotspot::load,
+    },
+    Loader {
+        name: ruby::NAME,
+        tracer: Some(Tracers::RUBY),
+        load: ruby::load,
+    },
+    Loader {
+        name: v8::NAME,
+        tracer: Some(Tracers::V8),
+        load: v8::load,
+    },
+    Loader {
+        name: dotnet::NAME,
+        tracer: Some(Tracers::DOTNET),
+        load: dotnet::load,
+    },
+    Loader {
+        name: go::NAME,
+        tracer: Some(Tracers::GO),
+        load: go::load,
+    },
+    Loader {
+        name: apm::NAME,
+        tracer: None,
+        load: apm::load,
+    },
+    Loader {
+        name: go::LABELS_NAME,
+        tracer: Some(Tracers::LABELS),
+        load: go::load_labels,
+    },
+];
+
+/// The loaders `tracers` enables, in order.
+pub fn enabled(tracers: Tracers) -> impl Iterator<Item = &'static Loader> {
+    LOADERS
+        .iter()
+        .filter(move |l| l.tracer.is_none_or(|t| tracers.contains(t)))
+}
+
+/// Asks every enabled loader about the file and keeps every answer other
+/// than "not mine", in loader order. `interpreter_offsets` holds one entry
+/// per file, so only the first match that needs ranges gets them; a later
+/// one becomes an error naming the first (no two patterns of spec 8.2 match
+/// the same file, so this is a guard, not a policy).
+pub fn detect(info: &LoaderInfo<'_, '_>, tracers: Tracers) -> Vec<LoaderMatch> {
+    let mut out = Vec::new();
+    let mut offsets_owner: Option<&'static str> = None;
+    for loader in enabled(tracers) {
+        let outcome = match (loader.load)(info) {
+            Ok(None) => continue,
+            Ok(Some(loaded)) => match (&loaded.offsets, offsets_owner) {
+                (Some(_), Some(owner)) => Err(LoaderError::OffsetsTaken(owner)),
+                (Some(_), None) => {
+                    offsets_owner = Some(loader.name);
+                    Ok(loaded)
+                }
+                (None, _) => Ok(loaded),
+            },
+            Err(e) => Err(e),
+        };
+        out.push(LoaderMatch {
+            loader: loader.name,
+            outcome,
+        });
+    }
+    out
+}
+
+/// The `interpreter_offsets` value the matches need, if any (the first
+/// match with ranges; [`detect`] lets only one have them).
+pub fn offsets_of(matches: &[LoaderMatch]) -> Option<OffsetRange> {
+    matches.iter().find_map(|m| m.offsets()).map(|o| o.value())
+}
+
+/// A dotted version with up to three parts, ordered numerically.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version(pub u32, pub u32, pub u32);
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+impl Version {
+    /// Parses `major.minor[.patch]` at the start of `text` (what follows
+    /// the last digit is ignored, e.g. `8.2.36-1` or `3.1.2p20`).
+    pub fn parse_prefix(text: &[u8]) -> Option<Self> {
+        let mut parts = [0u32; 3];
+        let mut n = 0;
+        let mut digits = 0;
+        for &b in text.iter().take(64) {
+            match b {
+                b'0'..=b'9' => {
+                    parts[n] = parts[n].checked_mul(10)?.checked_add(u32::from(b - b'0'))?;
+                    digits += 1;
+                }
+                b'.' if digits > 0 && n < 2 => {
+                    n += 1;
+                    digits = 0;
+                }
+                _ => break,
+            }
+        }
+        if n == 0 || digits == 0 && n < 2 {
+            return None;
+        }
+        Some(Self(parts[0], parts[1], parts[2]))
+    }
+
+    /// `Err` unless `lo <= self < hi`.
+    pub fn check(self, lo: Version, hi: Version, supported: &str) -> Result<Self, LoaderError> {
+        if self < lo || self >= hi {
+            return Err(LoaderError::UnsupportedVersion {
+                found: self.to_string(),
+                supported: supported.into(),
+            });
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse_and_order() {
+        assert_eq!(Version::parse_prefix(b"8.2.36-1"), Some(Version(8, 2, 36)));
+        assert_eq!(Version::parse_prefix(b"3.1.2\0"), Some(Version(3, 1, 2)));
+        assert_eq!(Version::parse_prefix(b"3.11"), Some(Version(3, 11, 0)));
+        assert_eq!(Version::parse_prefix(b"3."), None);
+        assert_eq!(Version::parse_prefix(b"abc"), None);
+        assert_eq!(Version::parse_prefix(b"99999999999.1"), None);
+        assert!(Version(5, 40, 9) < Version(5, 41, 0));
+        assert!(Version(3, 2, 0)
+            .check(Version(2, 5, 0), Version(3, 3, 0), "")
+            .is_ok());
+        assert!(Version(3, 3, 0)
+            .check(Version(2, 5, 0), Version(3, 3, 0), "")
+            .is_err());
+    }
+
+    #[test]
+    fn an_absent_second_range_is_zero() {
+        let v = InterpreterOffsets::one(4, 0x10..0x20).value();
+        assert_eq!(
+            (
+                v.lower_offset1,
+                v.upper_offset1,
+                v.lower_offset2,
+                v.upper_offset2
+            ),
+            (0x10, 0x20, 0, 0)
+        );
+        assert_eq!(v.program_index, 4);
+    }
+
+    #[test]
+    fn every_tracer_enables_its_loaders_and_apm_is_always_on() {
+        assert_eq!(enabled(Tracers::none()).count(), 1);
+        assert_eq!(enabled(Tracers(u32::MAX)).count(), LOADERS.len());
+        let php: Vec<_> = enabled(Tracers(Tracers::PHP)).map(|l| l.name).collect();
+        assert_eq!(php, [php::NAME, php::OPCACHE_NAME, apm::NAME]);
+    }
+}

@@ -1,0 +1,97 @@
+//! V8 (Node.js: `node`, `nsolid`, `libnode.so`).
+//!
+//! Extracts the V8 version from `v8::internal::Version::{major,minor,build,
+//! patch}_` (native-endian u32 each) with upstream's gate reproduced exactly
+//! (spec erratum W1: it rejects major > 255, minor > 255, build > 65535 and
+//! packed values below 0x080100, i.e. only 0.x), the address of
+//! `Bytecodes::kBytecodeSizes`, how many `v8dbg_` introspection symbols the
+//! file has, and the snapshot code area: the first gap of at least 512 KiB
+//! starting less than 1 KiB after `Snapshot::DefaultSnapshotBlob()`. Only
+//! when that area is found it is asked for in `interpreter_offsets`
+//! (program 7).
+
+use std::ops::Range;
+
+use super::access::read_u32;
+use super::names::V8;
+use super::{InterpreterOffsets, Loaded, LoaderError, LoaderInfo};
+use crate::abi::program;
+use crate::info::InterpreterData;
+
+pub const NAME: &str = "v8";
+
+const MAJOR: &str = "_ZN2v88internal7Version6major_E";
+const MINOR: &str = "_ZN2v88internal7Version6minor_E";
+const BUILD: &str = "_ZN2v88internal7Version6build_E";
+const PATCH: &str = "_ZN2v88internal7Version6patch_E";
+const SNAPSHOT_BLOB: &str = "_ZN2v88internal8Snapshot19DefaultSnapshotBlobEv";
+const BYTECODE_SIZES: &str = "_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE";
+/// How far after the blob accessor the snapshot gap may start.
+const SNAPSHOT_GAP_DISTANCE: u64 = 1024;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct V8Data {
+    pub major: u32,
+    pub minor: u32,
+    pub build: u32,
+    pub patch: Option<u32>,
+    pub bytecode_sizes: Option<u64>,
+    pub introspection_symbols: usize,
+    pub snapshot: Option<Range<u64>>,
+}
+
+impl InterpreterData for V8Data {
+    fn loader(&self) -> &'static str {
+        NAME
+    }
+
+    fn version(&self) -> String {
+        match self.patch {
+            Some(p) => format!("{}.{}.{}.{}", self.major, self.minor, self.build, p),
+            None => format!("{}.{}.{}", self.major, self.minor, self.build),
+        }
+    }
+}
+
+pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
+    if !V8.is_match(info.name) {
+        return Ok(None);
+    }
+    let syms = info.symbols();
+    let elf = info.elf;
+    let word = |name: &str| -> Result<u32, LoaderError> {
+        read_u32(elf, syms.require(name)?.address, name)
+    };
+    let (major, minor, build) = (word(MAJOR)?, word(MINOR)?, word(BUILD)?);
+    let patch = syms
+        .get(PATCH)
+        .and_then(|s| read_u32(elf, s.address, PATCH).ok());
+    let packed = u64::from(major) * 0x100_0000 + u64::from(minor) * 0x1_0000 + u64::from(build);
+    if major > 0xff || minor > 0xff || build > 0xffff || packed < 0x08_0100 {
+        return Err(LoaderError::UnsupportedVersion {
+            found: format!("{major}.{minor}.{build}"),
+            supported: "8.1.0 or later (as upstream's gate checks it)".into(),
+        });
+    }
+    let snapshot = syms.get(SNAPSHOT_BLOB).and_then(|blob| {
+        info.gaps
+            .iter()
+            .find(|gap| gap.start.wrapping_sub(blob.address) < SNAPSHOT_GAP_DISTANCE)
+            .cloned()
+    });
+    let offsets = snapshot
+        .clone()
+        .map(|area| InterpreterOffsets::one(program::V8, area));
+    Ok(Some(Loaded::new(
+        V8Data {
+            major,
+            minor,
+            build,
+            patch,
+            bytecode_sizes: syms.get(BYTECODE_SIZES).map(|s| s.address),
+            introspection_symbols: syms.count_prefix("v8dbg_"),
+            snapshot,
+        },
+        offsets,
+    )))
+}

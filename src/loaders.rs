@@ -1,0 +1,42 @@
+//! The interpreter loaders over real files: the glue between a mapped ELF
+//! file and `eim_core::interp` (which does the work and no I/O), and
+//! [`inspect`] for `eim inspect` / `eim loaders`.
+
+use std::path::Path;
+
+use eim_core::deltas::IntervalData;
+use eim_core::elf::Elf;
+use eim_core::encode;
+use eim_core::interp::{self, LoaderInfo, LoaderMatch};
+use eim_core::provider::{ExtractError, Provider};
+use eim_core::{FileId, Tracers};
+
+use crate::{ElfFileRef, ElfProvider};
+
+pub use eim_core::interp::{InterpreterOffsets, Loaded, LoaderError};
+
+/// Every tracer: what [`inspect`] asks.
+pub const ALL_TRACERS: Tracers = Tracers(u32::MAX);
+
+/// Asks the loaders `tracers` enables about a file whose deltas are `data`
+/// (the gaps of at least 512 KiB come from them, as the encoder finds them).
+pub fn detect(
+    file_id: FileId,
+    name: &str,
+    elf: &Elf<'_>,
+    data: &IntervalData,
+    tracers: Tracers,
+) -> Vec<LoaderMatch> {
+    let gaps = encode::gaps(&data.deltas);
+    let info = LoaderInfo::new(file_id, name, elf, &gaps);
+    interp::detect(&info, tracers)
+}
+
+/// What every loader says about the file at `path`: its stack deltas are
+/// extracted first (V8 needs their gaps), then every loader is asked.
+pub fn inspect(path: impl AsRef<Path>) -> Result<Vec<LoaderMatch>, ExtractError> {
+    let file = ElfFileRef::new(path.as_ref());
+    let file_id = file.file_id()?.host();
+    let extraction = ElfProvider::new().extract_for(file_id, &file, ALL_TRACERS)?;
+    Ok(extraction.interpreters)
+}

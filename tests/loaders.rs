@@ -1,0 +1,643 @@
+//! The interpreter loaders on real Debian binaries: each is detected with
+//! the version the interpreter itself reports and the ranges `nm` /
+//! `objdump` give (independent of eim's symbol reader), files of other
+//! interpreters and plain C programs are not, names that only look alike are
+//! not, and hostile files give errors, never panics.
+//!
+//! A missing binary is skipped with a loud message, unless
+//! `EIM_REQUIRE_INTERPRETERS` is set (`tests/run` sets it after installing
+//! them): then it is a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use eim::elf::Elf;
+use eim::interp::{self, LoaderError, LoaderInfo, LoaderMatch};
+use eim::loaders::{inspect, ALL_TRACERS};
+use eim::{FileId, Tracers};
+
+const PYTHON: &str = "/usr/bin/python3.11";
+const PERL_LIB: &str = "/usr/lib/x86_64-linux-gnu/libperl.so.5.36";
+const PERL: &str = "/usr/bin/perl";
+const PHP: &str = "/usr/bin/php8.2";
+const RUBY_LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
+const JVM: &str = "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so";
+const JAVA: &str = "/usr/lib/jvm/java-17-openjdk-amd64/bin/java";
+const NODE: &str = "/usr/bin/node";
+
+fn testdata() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/oracle/bin")
+}
+
+fn go_binary() -> PathBuf {
+    testdata().join("gocorpus-go1.23-amd64")
+}
+
+fn c_binary() -> PathBuf {
+    testdata().join("ccorpus-x86_64-O2")
+}
+
+/// Whether `path` exists; a loud skip, or a failure when required.
+fn present(path: &Path) -> bool {
+    if path.exists() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("EIM_REQUIRE_INTERPRETERS").is_none(),
+        "{} is missing and EIM_REQUIRE_INTERPRETERS is set",
+        path.display()
+    );
+    eprintln!(
+        "SKIPPED: {} is not installed (tests/run installs it)",
+        path.display()
+    );
+    false
+}
+
+fn run(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(out.status.success(), "{program} {args:?}: {out:?}");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+/// `[address, address + size)` of a defined symbol, as binutils' `nm` reads
+/// it (dynamic table first, then `.symtab`).
+fn nm_range(file: &str, symbol: &str) -> std::ops::Range<u64> {
+    for args in [
+        &["-D", "-S", "--defined-only", file][..],
+        &["-S", "--defined-only", file],
+    ] {
+        let Ok(out) = Command::new("nm").args(args).output() else {
+            continue;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() == 4 && f[3].split('@').next() == Some(symbol) {
+                let addr = u64::from_str_radix(f[0], 16).expect("nm address");
+                let size = u64::from_str_radix(f[1], 16).expect("nm size");
+                return addr..addr + size;
+            }
+        }
+    }
+    panic!("nm finds no {symbol} in {file}");
+}
+
+fn matches_of(path: &str) -> Vec<LoaderMatch> {
+    inspect(path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The one match of `loader`, which must have succeeded.
+fn loaded<'a>(matches: &'a [LoaderMatch], loader: &str) -> &'a interp::Loaded {
+    let found: Vec<_> = matches.iter().filter(|m| m.loader == loader).collect();
+    assert_eq!(found.len(), 1, "{loader} in {matches:?}");
+    found[0]
+        .outcome
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{loader}: {e}"))
+}
+
+fn loaders(matches: &[LoaderMatch]) -> Vec<&'static str> {
+    matches.iter().map(|m| m.loader).collect()
+}
+
+fn print_row(path: &str, matches: &[LoaderMatch]) {
+    for m in matches {
+        eprintln!("LOADER {path}: {m}");
+    }
+}
+
+#[test]
+fn python_3_11() {
+    if !present(Path::new(PYTHON)) {
+        return;
+    }
+    let matches = matches_of(PYTHON);
+    print_row(PYTHON, &matches);
+    assert_eq!(loaders(&matches), ["python"]);
+    let l = loaded(&matches, "python");
+    let want = run(
+        PYTHON,
+        &[
+            "-c",
+            "import sys; print('%d.%d.%d' % sys.version_info[:3], end='')",
+        ],
+    );
+    assert_eq!(l.data.version(), want);
+    let o = l.offsets.as_ref().expect("ranges");
+    assert_eq!(o.program, 4);
+    let eval = nm_range(PYTHON, "_PyEval_EvalFrameDefault");
+    assert_eq!(o.first, eval);
+    // The cold part: objdump's first jump out of the loop lands in it.
+    let cold = o.second.clone().expect("a .cold range on x86-64");
+    let target = first_external_jump(PYTHON, &eval);
+    assert!(
+        cold.contains(&target),
+        "{cold:x?} does not hold {target:#x}"
+    );
+    assert!(cold.end <= eval.start || cold.start >= eval.end, "disjoint");
+}
+
+/// The first jump target outside `range` in objdump's disassembly.
+fn first_external_jump(file: &str, range: &std::ops::Range<u64>) -> u64 {
+    let text = run(
+        "objdump",
+        &[
+            "-d",
+            "--no-show-raw-insn",
+            &format!("--start-address={:#x}", range.start),
+            &format!("--stop-address={:#x}", range.end),
+            file,
+        ],
+    );
+    for line in text.lines() {
+        let mut fields = line.split_whitespace().skip(1);
+        let (Some(mnemonic), Some(target)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        if !mnemonic.starts_with('j') {
+            continue;
+        }
+        if let Ok(addr) = u64::from_str_radix(target, 16) {
+            if !range.contains(&addr) {
+                return addr;
+            }
+        }
+    }
+    panic!("no jump out of {range:x?} in {file}");
+}
+
+#[test]
+fn perl_5_36_library_and_executable() {
+    let lib = std::fs::canonicalize(PERL_LIB).unwrap_or_else(|_| PERL_LIB.into());
+    if !present(&lib) {
+        return;
+    }
+    let lib = lib.to_string_lossy().into_owned();
+    let matches = matches_of(&lib);
+    print_row(&lib, &matches);
+    assert_eq!(loaders(&matches), ["perl"]);
+    let l = loaded(&matches, "perl");
+    assert_eq!(l.data.version(), run(PERL, &["-e", "printf '%vd', $^V"]));
+    let o = l.offsets.as_ref().expect("ranges");
+    assert_eq!(o.program, 3);
+    assert_eq!(o.first, nm_range(&lib, "Perl_runops_standard"));
+    assert_eq!(o.second, None);
+    // An executable that links libperl is skipped (the library is the file
+    // to handle); Debian's /usr/bin/perl is static and handled itself.
+    if !present(Path::new(PERL)) {
+        return;
+    }
+    let links_libperl = run("readelf", &["-d", PERL]).contains("[libperl.so");
+    let matches = matches_of(PERL);
+    print_row(PERL, &matches);
+    if links_libperl {
+        assert!(matches.is_empty());
+    } else {
+        let l = loaded(&matches, "perl");
+        assert_eq!(l.data.version(), run(PERL, &["-e", "printf '%vd', $^V"]));
+        let o = l.offsets.as_ref().expect("ranges");
+        assert_eq!(o.first, nm_range(PERL, "Perl_runops_standard"));
+    }
+}
+
+#[test]
+fn a_perl_executable_that_links_libperl_is_not_handled() {
+    // A C program that links libperl (built here), named perl.
+    let lib = std::fs::canonicalize(PERL_LIB).unwrap_or_else(|_| PERL_LIB.into());
+    if !present(&lib) || !present(Path::new("/usr/bin/cc")) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = dir.path().join("main.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n").expect("write");
+    let exe = dir.path().join("perl");
+    run(
+        "cc",
+        &[
+            "-o",
+            &exe.to_string_lossy(),
+            &src.to_string_lossy(),
+            "-Wl,--no-as-needed",
+            &lib.to_string_lossy(),
+        ],
+    );
+    assert!(run("readelf", &["-d", &exe.to_string_lossy()]).contains("[libperl.so"));
+    assert!(matches_of(&exe.to_string_lossy()).is_empty());
+    // The same program without libperl is recognised by its name and refused.
+    run(
+        "cc",
+        &["-o", &exe.to_string_lossy(), &src.to_string_lossy()],
+    );
+    assert_eq!(loaders(&matches_of(&exe.to_string_lossy())), ["perl"]);
+}
+
+#[test]
+fn php_8_2_and_its_opcache() {
+    if !present(Path::new(PHP)) {
+        return;
+    }
+    let want = run(PHP, &["-n", "-r", "echo PHP_VERSION;"]);
+    let matches = matches_of(PHP);
+    print_row(PHP, &matches);
+    assert_eq!(loaders(&matches), ["php"]);
+    let l = loaded(&matches, "php");
+    assert_eq!(l.data.version(), want);
+    let o = l.offsets.as_ref().expect("ranges");
+    assert_eq!(o.program, 5);
+    assert_eq!(o.first, nm_range(PHP, "execute_ex"));
+
+    let opcache = glob_one("/usr/lib/php", "opcache.so");
+    if !present(&opcache) {
+        return;
+    }
+    let opcache = opcache.to_string_lossy().into_owned();
+    let matches = matches_of(&opcache);
+    print_row(&opcache, &matches);
+    assert_eq!(loaders(&matches), ["php-opcache"]);
+    let l = loaded(&matches, "php-opcache");
+    assert_eq!(l.data.version(), want, "opcache is versioned with PHP");
+    assert!(l.offsets.is_none());
+}
+
+/// `<dir>/*/<name>`, or a path that does not exist.
+fn glob_one(dir: &str, name: &str) -> PathBuf {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join(name))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| Path::new(dir).join("*").join(name))
+}
+
+#[test]
+fn ruby_3_1() {
+    let lib = std::fs::read_dir(RUBY_LIB_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let n = p.file_name().unwrap_or_default().to_string_lossy();
+            n.starts_with("libruby-3.1.so.") && n.matches('.').count() == 5
+        })
+        .unwrap_or_else(|| Path::new(RUBY_LIB_DIR).join("libruby-3.1.so.3.1.x"));
+    if !present(&lib) {
+        return;
+    }
+    let lib = lib.to_string_lossy().into_owned();
+    let matches = matches_of(&lib);
+    print_row(&lib, &matches);
+    assert_eq!(loaders(&matches), ["ruby"]);
+    let l = loaded(&matches, "ruby");
+    assert_eq!(
+        l.data.version(),
+        run("ruby3.1", &["-e", "print RUBY_VERSION"])
+    );
+    let o = l.offsets.as_ref().expect("ranges");
+    assert_eq!(o.program, 6);
+    assert_eq!(o.first, nm_range(&lib, "rb_vm_exec"));
+}
+
+#[test]
+fn hotspot_17() {
+    if !present(Path::new(JVM)) {
+        return;
+    }
+    let matches = matches_of(JVM);
+    print_row(JVM, &matches);
+    assert_eq!(loaders(&matches), ["hotspot"]);
+    let l = loaded(&matches, "hotspot");
+    // `java -version`: ... (build 17.0.15+6-Debian-1deb12u1) ...
+    let text = run(JAVA, &["-version"]);
+    let build = text
+        .split("(build ")
+        .nth(1)
+        .and_then(|s| s.split(['-', ')']).next())
+        .expect("a build in java -version");
+    assert_eq!(l.data.version(), build);
+    assert!(l.offsets.is_none());
+    let dbg = format!("{:?}", l.data);
+    for needle in [
+        "Method::_constMethod",
+        "CodeCache::_heaps",
+        "\"ConstMethod\"",
+    ] {
+        assert!(dbg.contains(needle), "VM structs lack {needle}");
+    }
+}
+
+#[test]
+fn node_v8() {
+    if !present(Path::new(NODE)) {
+        return;
+    }
+    // Debian's own node keeps V8 in libnode.so.N; nodesource's is one file.
+    let needed = run("readelf", &["-d", NODE]);
+    let v8_file = needed
+        .split(['[', ']'])
+        .find(|s| s.starts_with("libnode.so"))
+        .map_or(NODE.to_owned(), |lib| {
+            format!("/usr/lib/x86_64-linux-gnu/{lib}")
+        });
+    let v8_file = v8_file.as_str();
+    let matches = matches_of(v8_file);
+    print_row(v8_file, &matches);
+    assert_eq!(loaders(&matches), ["v8"]);
+    let l = loaded(&matches, "v8");
+    // process.versions.v8 is like 11.3.244.8-node.33.
+    let v8 = run(NODE, &["-p", "process.versions.v8"]);
+    let want: Vec<&str> = v8.trim().split(['.', '-']).take(4).collect();
+    assert_eq!(l.data.version(), want.join("."));
+    // The snapshot area, when the gaps have one, starts within 1 KiB of the
+    // blob accessor and is at least 512 KiB long.
+    if let Some(o) = &l.offsets {
+        assert_eq!(o.program, 7);
+        let blob = nm_range(v8_file, "_ZN2v88internal8Snapshot19DefaultSnapshotBlobEv");
+        assert!(o.first.start.wrapping_sub(blob.start) < 1024);
+        assert!(o.first.end - o.first.start >= 512 * 1024);
+    }
+}
+
+#[test]
+fn go_and_its_labels_both_match() {
+    let go = go_binary();
+    if !present(&go) {
+        return;
+    }
+    let path = go.to_string_lossy().into_owned();
+    let matches = matches_of(&path);
+    print_row(&path, &matches);
+    // Weakness 11: both loaders are asked, both matches are kept.
+    assert_eq!(loaders(&matches), ["go", "golabels"]);
+    for name in ["go", "golabels"] {
+        let l = loaded(&matches, name);
+        assert!(
+            l.data.version().starts_with("go1.23"),
+            "{}",
+            l.data.version()
+        );
+        assert!(l.offsets.is_none());
+    }
+    assert!(format!("{:?}", loaded(&matches, "golabels").data).contains("tls_g_offset: -8"));
+}
+
+#[test]
+fn a_plain_c_program_is_no_interpreter() {
+    let c = c_binary();
+    if !present(&c) {
+        return;
+    }
+    assert!(matches_of(&c.to_string_lossy()).is_empty());
+    assert!(matches_of("/bin/true").is_empty());
+}
+
+/// A copy of `from` at `<dir>/<name>` (directories created).
+fn copy_as(dir: &Path, from: &Path, name: &str) -> String {
+    let to = dir.join(name);
+    std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+    std::fs::copy(from, &to).expect("copy");
+    to.to_string_lossy().into_owned()
+}
+
+/// The outcome of `loader` on the file at `path`, which must be an error.
+fn error_of(path: &str, loader: &str) -> LoaderError {
+    let matches = matches_of(path);
+    let m = matches
+        .iter()
+        .find(|m| m.loader == loader)
+        .unwrap_or_else(|| panic!("{loader} does not recognise {path}: {matches:?}"));
+    m.outcome.clone().expect_err("an error")
+}
+
+#[test]
+fn files_of_other_kinds_under_interpreter_names_are_errors() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let c = c_binary();
+    if !present(&c) {
+        return;
+    }
+    // A C program under each interpreter's name: recognised by the name,
+    // refused by the contents, with the missing piece named.
+    let cases = [
+        ("bin/python3.11", "python", "_PyRuntime"),
+        ("bin/perl", "perl", "PL_revision"),
+        ("lib/libruby-3.1.so.3.1.2", "ruby", "ruby_version"),
+        ("bin/node", "v8", "_ZN2v88internal7Version6major_E"),
+        ("lib/server/libjvm.so", "hotspot", "_vm_major_version"),
+        ("8.0.1/libcoreclr.so", "dotnet", "g_dacTable"),
+    ];
+    for (name, loader, missing) in cases {
+        let path = copy_as(dir.path(), &c, name);
+        let e = error_of(&path, loader);
+        assert!(e.to_string().contains(missing), "{name}: {e}");
+    }
+    let php = copy_as(dir.path(), &c, "bin/php");
+    assert!(error_of(&php, "php").to_string().contains("X-Powered-By"));
+    // Unsupported versions are refused by name before the contents.
+    let py27 = copy_as(dir.path(), &c, "bin/python2.7");
+    assert!(matches!(
+        error_of(&py27, "python"),
+        LoaderError::UnsupportedVersion { .. }
+    ));
+    let dotnet5 = copy_as(dir.path(), &c, "5.0.17/libcoreclr.so");
+    assert!(matches!(
+        error_of(&dotnet5, "dotnet"),
+        LoaderError::UnsupportedVersion { .. }
+    ));
+    // An APM library without its export is "not mine".
+    let apm = copy_as(dir.path(), &c, "agent/elastic-jvmti-linux-x86_64.so");
+    assert!(matches_of(&apm).is_empty());
+
+    // Another interpreter's file: libperl named as libpython.
+    let lib = std::fs::canonicalize(PERL_LIB).unwrap_or_else(|_| PERL_LIB.into());
+    if present(&lib) {
+        let as_python = copy_as(dir.path(), &lib, "lib/libpython3.11.so.1.0");
+        let matches = matches_of(&as_python);
+        assert_eq!(loaders(&matches), ["python"], "perl's name test fails too");
+        assert!(matches[0].outcome.is_err());
+    }
+    // Weakness 11 on a real file: the python loader's error does not hide
+    // the Go loaders' matches.
+    let go = go_binary();
+    if present(&go) {
+        let go_as_python = copy_as(dir.path(), &go, "bin/python3.11");
+        let matches = matches_of(&go_as_python);
+        assert_eq!(loaders(&matches), ["python", "go", "golabels"]);
+        assert!(matches[0].outcome.is_err());
+        assert!(matches[1].outcome.is_ok() && matches[2].outcome.is_ok());
+    }
+}
+
+#[test]
+fn names_that_only_look_alike_are_not_matched() {
+    if !present(Path::new(PHP)) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    for name in [
+        "foophp",
+        "php-bar",
+        "libphp-so",
+        "lib/libphp.soap",
+        "phpize",
+    ] {
+        let path = copy_as(dir.path(), Path::new(PHP), name);
+        assert!(matches_of(&path).is_empty(), "{name}");
+    }
+    for name in ["php", "php-fpm", "php-cgi7", "lib/libphp8.2.so"] {
+        let path = copy_as(dir.path(), Path::new(PHP), name);
+        assert_eq!(loaders(&matches_of(&path)), ["php"], "{name}");
+    }
+    // Only the tracer enables its loader (APM is always on).
+    let file = eim::ElfFileRef::new(PHP);
+    let id = file.file_id().expect("id").host();
+    use eim::provider::Provider;
+    let none = eim::ElfProvider::new()
+        .extract_for(id, &file, Tracers(Tracers::PYTHON))
+        .expect("extracts");
+    assert!(none.interpreters.is_empty());
+}
+
+#[test]
+fn garbage_and_truncated_files_under_interpreter_names_are_errors() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let garbage = dir.path().join("php8.2");
+    std::fs::write(&garbage, b"\x7fELF but not really an ELF file").expect("write");
+    let e = inspect(&garbage).expect_err("not an ELF file");
+    assert!(e.to_string().contains("php8.2"), "{e}");
+    if !present(Path::new(PYTHON)) {
+        return;
+    }
+    let bytes = std::fs::read(PYTHON).expect("read");
+    for len in [
+        64,
+        4096,
+        1 << 16,
+        bytes.len() / 3,
+        bytes.len() / 2,
+        bytes.len() - 1,
+    ] {
+        let path = dir.path().join("python3.11");
+        std::fs::write(&path, &bytes[..len]).expect("write");
+        // Either the file is refused, or a loader error says what is missing.
+        match inspect(&path) {
+            Err(e) => assert!(e.to_string().contains("python3.11"), "{e}"),
+            Ok(matches) => {
+                for m in &matches {
+                    eprintln!("truncated to {len}: {m}");
+                }
+            }
+        }
+    }
+}
+
+/// Mutated copies of real interpreter files: every loader runs on each,
+/// directly (no extraction), and none panics.
+#[test]
+fn mutated_interpreter_files_never_panic() {
+    let mut files: Vec<(String, &str)> = vec![(PYTHON.into(), PYTHON), (PHP.into(), PHP)];
+    for (path, name) in [(PERL_LIB, "libperl.so.5.36"), (JVM, JVM)] {
+        let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.into());
+        files.push((real.to_string_lossy().into_owned(), name));
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for (path, name) in files {
+        if !present(Path::new(&path)) {
+            continue;
+        }
+        let original = std::fs::read(&path).expect("read");
+        let mut bytes = original.clone();
+        for round in 0..40 {
+            // Mutate a handful of bytes, some near the start (headers).
+            for _ in 0..8 {
+                let span = if round % 2 == 0 { 4096 } else { bytes.len() };
+                let at = (next() as usize) % span.min(bytes.len());
+                bytes[at] = next() as u8;
+            }
+            let len = if round % 5 == 4 {
+                (next() as usize) % bytes.len()
+            } else {
+                bytes.len()
+            };
+            if let Ok(elf) = Elf::parse(&bytes[..len]) {
+                let gaps = vec![std::ops::Range {
+                    start: 0x1000,
+                    end: 0x90_0000,
+                }];
+                let info = LoaderInfo::new(FileId(1), name, &elf, &gaps);
+                let _ = interp::detect(&info, ALL_TRACERS);
+            }
+            bytes.copy_from_slice(&original);
+        }
+    }
+}
+
+/// A shared library built here from `source` at `<dir>/<name>`.
+fn shared_library(dir: &Path, name: &str, source: &str) -> String {
+    let src = dir.join("lib.c");
+    std::fs::write(&src, source).expect("write");
+    let out = dir.join(name);
+    std::fs::create_dir_all(out.parent().expect("parent")).expect("mkdir");
+    let out = out.to_string_lossy().into_owned();
+    run(
+        "cc",
+        &["-shared", "-fPIC", "-o", &out, &src.to_string_lossy()],
+    );
+    out
+}
+
+#[test]
+fn dotnet_and_apm_on_libraries_built_here() {
+    // No .NET runtime or APM agent is packaged by Debian: minimal libraries
+    // with the exports the loaders key on stand in for them.
+    if !present(Path::new("/usr/bin/cc")) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let coreclr = shared_library(
+        dir.path(),
+        "shared/Microsoft.NETCore.App/8.0.11/libcoreclr.so",
+        "unsigned long g_dacTable[8] = {1};\n",
+    );
+    let matches = matches_of(&coreclr);
+    assert_eq!(loaders(&matches), ["dotnet"]);
+    assert_eq!(loaded(&matches, "dotnet").data.version(), "8.0.11");
+    let dac = nm_range(&coreclr, "g_dacTable").start;
+    assert!(format!("{:?}", loaded(&matches, "dotnet").data).contains(&format!("dac_table: {dac}")));
+
+    let apm = shared_library(
+        dir.path(),
+        "agent/elastic-jvmti-linux-x86_64.so",
+        "void *elastic_apm_profiling_correlation_process_storage_v1 = 0;\n\
+         __thread char elastic_apm_profiling_correlation_tls_v1[64];\n",
+    );
+    let matches = matches_of(&apm);
+    assert_eq!(loaders(&matches), ["apm"]);
+    let storage = nm_range(&apm, "elastic_apm_profiling_correlation_process_storage_v1").start;
+    let dbg = format!("{:?}", loaded(&matches, "apm").data);
+    assert!(
+        dbg.contains(&format!("process_storage: {storage}")),
+        "{dbg}"
+    );
+    assert!(dbg.contains("flavour: \"x86_64\""), "{dbg}");
+    // The wrong size of the storage export is an error, not "not mine".
+    let wrong = shared_library(
+        dir.path(),
+        "bad/elastic-jvmti-linux-x86_64.so",
+        "int elastic_apm_profiling_correlation_process_storage_v1 = 0;\n\
+         __thread char elastic_apm_profiling_correlation_tls_v1[64];\n",
+    );
+    assert!(error_of(&wrong, "apm").to_string().contains("not 8"));
+}
