@@ -1,0 +1,397 @@
+//! Fuzzes the manager as a whole: arbitrary sequences of public calls
+//! (add, batch add, synthetic data, remove, dec-ref, delayed cleanup,
+//! leftover retry, clock jumps, provider answers changing) with arbitrary
+//! backend faults (an op failing with an errno, a batch stopping after n
+//! elements, rollbacks failing in turn) over the simulated kernel.
+//!
+//! Properties, after every call:
+//! * `eim_sim::check_all`: projection, lookup equivalence, accounting;
+//! * reader safety after every single op, also inside a plan (the
+//!   `Observed` backend);
+//! * reference counts equal a small model kept from the calls' results, and
+//!   the delayed cleanup unloads exactly the files the model says are due;
+//! * without a fault, retries leave nothing pending and cleanup reports no
+//!   error.
+//!
+//! The model in `tests/tests/model.rs` is the full reference (deferral,
+//! expected errors); this target trades it for libFuzzer's coverage guidance
+//! over much longer runs. `assert`/`panic` here mark the properties.
+
+#![no_main]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+
+use eim_core::deltas::info::sp;
+use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+use eim_core::manager::ManualClock;
+use eim_core::ops::Errno;
+use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider};
+use eim_core::{Config, Error, ExecutableInfoManager, FileId};
+use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+
+const FILES: usize = 4;
+const MAX_STEPS: usize = 48;
+const MAX_FAULTS: usize = 3;
+const MAX_BATCH: usize = 4;
+const MAX_FUNCTIONS: usize = 6;
+const MAX_ROWS: usize = 6;
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    files: [FileShape; FILES],
+    steps: Vec<Step>,
+}
+
+/// A file's deltas, built like extraction builds them: functions of a few
+/// rows each, a gap marker at each end.
+#[derive(Arbitrary, Debug)]
+struct FileShape {
+    start: u16,
+    functions: Vec<Function>,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Function {
+    /// From the previous function's end; up to 8 pages, so tables span
+    /// several pages and some pages are empty.
+    gap: u32,
+    rows: Vec<(u8, RuleIn)>,
+}
+
+/// Few distinct rules, so files share unwind slots.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum RuleIn {
+    Sp(u8),
+    Invalid,
+    Stop,
+    FramePointer,
+    Lr,
+}
+
+impl RuleIn {
+    fn info(self) -> eim_core::abi::UnwindInfo {
+        match self {
+            RuleIn::Sp(k) => sp(8 * i32::from(k % 6 + 1)),
+            RuleIn::Invalid => info::INVALID,
+            RuleIn::Stop => info::STOP,
+            RuleIn::FramePointer => info::FRAME_POINTER,
+            RuleIn::Lr => info::LR,
+        }
+    }
+}
+
+fn build(shape: &FileShape) -> IntervalData {
+    let mut data = IntervalData::new();
+    let mut addr = 0x1_0000 + (u64::from(shape.start) << 4);
+    for f in shape.functions.iter().take(MAX_FUNCTIONS) {
+        addr += u64::from(f.gap % (8 << 16)) + 1;
+        for (i, (step, rule)) in f.rows.iter().take(MAX_ROWS).enumerate() {
+            let hints = if i == 0 { hint::KEEP } else { hint::NONE };
+            data.add(StackDelta::new(addr, hints, rule.info()));
+            addr += u64::from(*step) + 1;
+        }
+        data.add(StackDelta::new(addr, hint::GAP, info::INVALID));
+    }
+    data
+}
+
+#[derive(Arbitrary, Debug)]
+struct Step {
+    call: Call,
+    faults: Vec<FaultIn>,
+}
+
+#[derive(Arbitrary, Debug)]
+enum Call {
+    Add(u8),
+    LoadMany(Vec<u8>),
+    Synth(u8),
+    Remove(u8),
+    DecRef(u8),
+    /// Cleanup of files unused for this many seconds.
+    Cleanup(u8),
+    /// Clock jump in seconds (the deferral TTL is 90 s).
+    Advance(u8),
+    Retry,
+    Provider(u8, Mode),
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Data,
+    /// NotFound: not deferred.
+    Vanished,
+    /// Invalid: deferred.
+    Broken,
+}
+
+/// A fault for the k-th backend op from the start of the call.
+#[derive(Arbitrary, Debug)]
+enum FaultIn {
+    Fail { k: u8, errno: ErrnoIn },
+    Stop { k: u8, after: u8, errno: ErrnoIn },
+}
+
+/// Only errnos that say nothing about the maps' contents: an injected
+/// ENOENT on a delete or EEXIST on a put would make a kernel that lies
+/// (see `eim_sim::faults`).
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum ErrnoIn {
+    Nomem,
+    TooBig,
+    Busy,
+    Fault,
+    Inval,
+    Perm,
+}
+
+impl ErrnoIn {
+    fn errno(self) -> Errno {
+        match self {
+            ErrnoIn::Nomem => Errno::ENOMEM,
+            ErrnoIn::TooBig => Errno::E2BIG,
+            ErrnoIn::Busy => Errno::EBUSY,
+            ErrnoIn::Fault => Errno::EFAULT,
+            ErrnoIn::Inval => Errno::EINVAL,
+            ErrnoIn::Perm => Errno::EPERM,
+        }
+    }
+}
+
+fn id(i: u8) -> FileId {
+    FileId(0x100 + u64::from(i) % FILES as u64)
+}
+
+/// Reference count and "unused since" of every known file.
+type Model = BTreeMap<FileId, (u64, Option<Duration>)>;
+
+struct Harness {
+    manager: ExecutableInfoManager<Arc<MemoryProvider>, Observed>,
+    provider: Arc<MemoryProvider>,
+    clock: Arc<ManualClock>,
+    sources: Arc<Sources>,
+    model: Model,
+    now: Duration,
+}
+
+impl Harness {
+    fn new(input: &Input) -> Self {
+        let sources: Sources = (0..FILES as u8)
+            .map(|i| (id(i), build(&input.files[usize::from(i)])))
+            .collect();
+        let sources = Arc::new(sources);
+        let provider = Arc::new(MemoryProvider::new());
+        let clock = Arc::new(ManualClock::new());
+        let maps = SimMaps::new(SimConfig::default()).expect("the default map set builds");
+        let manager = ExecutableInfoManager::with_config(
+            provider.clone(),
+            Observed::new(maps, sources.clone(), 4),
+            eim_core::Tracers::none(),
+            Config {
+                shards: 4,
+                ..Config::default()
+            },
+            Box::new(clock.clone()),
+        );
+        let mut h = Self {
+            manager,
+            provider,
+            clock,
+            sources,
+            model: Model::new(),
+            now: Duration::ZERO,
+        };
+        for i in 0..FILES as u8 {
+            h.set_mode(i, Mode::Data);
+        }
+        h
+    }
+
+    fn set_mode(&mut self, i: u8, mode: Mode) {
+        let file = id(i);
+        let result = match mode {
+            Mode::Data => Ok(Extraction {
+                data: self.sources[&file].clone(),
+                tsd: None,
+            }),
+            Mode::Vanished => Err(ExtractError::new(
+                ExtractErrorKind::NotFound,
+                file.to_string(),
+                "no such file",
+            )),
+            Mode::Broken => Err(ExtractError::new(
+                ExtractErrorKind::Invalid,
+                file.to_string(),
+                "not an ELF file",
+            )),
+        };
+        self.provider.set(file, result);
+    }
+
+    /// An add's result against the model: a known file always gets a
+    /// reference; a new one gets one when the load worked.
+    fn added(&mut self, file: FileId, result: Result<(), Error>) {
+        match self.model.get_mut(&file) {
+            Some((rc, since)) => {
+                assert!(result.is_ok(), "known file {file}: {result:?}");
+                *rc += 1;
+                *since = None;
+            }
+            None => {
+                if result.is_ok() {
+                    self.model.insert(file, (1, None));
+                }
+            }
+        }
+    }
+
+    fn step(&mut self, step: &Step) {
+        let armed = !step.faults.is_empty();
+        self.manager.with_backend(|b| {
+            for f in step.faults.iter().take(MAX_FAULTS) {
+                match *f {
+                    FaultIn::Fail { k, errno } => b.maps.fail_op(u64::from(k % 8), errno.errno()),
+                    FaultIn::Stop { k, after, errno } => {
+                        b.maps
+                            .stop_batch(u64::from(k % 8), usize::from(after % 8), errno.errno())
+                    }
+                }
+            }
+        });
+        match &step.call {
+            Call::Add(i) => {
+                let file = id(*i);
+                let result = self.manager.add_or_inc_ref(file, &file).map(|_| ());
+                self.added(file, result);
+            }
+            Call::LoadMany(is) => {
+                let files: Vec<FileId> = is.iter().take(MAX_BATCH).map(|i| id(*i)).collect();
+                let args: Vec<(FileId, &FileId)> = files.iter().map(|f| (*f, f)).collect();
+                let results = self.manager.load_many(&args);
+                assert_eq!(results.len(), files.len(), "one result per file");
+                for (file, result) in files.into_iter().zip(results) {
+                    self.added(file, result.map(|_| ()));
+                }
+            }
+            Call::Synth(i) => {
+                let file = id(*i);
+                let result = self
+                    .manager
+                    .add_synth_interval_data(file, &self.sources[&file]);
+                if self.model.contains_key(&file) {
+                    assert_eq!(result, Err(Error::AlreadyLoaded { file_id: file }));
+                } else if result.is_ok() {
+                    self.model.insert(file, (1, None));
+                }
+            }
+            Call::Remove(i) => {
+                let file = id(*i);
+                let result = self.manager.remove_or_dec_ref(file);
+                match self.model.get(&file).copied() {
+                    None => assert_eq!(result, Err(Error::Unknown { file_id: file })),
+                    Some((0, _)) => {
+                        assert_eq!(result, Err(Error::NoReference { file_id: file }))
+                    }
+                    Some((1, _)) => {
+                        match result {
+                            Ok(()) => {}
+                            Err(Error::UnloadIncomplete { .. }) if armed => {}
+                            Err(e) => panic!("last release of {file}: {e}"),
+                        }
+                        self.model.remove(&file);
+                    }
+                    Some((rc, _)) => {
+                        assert_eq!(result, Ok(()));
+                        self.model.insert(file, (rc - 1, None));
+                    }
+                }
+            }
+            Call::DecRef(i) => {
+                let file = id(*i);
+                let result = self.manager.dec_ref(file);
+                match self.model.get_mut(&file) {
+                    None => assert_eq!(result, Err(Error::Unknown { file_id: file })),
+                    Some((0, _)) => {
+                        assert_eq!(result, Err(Error::NoReference { file_id: file }))
+                    }
+                    Some((rc, since)) => {
+                        assert_eq!(result, Ok(()));
+                        *rc -= 1;
+                        if *rc == 0 {
+                            *since = Some(self.now);
+                        }
+                    }
+                }
+            }
+            Call::Cleanup(secs) => {
+                let age = Duration::from_secs(u64::from(*secs));
+                let report = self.manager.cleanup_unused(age);
+                let cutoff = self.now.checked_sub(age);
+                let due: Vec<FileId> = self
+                    .model
+                    .iter()
+                    .filter(|(_, (rc, since))| {
+                        *rc == 0 && matches!((since, cutoff), (Some(s), Some(c)) if *s <= c)
+                    })
+                    .map(|(f, _)| *f)
+                    .collect();
+                assert_eq!(report.unloaded, due.len(), "files due for cleanup");
+                assert!(armed || report.errors.is_empty(), "{:?}", report.errors);
+                for f in due {
+                    self.model.remove(&f);
+                }
+            }
+            Call::Advance(secs) => {
+                let by = Duration::from_secs(u64::from(*secs));
+                self.clock.advance(by);
+                self.now += by;
+            }
+            Call::Retry => {
+                let pending = self.manager.retry_leftovers();
+                assert!(
+                    armed || pending == 0,
+                    "{pending} leftover ops after a fault-free retry"
+                );
+            }
+            Call::Provider(i, mode) => self.set_mode(*i, *mode),
+        }
+        self.manager.with_backend(|b| b.maps.clear_faults());
+    }
+
+    fn check(&self) {
+        let state = self.manager.state();
+        let violation = self.manager.with_backend(|b| {
+            if let Some((op, v)) = &b.violation {
+                return Some(format!("during {op:?}: {v}"));
+            }
+            check_all(&state, &b.maps, &self.sources)
+                .err()
+                .map(|v| v.to_string())
+        });
+        assert_eq!(violation, None);
+        let counts: BTreeMap<FileId, (u64, bool)> = state
+            .files
+            .iter()
+            .map(|(id, e)| (*id, (e.rc, e.unused_since.is_some())))
+            .collect();
+        let want: BTreeMap<FileId, (u64, bool)> = self
+            .model
+            .iter()
+            .map(|(id, (rc, since))| (*id, (*rc, since.is_some())))
+            .collect();
+        assert_eq!(counts, want, "reference counts");
+    }
+}
+
+fuzz_target!(|input: Input| {
+    let mut h = Harness::new(&input);
+    for step in input.steps.iter().take(MAX_STEPS) {
+        h.step(step);
+        h.check();
+    }
+});
