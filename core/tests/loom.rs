@@ -80,6 +80,7 @@ impl Provider for Counting {
             Answer::Data => Ok(Extraction {
                 data: deltas(),
                 tsd: Some(tsd()),
+                interpreters: Vec::new(),
             }),
             Answer::Broken => Err(ExtractError::new(
                 ExtractErrorKind::Invalid,
@@ -173,7 +174,7 @@ impl Fixture {
 
 fn extracted_info() -> ExecutableInfo {
     ExecutableInfo {
-        interpreter: None,
+        interpreters: Vec::new().into(),
         tsd: Some(tsd()),
     }
 }

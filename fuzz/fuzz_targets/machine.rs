@@ -218,6 +218,7 @@ impl Harness {
             Mode::Data => Ok(Extraction {
                 data: self.sources[&file].clone(),
                 tsd: None,
+                interpreters: Vec::new(),
             }),
             Mode::Vanished => Err(ExtractError::new(
                 ExtractErrorKind::NotFound,
