@@ -56,6 +56,9 @@ pub struct BackendArgs {
 pub struct ScanArgs {
     #[command(flatten)]
     pub backend: BackendArgs,
+    /// Only these processes (repeatable; default: every process).
+    #[arg(long = "pid")]
+    pub pids: Vec<i32>,
     /// Print the summary as one JSON document.
     #[arg(long)]
     pub json: bool,
@@ -77,6 +80,9 @@ pub struct WatchArgs {
     /// Serve metrics in the Prometheus text format at http://ADDR/metrics.
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
+    /// Only these processes (repeatable; default: every process).
+    #[arg(long = "pid")]
+    pub pids: Vec<i32>,
     /// Stop after this many steps (default: until Ctrl-C).
     #[arg(long)]
     pub steps: Option<u64>,
@@ -102,8 +108,9 @@ pub struct LookupArgs {
     pub json: bool,
 }
 
-fn host_config(args: &BackendArgs) -> HostConfig {
+fn host_config(args: &BackendArgs, pids: &[i32]) -> HostConfig {
     HostConfig {
+        only: (!pids.is_empty()).then(|| pids.iter().copied().collect()),
         strategy: if args.no_map_files {
             OpenStrategy::RootOnly
         } else {
@@ -118,46 +125,59 @@ fn sim_maps() -> anyhow::Result<SimMaps> {
     SimMaps::new(SimConfig::default()).context("creating the simulated maps")
 }
 
+/// What to tell a user who lacks the privileges for real maps.
+fn privileges_message(what_failed: &str) -> String {
+    let missing = eim::bpf::probe::missing_capabilities();
+    let mut msg = format!("--backend kernel: {what_failed}.\n");
+    if missing.is_empty() {
+        msg.push_str(
+            "  The capabilities are there; BPF may be disabled for unprivileged users \
+             (kernel.unprivileged_bpf_disabled) or blocked by a security module.\n",
+        );
+    }
+    for (cap, why) in missing {
+        msg.push_str(&format!("  missing {cap}: needed for {why}\n"));
+    }
+    msg.push_str(
+        "  Run as root (sudo eim ... --backend kernel), or give the binary the \
+         capabilities: sudo setcap cap_bpf,cap_perfmon,cap_sys_admin+ep \"$(command -v eim)\".\n  \
+         Without them, the default --backend sim runs the same scan on the simulated kernel.",
+    );
+    msg
+}
+
 /// Real maps, after checking that the kernel will let us make them.
 fn kernel_maps(args: &BackendArgs, pin: bool) -> anyhow::Result<KernelMaps> {
     match eim::bpf::probe::can_create_maps() {
         Ok(true) => {}
-        Ok(false) => {
-            let missing = eim::bpf::probe::missing_capabilities();
-            let mut msg =
-                String::from("--backend kernel: the kernel refused to create a BPF map (EPERM).\n");
-            if missing.is_empty() {
-                msg.push_str(
-                    "  The capabilities are there; BPF may be disabled for unprivileged users \
-                     (kernel.unprivileged_bpf_disabled) or blocked by a security module.\n",
-                );
-            }
-            for (cap, why) in missing {
-                msg.push_str(&format!("  missing {cap}: needed for {why}\n"));
-            }
-            msg.push_str(
-                "  Run as root (sudo eim ... --backend kernel), or give the binary the \
-                 capabilities: sudo setcap cap_bpf,cap_perfmon,cap_sys_admin+ep \"$(command -v eim)\".\n  \
-                 Without them, the default --backend sim runs the same scan on the simulated kernel.",
-            );
-            bail!(msg);
-        }
+        Ok(false) => bail!(privileges_message(
+            "the kernel refused to create a BPF map (EPERM)"
+        )),
         Err(e) => bail!("--backend kernel: probing BPF: {e}"),
     }
     let config = KernelConfig {
         pin_dir: pin.then(|| args.pin_dir.clone()),
         ..KernelConfig::default()
     };
-    let maps = KernelMaps::with_config(config).with_context(|| {
-        if pin {
-            format!(
-                "creating the kernel maps pinned in {}",
-                args.pin_dir.display()
-            )
-        } else {
-            "creating the kernel maps".into()
+    let maps = match KernelMaps::with_config(config) {
+        Ok(maps) => maps,
+        // Where unprivileged users may create maps, the refusal comes later
+        // (the program, the pin directory).
+        Err(e) if !eim::bpf::probe::missing_capabilities().is_empty() => {
+            bail!(privileges_message(&format!(
+                "creating the maps failed: {e}"
+            )))
         }
-    })?;
+        Err(e) if pin => {
+            return Err(e).with_context(|| {
+                format!(
+                    "creating the kernel maps pinned in {}",
+                    args.pin_dir.display()
+                )
+            })
+        }
+        Err(e) => return Err(e).context("creating the kernel maps"),
+    };
     if let Some(report) = maps.pin_report() {
         tracing::info!(?report, "pinned maps");
     }
@@ -232,7 +252,7 @@ fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<ExitCode> {
 
 fn scan_on<B: Inspect>(backend: B, args: &ScanArgs) -> anyhow::Result<ExitCode> {
     let stop = stop_on_ctrl_c();
-    let mut host = Host::new(backend, host_config(&args.backend));
+    let mut host = Host::new(backend, host_config(&args.backend, &args.pids));
     host.step(&stop, &mut Bar::new())?;
     let summary = Summary::of(&mut host)?;
     print_summary(&summary, args.json)
@@ -247,7 +267,7 @@ pub fn scan(args: &ScanArgs) -> anyhow::Result<ExitCode> {
 
 fn watch_on<B: Inspect>(backend: B, args: &WatchArgs) -> anyhow::Result<ExitCode> {
     let stop = stop_on_ctrl_c();
-    let mut config = host_config(&args.backend);
+    let mut config = host_config(&args.backend, &args.pids);
     config.unload_delay = (!args.unload_delay.is_zero()).then_some(args.unload_delay);
     let mut host = Host::new(backend, config);
     let metrics = Arc::new(Metrics::new());
@@ -298,7 +318,7 @@ fn parse_address(s: &str) -> anyhow::Result<u64> {
 }
 
 fn lookup_on<B: Inspect>(backend: B, args: &LookupArgs) -> anyhow::Result<ExitCode> {
-    let mut config = host_config(&args.backend);
+    let mut config = host_config(&args.backend, &[]);
     let answers = match args.pid {
         Some(pid) => {
             let addresses: Vec<u64> = args

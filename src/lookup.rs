@@ -72,11 +72,17 @@ pub enum LookupError {
 }
 
 /// The ELF virtual address of file offset `offset`, through the segment
-/// that maps it.
+/// that maps it. The tail of a segment's last page is mapped with it (the
+/// kernel maps whole pages), so it counts as part of that segment.
 pub fn elf_address(elf: &Elf<'_>, offset: u64) -> Option<u64> {
-    elf.segments(object::elf::PT_LOAD)
-        .find(|s| (s.offset..s.offset.saturating_add(s.filesz)).contains(&offset))
-        .map(|s| offset - s.offset + s.vaddr)
+    const PAGE: u64 = 4096;
+    let in_segment = |end_of: &dyn Fn(u64, u64) -> u64| {
+        elf.segments(object::elf::PT_LOAD)
+            .find(|s| (s.offset..end_of(s.offset, s.filesz)).contains(&offset))
+            .map(|s| offset - s.offset + s.vaddr)
+    };
+    in_segment(&|start, len| start.saturating_add(len))
+        .or_else(|| in_segment(&|start, len| start.saturating_add(len).div_ceil(PAGE) * PAGE))
 }
 
 fn host_id(id: FileId) -> String {
