@@ -393,13 +393,17 @@ impl<B: Inspect> Host<B> {
     ) -> Result<(), ProcessError> {
         let start_time = procs::start_time(pid)?;
         let mappings = procs::exec_mappings(pid)?;
+        let known = self
+            .processes
+            .get(pid)
+            .is_some_and(|e| e.start_time == start_time);
         let (mut entry, replaced) = self.processes.take(pid, start_time);
         if let Some(old) = replaced {
             self.counters.exited += 1;
             report.exited += 1;
             releases.extend(old.held);
         }
-        if entry.mappings.is_empty() && entry.held.is_empty() {
+        if !known {
             report.new_processes += 1;
         }
         report.file_mappings += mappings.files.len();
@@ -475,11 +479,14 @@ impl<B: Inspect> Host<B> {
             }
         };
         let id = id128.host();
-        self.files.entry(id).or_insert_with(|| FileRecord {
-            id: id128,
-            path: m.path.clone(),
-            size: opened.identity.size,
-            info: None,
+        self.files.entry(id).or_insert_with(|| {
+            tracing::debug!(pid, path = %m.path.display(), file_id = %id128, via = ?opened.via, "new file");
+            FileRecord {
+                id: id128,
+                path: m.path.clone(),
+                size: opened.identity.size,
+                info: None,
+            }
         });
         batch.files.entry(id).or_insert_with(|| HostFile {
             id: id128,
