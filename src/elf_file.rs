@@ -367,6 +367,8 @@ pub struct ElfFileRef {
     path: PathBuf,
     root: Option<PathBuf>,
     max_size: u64,
+    /// A file the caller opened already (see [`ElfFileRef::with_file`]).
+    preopened: Option<Arc<File>>,
     cached: Mutex<Option<Arc<OpenElf>>>,
 }
 
@@ -376,6 +378,7 @@ impl std::fmt::Debug for ElfFileRef {
             .field("path", &self.path)
             .field("root", &self.root)
             .field("max_size", &self.max_size)
+            .field("preopened", &self.preopened.is_some())
             .field("open", &self.is_open())
             .finish()
     }
@@ -388,8 +391,20 @@ impl ElfFileRef {
             path: path.into(),
             root: None,
             max_size: DEFAULT_MAX_SIZE,
+            preopened: None,
             cached: Mutex::new(None),
         }
+    }
+
+    /// Reads the bytes from `file`, which the caller has opened already
+    /// (a process's file through `/proc/PID/map_files/START-END`, checked
+    /// to be the one mapped), instead of opening the path: a file replaced
+    /// on disk, or one in another mount namespace, is then still the one
+    /// the process maps. The path (inside the root, if any) still names the
+    /// file in errors and guides the debug-file search.
+    pub fn with_file(mut self, file: File) -> Self {
+        self.preopened = Some(Arc::new(file));
+        self
     }
 
     /// Resolves the path, and the debug-file search, inside `root` (for
@@ -475,9 +490,18 @@ impl ElfFileRef {
     }
 
     fn open(&self) -> Result<OpenElf, ExtractError> {
-        let physical = self.physical(&self.path);
         let io = |what: &str, e: io::Error| self.error(io_kind(&e), format!("{what}: {e}"));
-        let file = File::open(&physical).map_err(|e| io("cannot open", e))?;
+        let file = match &self.preopened {
+            Some(file) => {
+                // Small files are read from the current position: an earlier
+                // open (before a `close`) left it at the end.
+                io::Seek::rewind(&mut &**file).map_err(|e| io("cannot rewind", e))?;
+                file.clone()
+            }
+            None => {
+                Arc::new(File::open(self.physical(&self.path)).map_err(|e| io("cannot open", e))?)
+            }
+        };
         let meta = file.metadata().map_err(|e| io("cannot stat", e))?;
         if !meta.is_file() {
             return Err(self.error(ExtractErrorKind::Invalid, "not a regular file"));

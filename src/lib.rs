@@ -41,12 +41,22 @@
 //! assert!(manager.with_backend(|maps| maps.holds_no_file_data()));
 //! ```
 
+pub use eim_bpf as bpf;
 pub use eim_core::*;
 pub use eim_sim as sim;
 
+pub mod backend;
+pub mod counting;
 pub mod elf_file;
 pub mod elf_provider;
+pub mod host;
 pub mod loaders;
+pub mod lookup;
+pub mod metrics_http;
+pub mod scan;
+pub mod summary;
+pub mod table;
+pub mod watch;
 
 pub use elf_file::ElfFileRef;
 pub use elf_provider::ElfProvider;

@@ -12,12 +12,15 @@ mod deltas;
 mod demo;
 mod each;
 mod fileid;
+mod host_cli;
 mod input;
 mod inspect;
 mod loaders_cmd;
 mod synth;
-mod table;
 mod tables;
+
+// The text tables live in the library (the scan summary uses them too).
+use eim::table;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -48,6 +51,15 @@ enum Command {
     Deltas(deltas::DeltasArgs),
     /// Print the file ids of each ELF file: `<128-bit id> <64-bit host id> <path>`.
     Fileid(fileid::FileidArgs),
+    /// Load every executable file mapped by a process of this host, then
+    /// print what the maps hold, what it costs and what failed.
+    Scan(host_cli::ScanArgs),
+    /// Keep the maps in step with the host: load new processes' files,
+    /// release those of exited processes, every interval, until Ctrl-C.
+    Watch(host_cli::WatchArgs),
+    /// Which file, file id, page and unwind info the unwinder uses at each
+    /// address (of a process with --pid, else of an ELF file).
+    Lookup(host_cli::LookupArgs),
     /// Print what eim knows about each ELF file: file ids, delta count,
     /// C-library TSD (the oracle's `.tsd` line) and DTV layouts, and the
     /// interpreter loaders that recognise it.
@@ -131,6 +143,14 @@ fn each(
     }
 }
 
+/// The exit code of a host command, its error printed.
+fn host_command(name: &str, result: anyhow::Result<ExitCode>) -> ExitCode {
+    result.unwrap_or_else(|e| {
+        eprintln!("eim: {name}: {e:#}");
+        ExitCode::FAILURE
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
@@ -139,6 +159,9 @@ fn main() -> ExitCode {
         Command::Tables(args) => each(|out| tables::run(args, out)),
         Command::Deltas(args) => each(|out| deltas::run(args, out)),
         Command::Fileid(args) => each(|out| fileid::run(args, out)),
+        Command::Scan(args) => host_command("scan", host_cli::scan(args)),
+        Command::Watch(args) => host_command("watch", host_cli::watch(args)),
+        Command::Lookup(args) => host_command("lookup", host_cli::lookup(args)),
         Command::Inspect(args) => each(|out| inspect::run(args, out)),
         Command::Loaders(args) => each(|out| loaders_cmd::run(args, out)),
     }

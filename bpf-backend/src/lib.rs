@@ -15,6 +15,7 @@ pub mod elements;
 pub mod lookup;
 pub mod maps;
 pub mod pin;
+pub mod probe;
 pub mod sys;
 
 pub use aya;

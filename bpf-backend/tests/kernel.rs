@@ -39,34 +39,7 @@ use eim_sim::{expected, Answer, Resolved, SimConfig, SimMaps, SimReader};
 /// Whether BPF is usable here. Without privileges: a loud SKIPPED and
 /// `false`, or a panic when `EIM_REQUIRE_BPF=1`.
 fn require_bpf() -> bool {
-    let probe = sys::map_create(&sys::MapSpec {
-        map_type: sys::map_type::ARRAY,
-        key_size: 4,
-        value_size: 4,
-        max_entries: 1,
-        map_flags: 0,
-        inner_map: None,
-        name: "eim_probe",
-    });
-    match probe {
-        Ok(_) => true,
-        Err(e) if e.errno == libc::EPERM => {
-            let required = std::env::var("EIM_REQUIRE_BPF").as_deref() == Ok("1");
-            assert!(
-                !required,
-                "EIM_REQUIRE_BPF=1 but creating a BPF map failed with EPERM"
-            );
-            // Straight to fd 2: the test harness captures eprintln!, and a
-            // skip must be seen.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n***** SKIPPED: kernel test (bpf() returned EPERM; needs root/CAP_BPF) *****"
-            );
-            false
-        }
-        Err(e) => panic!("probing BPF: {e}"),
-    }
+    eim_bpf::probe::require_bpf("kernel test")
 }
 
 fn kernel_answer(r: &LookupResult) -> Option<Answer> {

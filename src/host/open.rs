@@ -1,0 +1,233 @@
+//! Opening the file behind a process's mapping the way a profiler must.
+//!
+//! First through `/proc/PID/map_files/START-END`: the kernel's own link to
+//! the mapped file, right even when the file was deleted or replaced on
+//! disk, or lives in another container's mount namespace. Reading those
+//! links needs CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE), so without them
+//! eim falls back to `/proc/PID/root/PATH`, the path inside the process's
+//! root. The path may now name another file (replaced by a package update,
+//! or a different file of the same name in another container): the file
+//! opened is used only if its device and inode are the ones the kernel
+//! recorded for the mapping.
+//!
+//! Caveat: on overlayfs, `/proc/PID/maps` shows the underlying file's device
+//! while a path lookup gives the overlay's, so the fallback refuses such
+//! files (reported as "not the file mapped"); `map_files` has no such
+//! problem, which is why it is tried first.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::procs::ExecMapping;
+
+/// How a file was reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    MapFiles,
+    Root,
+}
+
+/// Which ways to try.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenStrategy {
+    /// `map_files`, then the root path (the default).
+    MapFilesThenRoot,
+    /// The root path only (what an unprivileged eim can do; tests use it
+    /// to check the fallback).
+    RootOnly,
+}
+
+/// What identifies a file's contents cheaply: if all four are unchanged,
+/// its file id is too (the cache key of [`super::fileids`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Identity {
+    pub dev: u64,
+    pub inode: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+}
+
+/// A mapping's file, opened and checked.
+#[derive(Debug)]
+pub struct Opened {
+    pub file: File,
+    pub via: Via,
+    pub identity: Identity,
+}
+
+/// Why a mapping's file could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("process {pid}: {} has gone", path.display())]
+    Vanished { pid: i32, path: PathBuf },
+    #[error("process {pid}: {} is not the file mapped (mapped device {}:{} inode {}, found device {}:{} inode {}): replaced on disk or seen through another mount", path.display(), mapped.0, mapped.1, mapped_inode, found.0, found.1, found_inode)]
+    NotTheMappedFile {
+        pid: i32,
+        path: PathBuf,
+        mapped: (u32, u32),
+        mapped_inode: u64,
+        found: (u32, u32),
+        found_inode: u64,
+    },
+    #[error("process {pid}: permission denied opening {}", path.display())]
+    PermissionDenied { pid: i32, path: PathBuf },
+    #[error("process {pid}: cannot open {}: {source}", path.display())]
+    Io {
+        pid: i32,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl OpenError {
+    /// Whether the file (or its process) is simply gone: counted, not
+    /// reported as a failure.
+    pub fn is_vanished(&self) -> bool {
+        matches!(self, Self::Vanished { .. })
+    }
+}
+
+/// The process's root directory in our mount namespace.
+pub fn root_of(pid: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root"))
+}
+
+/// `path` (absolute, as the process sees it) under `root`.
+pub fn under_root(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+fn classify(pid: i32, path: &Path, e: io::Error) -> OpenError {
+    match e.kind() {
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => OpenError::Vanished {
+            pid,
+            path: path.to_path_buf(),
+        },
+        io::ErrorKind::PermissionDenied => OpenError::PermissionDenied {
+            pid,
+            path: path.to_path_buf(),
+        },
+        _ if e.raw_os_error() == Some(libc::ESRCH) => OpenError::Vanished {
+            pid,
+            path: path.to_path_buf(),
+        },
+        _ => OpenError::Io {
+            pid,
+            path: path.to_path_buf(),
+            source: e,
+        },
+    }
+}
+
+fn dev_pair(dev: u64) -> (u32, u32) {
+    (libc::major(dev), libc::minor(dev))
+}
+
+/// Opens `at` and checks that it is the file `mapping` maps.
+fn open_checked(pid: i32, mapping: &ExecMapping, at: &Path, via: Via) -> Result<Opened, OpenError> {
+    let name = &mapping.path;
+    let file = File::open(at).map_err(|e| classify(pid, name, e))?;
+    let meta = file.metadata().map_err(|e| classify(pid, name, e))?;
+    let found = dev_pair(meta.dev());
+    if found != mapping.dev || meta.ino() != mapping.inode {
+        return Err(OpenError::NotTheMappedFile {
+            pid,
+            path: name.clone(),
+            mapped: mapping.dev,
+            mapped_inode: mapping.inode,
+            found,
+            found_inode: meta.ino(),
+        });
+    }
+    Ok(Opened {
+        file,
+        via,
+        identity: Identity {
+            dev: meta.dev(),
+            inode: meta.ino(),
+            size: meta.size(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        },
+    })
+}
+
+/// Opens the file `mapping` of process `pid` maps (see the module
+/// documentation for the order and the checks).
+pub fn open_mapping(
+    pid: i32,
+    mapping: &ExecMapping,
+    strategy: OpenStrategy,
+) -> Result<Opened, OpenError> {
+    if strategy == OpenStrategy::MapFilesThenRoot {
+        let link = PathBuf::from(format!(
+            "/proc/{pid}/map_files/{}",
+            mapping.map_files_name()
+        ));
+        match open_checked(pid, mapping, &link, Via::MapFiles) {
+            // Without the capability, or with the mapping gone (unmapped,
+            // or the process exiting): the root path may still work.
+            Err(OpenError::PermissionDenied { .. } | OpenError::Vanished { .. }) => {}
+            other => return other,
+        }
+    }
+    let at = under_root(&root_of(pid), &mapping.path);
+    open_checked(pid, mapping, &at, Via::Root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::procs;
+
+    fn own_exe_mapping() -> (i32, ExecMapping) {
+        let me = std::process::id() as i32;
+        let exe = std::fs::read_link("/proc/self/exe").expect("exe");
+        let m = procs::exec_mappings(me)
+            .expect("maps")
+            .files
+            .into_iter()
+            .find(|m| m.path == exe)
+            .expect("own executable mapped");
+        (me, m)
+    }
+
+    #[test]
+    fn both_ways_open_the_mapped_file() {
+        let (me, m) = own_exe_mapping();
+        let by_root = open_mapping(me, &m, OpenStrategy::RootOnly).expect("root path");
+        assert_eq!(by_root.via, Via::Root);
+        assert_eq!(by_root.identity.inode, m.inode);
+        // map_files needs CAP_SYS_ADMIN; without it the root path is used.
+        let best = open_mapping(me, &m, OpenStrategy::MapFilesThenRoot).expect("opened");
+        assert_eq!(best.identity, by_root.identity);
+    }
+
+    #[test]
+    fn a_file_replaced_on_disk_is_not_taken_for_the_mapped_one() {
+        let (me, mut m) = own_exe_mapping();
+        // The kernel says another inode is mapped there: what the path
+        // names now is a different file.
+        m.inode ^= 1;
+        let e = open_mapping(me, &m, OpenStrategy::RootOnly).expect_err("mismatch");
+        assert!(matches!(e, OpenError::NotTheMappedFile { .. }), "{e}");
+        assert!(e.to_string().contains(&m.path.display().to_string()), "{e}");
+        // Through map_files (as root) the mapping's range no longer names
+        // this inode either: the same refusal, never a wrong file.
+        let e = open_mapping(me, &m, OpenStrategy::MapFilesThenRoot).expect_err("mismatch");
+        assert!(matches!(e, OpenError::NotTheMappedFile { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_deleted_file_is_vanished() {
+        let (me, mut m) = own_exe_mapping();
+        m.path = PathBuf::from("/nonexistent/eim/exe");
+        m.start = 1;
+        m.end = 2;
+        let e = open_mapping(me, &m, OpenStrategy::MapFilesThenRoot).expect_err("gone");
+        assert!(e.is_vanished(), "{e}");
+    }
+}

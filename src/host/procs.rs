@@ -1,0 +1,177 @@
+//! The processes of the host and their executable file mappings, read from
+//! `/proc` with the `procfs` crate.
+//!
+//! A process can exit at any point between two reads; that is reported as
+//! [`ProcessError::Vanished`], which callers count and skip, never as a
+//! failure of the scan.
+
+use std::path::PathBuf;
+
+use procfs::process::{MMPermissions, MMapPath, Process};
+use procfs::ProcError;
+
+/// At most this many processes are looked at in one walk (Linux's largest
+/// `pid_max`): the walk's work is bounded whatever `/proc` says.
+pub const MAX_PROCESSES: usize = 1 << 22;
+
+/// At most this many executable mappings are taken from one process (the
+/// kernel's default `vm.max_map_count`, which bounds all mappings).
+pub const MAX_EXEC_MAPPINGS: usize = 65_530;
+
+/// Why a process could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("process {pid} exited while it was being read")]
+    Vanished { pid: i32 },
+    #[error("process {pid}: permission denied reading {what} (reading another user's processes needs root or CAP_SYS_PTRACE)")]
+    PermissionDenied { pid: i32, what: &'static str },
+    #[error("process {pid}: cannot read {what}: {message}")]
+    Io {
+        pid: i32,
+        what: &'static str,
+        message: String,
+    },
+}
+
+impl ProcessError {
+    fn from_proc(pid: i32, what: &'static str, e: ProcError) -> Self {
+        match e {
+            ProcError::NotFound(_) => Self::Vanished { pid },
+            ProcError::PermissionDenied(_) => Self::PermissionDenied { pid, what },
+            // A process that exits while its file is read gives ESRCH or an
+            // empty read; it is gone either way.
+            ProcError::Io(ref io, _) if io.raw_os_error() == Some(libc::ESRCH) => {
+                Self::Vanished { pid }
+            }
+            ProcError::Incomplete(_) => Self::Vanished { pid },
+            other => Self::Io {
+                pid,
+                what,
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+/// Why `/proc` itself could not be listed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot list the processes in /proc: {0}")]
+pub struct ListError(String);
+
+/// The ids of the processes running now (thread groups, not threads), in
+/// ascending order.
+pub fn list() -> Result<Vec<i32>, ListError> {
+    let entries = std::fs::read_dir("/proc").map_err(|e| ListError(e.to_string()))?;
+    let mut pids: Vec<i32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .take(MAX_PROCESSES)
+        .collect();
+    pids.sort_unstable();
+    Ok(pids)
+}
+
+/// When the process started (clock ticks after boot): with the pid, it
+/// names a process uniquely, so a reused pid is seen as a new process.
+pub fn start_time(pid: i32) -> Result<u64, ProcessError> {
+    let process = Process::new(pid).map_err(|e| ProcessError::from_proc(pid, "stat", e))?;
+    let stat = process
+        .stat()
+        .map_err(|e| ProcessError::from_proc(pid, "stat", e))?;
+    Ok(stat.starttime)
+}
+
+/// One executable mapping of a file, as `/proc/PID/maps` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ExecMapping {
+    pub start: u64,
+    pub end: u64,
+    /// Offset of `start` in the file.
+    pub offset: u64,
+    /// The device (major, minor) and inode of the mapped file, as the
+    /// kernel recorded them when the file was mapped.
+    pub dev: (u32, u32),
+    pub inode: u64,
+    /// The path as the process sees it (inside its root). A file deleted
+    /// since it was mapped ends in ` (deleted)`.
+    pub path: PathBuf,
+}
+
+impl ExecMapping {
+    /// `START-END`, the mapping's name under `/proc/PID/map_files/`.
+    pub fn map_files_name(&self) -> String {
+        format!("{:x}-{:x}", self.start, self.end)
+    }
+
+    /// Whether `address` lies inside the mapping.
+    pub fn contains(&self, address: u64) -> bool {
+        (self.start..self.end).contains(&address)
+    }
+}
+
+/// What one process maps: its executable file mappings, and how many
+/// executable mappings had no file (the vDSO, JIT code).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessMappings {
+    pub files: Vec<ExecMapping>,
+    pub anonymous: usize,
+}
+
+/// The executable mappings of process `pid`.
+pub fn exec_mappings(pid: i32) -> Result<ProcessMappings, ProcessError> {
+    let process = Process::new(pid).map_err(|e| ProcessError::from_proc(pid, "maps", e))?;
+    let maps = process
+        .maps()
+        .map_err(|e| ProcessError::from_proc(pid, "maps", e))?;
+    let mut out = ProcessMappings::default();
+    for map in maps
+        .into_iter()
+        .filter(|m| m.perms.contains(MMPermissions::EXECUTE))
+        .take(MAX_EXEC_MAPPINGS)
+    {
+        match map.pathname {
+            MMapPath::Path(path) if map.inode != 0 => out.files.push(ExecMapping {
+                start: map.address.0,
+                end: map.address.1,
+                offset: map.offset,
+                dev: (map.dev.0 as u32, map.dev.1 as u32),
+                inode: map.inode,
+                path,
+            }),
+            _ => out.anonymous += 1,
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_maps_its_own_executable() {
+        let me = std::process::id() as i32;
+        let mappings = exec_mappings(me).expect("own maps");
+        let exe = std::fs::read_link("/proc/self/exe").expect("exe");
+        assert!(
+            mappings.files.iter().any(|m| m.path == exe),
+            "{exe:?} not among {:?}",
+            mappings.files
+        );
+        assert!(list().expect("list").contains(&me));
+        assert!(start_time(me).expect("start time") > 0);
+    }
+
+    #[test]
+    fn a_process_that_does_not_exist_has_vanished() {
+        // pid_max is at most 2^22, so this pid cannot exist.
+        let pid = (1 << 22) + 1;
+        assert!(matches!(
+            exec_mappings(pid),
+            Err(ProcessError::Vanished { pid: p }) if p == pid
+        ));
+        assert!(matches!(
+            start_time(pid),
+            Err(ProcessError::Vanished { .. })
+        ));
+    }
+}

@@ -1,0 +1,364 @@
+//! `eim scan`, `eim watch` and `eim lookup`: the command-line side of
+//! [`eim::scan::Host`] (arguments, the backend, the progress bar, Ctrl-C,
+//! printing). The work is done in the library.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use eim::backend::Inspect;
+use eim::bpf::{KernelConfig, KernelMaps};
+use eim::host::open::OpenStrategy;
+use eim::lookup;
+use eim::metrics_http::{Metrics, MetricsServer};
+use eim::scan::{Host, HostConfig, Progress, Quiet};
+use eim::sim::{SimConfig, SimMaps};
+use eim::summary::Summary;
+use eim::watch::{self, WatchConfig};
+
+/// Which maps to load into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// The in-memory simulated kernel (no privileges needed).
+    Sim,
+    /// Real BPF maps (root, or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN).
+    Kernel,
+}
+
+/// Options shared by the host commands.
+#[derive(Clone, Debug, clap::Args)]
+pub struct BackendArgs {
+    /// Where to load the tables: the simulated kernel or real BPF maps.
+    #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
+    pub backend: BackendKind,
+    /// With `--backend kernel`: pin the maps here (a bpffs is mounted on it
+    /// if needed), so they outlive eim and the next run reuses them.
+    #[arg(long, default_value = "/sys/fs/bpf/eim")]
+    pub pin_dir: PathBuf,
+    /// With `--backend kernel`: do not pin; the maps go when eim exits.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Open files by their path inside the process's root only (what an
+    /// unprivileged eim does), not through /proc/PID/map_files.
+    #[arg(long)]
+    pub no_map_files: bool,
+}
+
+/// Options of `eim scan`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ScanArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Only these processes (repeatable; default: every process).
+    #[arg(long = "pid")]
+    pub pids: Vec<i32>,
+    /// Print the summary as one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `eim watch`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Time between two steps.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
+    /// Keep a file loaded this long after its last process exits (`0s`:
+    /// unload at once). Processes that come and go within the delay reuse
+    /// the loaded tables instead of extracting the file again.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub unload_delay: Duration,
+    /// Serve metrics in the Prometheus text format at http://ADDR/metrics.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Only these processes (repeatable; default: every process).
+    #[arg(long = "pid")]
+    pub pids: Vec<i32>,
+    /// Stop after this many steps (default: until Ctrl-C).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Print the final summary as one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `eim lookup`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct LookupArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Look up addresses of this process (otherwise the first argument is
+    /// an ELF file and the addresses are its virtual addresses).
+    #[arg(long)]
+    pub pid: Option<i32>,
+    /// `ADDR...` with `--pid`, else `FILE ADDR...`; addresses in hex (0x...) or decimal.
+    #[arg(required = true)]
+    pub args: Vec<String>,
+    /// Print the answers as one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn host_config(args: &BackendArgs, pids: &[i32]) -> HostConfig {
+    HostConfig {
+        only: (!pids.is_empty()).then(|| pids.iter().copied().collect()),
+        strategy: if args.no_map_files {
+            OpenStrategy::RootOnly
+        } else {
+            OpenStrategy::MapFilesThenRoot
+        },
+        ..HostConfig::default()
+    }
+}
+
+/// The simulated maps, with the kernel's default capacities.
+fn sim_maps() -> anyhow::Result<SimMaps> {
+    SimMaps::new(SimConfig::default()).context("creating the simulated maps")
+}
+
+/// What to tell a user who lacks the privileges for real maps.
+fn privileges_message(what_failed: &str) -> String {
+    let missing = eim::bpf::probe::missing_capabilities();
+    let mut msg = format!("--backend kernel: {what_failed}.\n");
+    if missing.is_empty() {
+        msg.push_str(
+            "  The capabilities are there; BPF may be disabled for unprivileged users \
+             (kernel.unprivileged_bpf_disabled) or blocked by a security module.\n",
+        );
+    }
+    for (cap, why) in missing {
+        msg.push_str(&format!("  missing {cap}: needed for {why}\n"));
+    }
+    msg.push_str(
+        "  Run as root (sudo eim ... --backend kernel), or give the binary the \
+         capabilities: sudo setcap cap_bpf,cap_perfmon,cap_sys_admin+ep \"$(command -v eim)\".\n  \
+         Without them, the default --backend sim runs the same scan on the simulated kernel.",
+    );
+    msg
+}
+
+/// Real maps, after checking that the kernel will let us make them.
+fn kernel_maps(args: &BackendArgs, pin: bool) -> anyhow::Result<KernelMaps> {
+    match eim::bpf::probe::can_create_maps() {
+        Ok(true) => {}
+        Ok(false) => bail!(privileges_message(
+            "the kernel refused to create a BPF map (EPERM)"
+        )),
+        Err(e) => bail!("--backend kernel: probing BPF: {e}"),
+    }
+    let config = KernelConfig {
+        pin_dir: pin.then(|| args.pin_dir.clone()),
+        ..KernelConfig::default()
+    };
+    let maps = match KernelMaps::with_config(config) {
+        Ok(maps) => maps,
+        // Where unprivileged users may create maps, the refusal comes later
+        // (the program, the pin directory).
+        Err(e) if !eim::bpf::probe::missing_capabilities().is_empty() => {
+            bail!(privileges_message(&format!(
+                "creating the maps failed: {e}"
+            )))
+        }
+        Err(e) if pin => {
+            return Err(e).with_context(|| {
+                format!(
+                    "creating the kernel maps pinned in {}",
+                    args.pin_dir.display()
+                )
+            })
+        }
+        Err(e) => return Err(e).context("creating the kernel maps"),
+    };
+    if let Some(report) = maps.pin_report() {
+        tracing::info!(?report, "pinned maps");
+    }
+    Ok(maps)
+}
+
+/// Sets `stop` on Ctrl-C (the second one exits at once).
+fn stop_on_ctrl_c() -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let installed = ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            eprintln!("eim: interrupted again; exiting without finishing the step");
+            std::process::exit(130);
+        }
+        eprintln!("eim: interrupted; finishing the current file batch (Ctrl-C again to quit now)");
+    });
+    if let Err(e) = installed {
+        tracing::warn!("cannot handle Ctrl-C: {e}");
+    }
+    stop
+}
+
+/// The progress bar on stderr, hidden when stderr is not a terminal.
+struct Bar(ProgressBar);
+
+impl Bar {
+    fn new() -> Self {
+        let bar = if std::io::stderr().is_terminal() {
+            ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr())
+        } else {
+            ProgressBar::hidden()
+        };
+        let style = ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} processes {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        Self(bar)
+    }
+}
+
+impl Progress for Bar {
+    fn start(&mut self, processes: u64) {
+        self.0.set_length(processes);
+        self.0.set_position(0);
+    }
+    fn advance(&mut self) {
+        self.0.inc(1);
+    }
+    fn loading(&mut self, files: usize) {
+        self.0.set_message(format!("loading {files} files"));
+    }
+    fn finish(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
+fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<ExitCode> {
+    let text = if json {
+        serde_json::to_string_pretty(summary).context("encoding the summary")? + "\n"
+    } else {
+        summary.render_text()
+    };
+    let code = crate::print(&text);
+    Ok(if summary.interrupted {
+        ExitCode::from(130)
+    } else {
+        code
+    })
+}
+
+fn scan_on<B: Inspect>(backend: B, args: &ScanArgs) -> anyhow::Result<ExitCode> {
+    let stop = stop_on_ctrl_c();
+    let mut host = Host::new(backend, host_config(&args.backend, &args.pids));
+    host.step(&stop, &mut Bar::new())?;
+    let summary = Summary::of(&mut host)?;
+    print_summary(&summary, args.json)
+}
+
+pub fn scan(args: &ScanArgs) -> anyhow::Result<ExitCode> {
+    match args.backend.backend {
+        BackendKind::Sim => scan_on(sim_maps()?, args),
+        BackendKind::Kernel => scan_on(kernel_maps(&args.backend, !args.backend.no_pin)?, args),
+    }
+}
+
+fn watch_on<B: Inspect>(backend: B, args: &WatchArgs) -> anyhow::Result<ExitCode> {
+    let stop = stop_on_ctrl_c();
+    let mut config = host_config(&args.backend, &args.pids);
+    config.unload_delay = (!args.unload_delay.is_zero()).then_some(args.unload_delay);
+    let mut host = Host::new(backend, config);
+    let metrics = Arc::new(Metrics::new());
+    let _server = match args.metrics_addr {
+        Some(addr) => {
+            let server = MetricsServer::start(addr, metrics.clone())?;
+            eprintln!("eim: metrics at http://{}/metrics", server.addr());
+            Some(server)
+        }
+        None => None,
+    };
+    let summary = watch::watch(
+        &mut host,
+        &WatchConfig {
+            interval: args.interval,
+            steps: args.steps,
+        },
+        &stop,
+        Some(&metrics),
+        &mut Quiet,
+        &mut |_| {},
+    )?;
+    // Ctrl-C ends a watch normally: the maps are consistent, and pinned
+    // ones stay for the next run.
+    let code = print_summary(
+        &Summary {
+            interrupted: false,
+            ..summary
+        },
+        args.json,
+    )?;
+    Ok(code)
+}
+
+pub fn watch(args: &WatchArgs) -> anyhow::Result<ExitCode> {
+    match args.backend.backend {
+        BackendKind::Sim => watch_on(sim_maps()?, args),
+        BackendKind::Kernel => watch_on(kernel_maps(&args.backend, !args.backend.no_pin)?, args),
+    }
+}
+
+fn parse_address(s: &str) -> anyhow::Result<u64> {
+    let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    parsed.with_context(|| format!("not an address: {s:?}"))
+}
+
+fn lookup_on<B: Inspect>(backend: B, args: &LookupArgs) -> anyhow::Result<ExitCode> {
+    let mut config = host_config(&args.backend, &[]);
+    let answers = match args.pid {
+        Some(pid) => {
+            let addresses: Vec<u64> = args
+                .args
+                .iter()
+                .map(|a| parse_address(a))
+                .collect::<anyhow::Result<_>>()?;
+            config.only = Some([pid].into());
+            let mut host = Host::new(backend, config);
+            lookup::lookup_pid(&mut host, pid, &addresses)?
+        }
+        None => {
+            let (file, rest) = args.args.split_first().context("FILE ADDR... expected")?;
+            if rest.is_empty() {
+                bail!("no address given for {file}");
+            }
+            let addresses: Vec<u64> = rest
+                .iter()
+                .map(|a| parse_address(a))
+                .collect::<anyhow::Result<_>>()?;
+            let host = Host::new(backend, config);
+            lookup::lookup_file(&host, std::path::Path::new(file), &addresses)?
+        }
+    };
+    let text = if args.json {
+        serde_json::to_string_pretty(&answers).context("encoding the answers")? + "\n"
+    } else {
+        answers
+            .iter()
+            .map(|a| lookup::render_line(a) + "\n")
+            .collect()
+    };
+    Ok(crate::print(&text))
+}
+
+pub fn lookup(args: &LookupArgs) -> anyhow::Result<ExitCode> {
+    match args.backend.backend {
+        BackendKind::Sim => lookup_on(sim_maps()?, args),
+        // Private maps: a lookup must not clean the maps a running scan or
+        // watch has pinned.
+        BackendKind::Kernel => lookup_on(kernel_maps(&args.backend, false)?, args),
+    }
+}

@@ -1,0 +1,246 @@
+//! `eim lookup`: what the unwinder would use at an address, answered by the
+//! backend's reader (the simulated reader, or the kernel's own lookup
+//! program under `--backend kernel`) after the files were loaded the way a
+//! scan loads them.
+//!
+//! An address in a process is turned into the ELF virtual address the maps
+//! are keyed by: the file offset (`address - start + offset` of its
+//! mapping), then the `PT_LOAD` segment holding that offset
+//! (`offset - p_offset + p_vaddr`). An address given with a file is an ELF
+//! virtual address already.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use serde::Serialize;
+
+use eim_core::elf::Elf;
+use eim_core::FileId;
+
+use crate::backend::{Inspect, LookupAnswer};
+use crate::counting::HostFile;
+use crate::host::fileids;
+use crate::host::open;
+use crate::host::procs::{ExecMapping, ListError, ProcessError};
+use crate::scan::{Host, Quiet};
+use crate::ElfFileRef;
+
+/// The answer for one address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AddressAnswer {
+    /// The address as given.
+    pub address: u64,
+    pub path: Option<PathBuf>,
+    /// The 128-bit file id.
+    pub file_id: Option<String>,
+    /// The 64-bit id the maps are keyed by.
+    pub host_file_id: Option<String>,
+    /// The ELF virtual address looked up.
+    pub elf_address: Option<u64>,
+    pub answer: Option<LookupAnswer>,
+    /// Why there is no answer, if there is none.
+    pub note: Option<String>,
+}
+
+impl AddressAnswer {
+    fn unanswered(address: u64, note: impl Into<String>) -> Self {
+        Self {
+            address,
+            path: None,
+            file_id: None,
+            host_file_id: None,
+            elf_address: None,
+            answer: None,
+            note: Some(note.into()),
+        }
+    }
+}
+
+/// Why a lookup could not be made at all.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    #[error(transparent)]
+    List(#[from] ListError),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error("process {pid} does not exist")]
+    NoProcess { pid: i32 },
+    #[error("{}: {message}", path.display())]
+    File { path: PathBuf, message: String },
+    #[error(transparent)]
+    Inspect(#[from] crate::backend::InspectError),
+}
+
+/// The ELF virtual address of file offset `offset`, through the segment
+/// that maps it. The tail of a segment's last page is mapped with it (the
+/// kernel maps whole pages), so it counts as part of that segment.
+pub fn elf_address(elf: &Elf<'_>, offset: u64) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    let in_segment = |end_of: &dyn Fn(u64, u64) -> u64| {
+        elf.segments(object::elf::PT_LOAD)
+            .find(|s| (s.offset..end_of(s.offset, s.filesz)).contains(&offset))
+            .map(|s| offset - s.offset + s.vaddr)
+    };
+    in_segment(&|start, len| start.saturating_add(len))
+        .or_else(|| in_segment(&|start, len| start.saturating_add(len).div_ceil(PAGE) * PAGE))
+}
+
+fn host_id(id: FileId) -> String {
+    format!("{:016x}", id.0)
+}
+
+/// Answers each of `addresses` of process `pid`. `host` must have been
+/// made with `only` holding `pid` (or none); its files are loaded first.
+pub fn lookup_pid<B: Inspect>(
+    host: &mut Host<B>,
+    pid: i32,
+    addresses: &[u64],
+) -> Result<Vec<AddressAnswer>, LookupError> {
+    host.step(&AtomicBool::new(false), &mut Quiet)?;
+    if host.processes().get(pid).is_none() {
+        return Err(LookupError::NoProcess { pid });
+    }
+    let mut out = Vec::with_capacity(addresses.len());
+    for &address in addresses {
+        let Some((mapping, id)) = host.mapping_at(pid, address)? else {
+            out.push(AddressAnswer::unanswered(
+                address,
+                "not in an executable file mapping of the process",
+            ));
+            continue;
+        };
+        out.push(answer_in_mapping(host, pid, &mapping, id, address));
+    }
+    Ok(out)
+}
+
+fn answer_in_mapping<B: Inspect>(
+    host: &Host<B>,
+    pid: i32,
+    mapping: &ExecMapping,
+    id: Option<FileId>,
+    address: u64,
+) -> AddressAnswer {
+    let mut a = AddressAnswer::unanswered(address, "");
+    a.path = Some(mapping.path.clone());
+    let Some(id) = id else {
+        a.note = Some("the mapped file could not be opened (see the scan's problems)".into());
+        return a;
+    };
+    a.host_file_id = Some(host_id(id));
+    a.file_id = host.files().get(&id).map(|r| r.id.to_string());
+    let offset = address - mapping.start + mapping.offset;
+    let elf_address = match open::open_mapping(pid, mapping, host.config().strategy) {
+        Ok(opened) => {
+            let elf = ElfFileRef::new(&mapping.path).with_file(opened.file);
+            match elf.get() {
+                Ok(open) => elf_address(open.elf(), offset),
+                Err(e) => {
+                    a.note = Some(e.to_string());
+                    return a;
+                }
+            }
+        }
+        Err(e) => {
+            a.note = Some(e.to_string());
+            return a;
+        }
+    };
+    let Some(elf_address) = elf_address else {
+        a.note = Some(format!("file offset {offset:#x} is in no PT_LOAD segment"));
+        return a;
+    };
+    a.elf_address = Some(elf_address);
+    match host.with_backend(|b| b.lookup(id, elf_address)) {
+        Ok(answer) => {
+            a.answer = Some(answer);
+            a.note = None;
+        }
+        Err(e) => a.note = Some(e.to_string()),
+    }
+    a
+}
+
+/// Loads `path` (as a scan would load it, with a reference held) and
+/// answers each of `addresses` (ELF virtual addresses of the file).
+pub fn lookup_file<B: Inspect>(
+    host: &Host<B>,
+    path: &Path,
+    addresses: &[u64],
+) -> Result<Vec<AddressAnswer>, LookupError> {
+    let file_error = |message: String| LookupError::File {
+        path: path.to_path_buf(),
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| file_error(e.to_string()))?;
+    let size = file
+        .metadata()
+        .map_err(|e| file_error(e.to_string()))?
+        .len();
+    let id128 = fileids::compute(&file, size).map_err(|e| file_error(e.to_string()))?;
+    let id = id128.host();
+    let host_file = HostFile {
+        id: id128,
+        elf: ElfFileRef::new(path).with_file(file),
+    };
+    host.manager()
+        .add_or_inc_ref(id, &host_file)
+        .map_err(|e| file_error(e.to_string()))?;
+    let mut out = Vec::with_capacity(addresses.len());
+    for &address in addresses {
+        let mut a = AddressAnswer::unanswered(address, "");
+        a.path = Some(path.to_path_buf());
+        a.file_id = Some(id128.to_string());
+        a.host_file_id = Some(host_id(id));
+        a.elf_address = Some(address);
+        a.answer = Some(host.with_backend(|b| b.lookup(id, address))?);
+        a.note = None;
+        out.push(a);
+    }
+    Ok(out)
+}
+
+/// An answer as one line of text.
+pub fn render_line(a: &AddressAnswer) -> String {
+    use crate::backend::Outcome;
+    let mut line = format!("{:#x}", a.address);
+    if let Some(p) = &a.path {
+        line.push_str(&format!(" {}", p.display()));
+    }
+    if let Some(id) = &a.file_id {
+        line.push_str(&format!(" file {id}"));
+    }
+    if let Some(v) = a.elf_address {
+        line.push_str(&format!(" elf {v:#x}"));
+    }
+    if let Some(ans) = &a.answer {
+        match ans.page {
+            Some(p) => line.push_str(&format!(
+                " page {:#x} (class {}, deltas {}..+{})",
+                p.page, p.map_id, p.first_delta, p.num_deltas
+            )),
+            None => line.push_str(" no page"),
+        }
+        if let Some(i) = ans.delta_index {
+            line.push_str(&format!(" delta {i}"));
+        }
+        match ans.outcome {
+            Outcome::Stop => line.push_str(": STOP"),
+            Outcome::Command { command } => line.push_str(&format!(": command {command}")),
+            Outcome::Rule {
+                slot,
+                opcode,
+                param,
+                fp_opcode,
+                fp_param,
+            } => line.push_str(&format!(
+                ": unwind info {slot} (opcode {opcode:#x} param {param}, fp opcode {fp_opcode:#x} fp param {fp_param})"
+            )),
+            Outcome::Error { code } => line.push_str(&format!(": {code}")),
+        }
+    }
+    if let Some(n) = &a.note {
+        line.push_str(&format!(" ({n})"));
+    }
+    line
+}

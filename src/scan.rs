@@ -1,0 +1,644 @@
+//! The host's executables in the unwind tables: [`Host`] walks `/proc`,
+//! opens every file that a process maps executable, and keeps the manager's
+//! references equal to what the processes map. `eim scan` is one
+//! [`Host::step`]; `eim watch` is a step every interval. A profiler embeds
+//! eim through the same type.
+//!
+//! One step:
+//!
+//! 1. every process is read (`/proc/PID/stat`, `/proc/PID/maps`); a process
+//!    that exits meanwhile is counted and skipped;
+//! 2. each executable file mapping not seen before in that process is
+//!    opened as the mapped file ([`crate::host::open`]) and its file id
+//!    computed (cached by device, inode, size and mtime);
+//! 3. the files a process maps now and does not hold yet are loaded with
+//!    [`ExecutableInfoManager::load_many`], in batches of at most
+//!    [`HostConfig::batch_files`] distinct files: each distinct file is
+//!    extracted once per batch however many processes map it (and not at
+//!    all if the manager knows it), and the new tables of a batch are
+//!    published with one outer-map update per size class;
+//! 4. references of files a process no longer maps, and of processes that
+//!    exited, are released (`remove_or_dec_ref`, or `dec_ref` with a
+//!    delayed unload, followed by `cleanup_unused`).
+//!
+//! See [`crate::host::mappings`] for why a process holds one reference per
+//! distinct file. A step stopped part way (Ctrl-C) has loaded or released
+//! whole files only: the manager applies each batch under its kernel lock,
+//! and releases nothing of the processes it did not get to.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use eim_core::elf::fileid::FileId128;
+use eim_core::manager::Config;
+use eim_core::manager::MonotonicClock;
+use eim_core::metrics::{self, MetricId};
+use eim_core::provider::ExtractErrorKind;
+use eim_core::{Error, ExecutableInfo, ExecutableInfoManager, FileId, Tracers};
+
+use crate::backend::{Inspect, InspectError, Usage};
+use crate::counting::{CountingProvider, ExtractionStats, HostFile, Timed};
+use crate::host::fileids::FileIdCache;
+use crate::host::mappings::{MappingKey, ProcessEntry, ProcessTable, Resolution};
+use crate::host::open::{self, OpenError, OpenStrategy};
+use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
+use crate::{ElfFileRef, ElfProvider};
+
+/// The manager as the host runs it.
+pub type HostManager<B> = ExecutableInfoManager<CountingProvider, Timed<B>>;
+
+/// How a [`Host`] works.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    pub strategy: OpenStrategy,
+    /// `None`: a file is unloaded when its last process lets go. `Some(d)`:
+    /// it stays loaded until unused for `d` (newer upstream's delayed
+    /// unload), so processes that come and go do not reload it.
+    pub unload_delay: Option<Duration>,
+    /// Distinct new files per `load_many` batch (also bounds the files
+    /// held open at once).
+    pub batch_files: usize,
+    /// Only these processes (`eim lookup --pid`); all when `None`.
+    pub only: Option<BTreeSet<i32>>,
+    /// The interpreter loaders asked about every new file (all by
+    /// default, so a scan reports every interpreter it finds).
+    pub tracers: Tracers,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        Self {
+            strategy: OpenStrategy::MapFilesThenRoot,
+            unload_delay: None,
+            batch_files: 256,
+            only: None,
+            tracers: Tracers(u32::MAX),
+        }
+    }
+}
+
+/// Whether a file is waiting out upstream's deferral or failed outright.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProblemKind {
+    /// It failed recently and is not tried again before the deferral
+    /// timeout (90 s): upstream's `ErrDeferredFileID`.
+    Deferred,
+    /// It could not be loaded (not ELF, malformed unwind data, too large,
+    /// the kernel refused, ...).
+    Failed,
+    /// It could not be opened as the file the process maps.
+    Unopenable,
+}
+
+/// A file that is not loaded, and why.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Problem {
+    pub path: PathBuf,
+    /// The 128-bit file id, when the file could be read.
+    pub file_id: Option<String>,
+    pub kind: ProblemKind,
+    pub reason: String,
+}
+
+/// What the host knows of one distinct file.
+#[derive(Clone, Debug)]
+pub struct FileRecord {
+    pub id: FileId128,
+    /// The path of its first mapping seen (as that process sees it).
+    pub path: PathBuf,
+    pub size: u64,
+    /// What the manager reported when it was last loaded.
+    pub info: Option<ExecutableInfo>,
+}
+
+/// Counts since the host was made (steps add up).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    pub steps: u64,
+    /// Processes read (with or without executable files; every step).
+    pub processes_read: u64,
+    /// Processes that exited while being read, or whose files vanished.
+    pub vanished: u64,
+    /// Processes whose mappings could not be read for lack of privilege.
+    pub permission_denied: u64,
+    /// Processes or files that could not be read for another reason.
+    pub unreadable: u64,
+    /// Mappings whose file had gone by the time it was opened.
+    pub files_vanished: u64,
+    /// References taken and released.
+    pub references_taken: u64,
+    pub references_released: u64,
+    /// Releases the manager refused (a bug if ever non-zero) or whose
+    /// kernel entries are still being removed.
+    pub release_errors: u64,
+    /// Processes seen exit (or replaced by another with the same pid).
+    pub exited: u64,
+    /// Files unloaded by the delayed-unload cleanup.
+    pub unloaded_after_delay: u64,
+}
+
+/// What the last step saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StepReport {
+    /// Processes listed in `/proc` (kernel threads included).
+    pub processes: usize,
+    /// Processes with at least one executable file mapping.
+    pub with_files: usize,
+    /// Executable file mappings, all processes together.
+    pub file_mappings: usize,
+    /// Executable mappings without a file (the vDSO, JIT code).
+    pub anonymous_mappings: usize,
+    pub new_processes: usize,
+    pub exited: usize,
+    pub taken: usize,
+    pub released: usize,
+    /// Stopped part way by the stop flag.
+    pub interrupted: bool,
+    pub elapsed: Duration,
+}
+
+/// Told how far a step is.
+pub trait Progress {
+    /// A step over `processes` processes begins.
+    fn start(&mut self, processes: u64);
+    /// One more process done.
+    fn advance(&mut self);
+    /// Loading a batch of `files` new files.
+    fn loading(&mut self, files: usize);
+    fn finish(&mut self);
+}
+
+/// No progress shown.
+#[derive(Debug, Default)]
+pub struct Quiet;
+
+impl Progress for Quiet {
+    fn start(&mut self, _: u64) {}
+    fn advance(&mut self) {}
+    fn loading(&mut self, _: usize) {}
+    fn finish(&mut self) {}
+}
+
+/// The references one step still has to take, and the files they need.
+#[derive(Default)]
+struct Batch {
+    refs: Vec<(i32, FileId)>,
+    files: HashMap<FileId, HostFile>,
+}
+
+/// The host's executables, kept loaded through an [`ExecutableInfoManager`].
+pub struct Host<B: Inspect> {
+    manager: HostManager<B>,
+    stats: Arc<ExtractionStats>,
+    config: HostConfig,
+    processes: ProcessTable,
+    ids: FileIdCache,
+    files: BTreeMap<FileId, FileRecord>,
+    problems: BTreeMap<FileId, Problem>,
+    /// Mappings that could not be opened, by path (no file id to key them).
+    unopenable: BTreeMap<PathBuf, Problem>,
+    counters: Counters,
+    last: StepReport,
+    /// Upstream's counters are reset by every read; these are their totals.
+    metric_totals: BTreeMap<MetricId, u64>,
+}
+
+impl<B: Inspect> Host<B> {
+    /// A host over `backend` with eim's extraction.
+    pub fn new(backend: B, config: HostConfig) -> Self {
+        let provider = CountingProvider::new(ElfProvider::new());
+        let stats = provider.stats();
+        let manager = ExecutableInfoManager::with_config(
+            provider,
+            Timed::new(backend),
+            config.tracers,
+            Config::default(),
+            Box::new(MonotonicClock::default()),
+        );
+        Self {
+            manager,
+            stats,
+            config,
+            processes: ProcessTable::new(),
+            ids: FileIdCache::new(),
+            files: BTreeMap::new(),
+            problems: BTreeMap::new(),
+            unopenable: BTreeMap::new(),
+            counters: Counters::default(),
+            last: StepReport::default(),
+            metric_totals: BTreeMap::new(),
+        }
+    }
+
+    pub fn manager(&self) -> &HostManager<B> {
+        &self.manager
+    }
+
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn last_step(&self) -> &StepReport {
+        &self.last
+    }
+
+    pub fn extraction(&self) -> &ExtractionStats {
+        &self.stats
+    }
+
+    /// Every distinct file seen, by host file id.
+    pub fn files(&self) -> &BTreeMap<FileId, FileRecord> {
+        &self.files
+    }
+
+    /// Files (and mappings) that are not loaded, and why.
+    pub fn problems(&self) -> Vec<Problem> {
+        self.problems
+            .values()
+            .chain(self.unopenable.values())
+            .cloned()
+            .collect()
+    }
+
+    pub fn processes(&self) -> &ProcessTable {
+        &self.processes
+    }
+
+    /// The files process `pid` holds a reference on.
+    pub fn held_by(&self, pid: i32) -> Option<&BTreeSet<FileId>> {
+        self.processes.get(pid).map(|e| &e.held)
+    }
+
+    /// Time spent in the backend's ops so far.
+    pub fn kernel_time(&self) -> Duration {
+        self.manager.with_backend(|b| b.spent())
+    }
+
+    /// What the maps hold, read from the backend.
+    pub fn usage(&self) -> Result<Usage, InspectError> {
+        self.manager.with_backend(|b| b.inner.usage())
+    }
+
+    /// Runs `f` on the backend (for lookups).
+    pub fn with_backend<R>(&self, f: impl FnOnce(&B) -> R) -> R {
+        self.manager.with_backend(|b| f(&b.inner))
+    }
+
+    /// Upstream's five metrics: gauges as they are now, counters as totals
+    /// since the host was made.
+    pub fn metrics(&mut self) -> BTreeMap<MetricId, u64> {
+        let mut now = metrics::Summary::new();
+        self.manager.update_metric_summary(&mut now);
+        for counter in [
+            metrics::STACK_DELTA_PROVIDER_SUCCESS,
+            metrics::STACK_DELTA_PROVIDER_EXTRACTION_ERROR,
+        ] {
+            let total = self.metric_totals.entry(counter).or_insert(0);
+            *total += now.get(&counter).copied().unwrap_or(0);
+            now.insert(counter, *total);
+        }
+        now
+    }
+
+    /// One pass over the host (see the module documentation). Stops
+    /// between two processes when `stop` is set.
+    pub fn step(
+        &mut self,
+        stop: &AtomicBool,
+        progress: &mut dyn Progress,
+    ) -> Result<&StepReport, ListError> {
+        let started = Instant::now();
+        let mut pids = procs::list()?;
+        if let Some(only) = &self.config.only {
+            pids.retain(|pid| only.contains(pid));
+        }
+        let mut report = StepReport {
+            processes: pids.len(),
+            ..StepReport::default()
+        };
+        self.counters.steps += 1;
+        progress.start(pids.len() as u64);
+        let mut alive = HashSet::with_capacity(pids.len());
+        let mut batch = Batch::default();
+        let mut releases: Vec<FileId> = Vec::new();
+        for pid in pids {
+            if stop.load(Ordering::Relaxed) {
+                report.interrupted = true;
+                break;
+            }
+            self.counters.processes_read += 1;
+            match self.visit(pid, &mut batch, &mut releases, &mut report) {
+                Ok(()) => {
+                    alive.insert(pid);
+                }
+                Err(ProcessError::Vanished { .. }) => self.counters.vanished += 1,
+                Err(e @ ProcessError::PermissionDenied { .. }) => {
+                    tracing::debug!("{e}");
+                    self.counters.permission_denied += 1;
+                    // Known before (privileges do not come and go): keep it.
+                    alive.insert(pid);
+                }
+                Err(e @ ProcessError::Io { .. }) => {
+                    tracing::warn!("{e}");
+                    self.counters.unreadable += 1;
+                    alive.insert(pid);
+                }
+            }
+            if batch.files.len() >= self.config.batch_files.max(1) {
+                self.flush(&mut batch, progress, &mut report);
+            }
+            progress.advance();
+        }
+        self.flush(&mut batch, progress, &mut report);
+        if !report.interrupted {
+            for pid in self.processes.gone(&alive) {
+                if let Some(entry) = self.processes.remove(pid) {
+                    report.exited += 1;
+                    self.counters.exited += 1;
+                    releases.extend(entry.held);
+                }
+            }
+        }
+        // After the loads, so a file passing from one process to another
+        // in the same step is not unloaded and loaded again.
+        for id in releases {
+            self.release(id);
+            report.released += 1;
+        }
+        if let Some(delay) = self.config.unload_delay {
+            let cleanup = self.manager.cleanup_unused(delay);
+            self.counters.unloaded_after_delay += cleanup.unloaded as u64;
+            for e in cleanup.errors {
+                tracing::warn!("{e}");
+                self.counters.release_errors += 1;
+            }
+        }
+        progress.finish();
+        report.elapsed = started.elapsed();
+        self.last = report;
+        Ok(&self.last)
+    }
+
+    /// Reads process `pid` and queues the references it needs.
+    fn visit(
+        &mut self,
+        pid: i32,
+        batch: &mut Batch,
+        releases: &mut Vec<FileId>,
+        report: &mut StepReport,
+    ) -> Result<(), ProcessError> {
+        let start_time = procs::start_time(pid)?;
+        let mappings = procs::exec_mappings(pid)?;
+        let known = self
+            .processes
+            .get(pid)
+            .is_some_and(|e| e.start_time == start_time);
+        let (mut entry, replaced) = self.processes.take(pid, start_time);
+        if let Some(old) = replaced {
+            self.counters.exited += 1;
+            report.exited += 1;
+            releases.extend(old.held);
+        }
+        if !known {
+            report.new_processes += 1;
+        }
+        report.file_mappings += mappings.files.len();
+        report.anonymous_mappings += mappings.anonymous;
+        if !mappings.files.is_empty() {
+            report.with_files += 1;
+        }
+        let mut mapped = BTreeSet::new();
+        let mut first_mapping: HashMap<FileId, &ExecMapping> = HashMap::new();
+        let mut current = HashSet::with_capacity(mappings.files.len());
+        for m in &mappings.files {
+            let key = MappingKey::of(m);
+            current.insert(key);
+            let resolution = match entry.mappings.get(&key) {
+                Some(r) => Some(*r),
+                None => self.resolve(pid, m, batch),
+            };
+            match resolution {
+                Some(r) => {
+                    entry.mappings.insert(key, r);
+                    if let Resolution::File(id) = r {
+                        mapped.insert(id);
+                        first_mapping.entry(id).or_insert(m);
+                    }
+                }
+                // Gone (unmapped, or the process is exiting): not cached,
+                // so a later step tries again if it is still there.
+                None => self.counters.files_vanished += 1,
+            }
+        }
+        entry.keep_mappings(&current);
+        let changes = entry.changes(&mapped);
+        for id in changes.take {
+            if self.manager.is_deferred(id) {
+                continue;
+            }
+            // A file the batch cannot open (gone meanwhile) is skipped;
+            // the next step tries again.
+            if batch.files.contains_key(&id) || self.open_for_batch(pid, first_mapping[&id], batch)
+            {
+                batch.refs.push((pid, id));
+            }
+        }
+        for id in changes.release {
+            entry.held.remove(&id);
+            releases.push(id);
+        }
+        self.processes.put(pid, entry);
+        Ok(())
+    }
+
+    /// Opens a mapping's file and computes its id. `None` if it has gone.
+    /// The opened file goes into the batch if the batch has none of its id.
+    fn resolve(&mut self, pid: i32, m: &ExecMapping, batch: &mut Batch) -> Option<Resolution> {
+        let opened = match open::open_mapping(pid, m, self.config.strategy) {
+            Ok(opened) => opened,
+            Err(e) if e.is_vanished() => return None,
+            Err(e) => {
+                self.note_unopenable(m, &e);
+                return Some(Resolution::Unusable);
+            }
+        };
+        let id128 = match self.ids.get(&opened.file, opened.identity) {
+            Ok(id) => id,
+            Err(e) => {
+                let e = OpenError::Io {
+                    pid,
+                    path: m.path.clone(),
+                    source: e,
+                };
+                self.note_unopenable(m, &e);
+                return Some(Resolution::Unusable);
+            }
+        };
+        let id = id128.host();
+        self.files.entry(id).or_insert_with(|| {
+            tracing::debug!(pid, path = %m.path.display(), file_id = %id128, via = ?opened.via, "new file");
+            FileRecord {
+                id: id128,
+                path: m.path.clone(),
+                size: opened.identity.size,
+                info: None,
+            }
+        });
+        batch.files.entry(id).or_insert_with(|| HostFile {
+            id: id128,
+            elf: host_elf_ref(pid, m).with_file(opened.file),
+        });
+        Some(Resolution::File(id))
+    }
+
+    /// Opens the file of `m` again for a batch (its mapping was resolved in
+    /// an earlier step). False if it cannot be opened now.
+    fn open_for_batch(&mut self, pid: i32, m: &ExecMapping, batch: &mut Batch) -> bool {
+        match self.resolve(pid, m, batch) {
+            Some(Resolution::File(_)) => true,
+            Some(Resolution::Unusable) => false,
+            None => {
+                self.counters.files_vanished += 1;
+                false
+            }
+        }
+    }
+
+    fn note_unopenable(&mut self, m: &ExecMapping, e: &OpenError) {
+        if matches!(e, OpenError::PermissionDenied { .. }) {
+            self.counters.permission_denied += 1;
+        } else {
+            self.counters.unreadable += 1;
+        }
+        tracing::debug!("{e}");
+        self.unopenable
+            .entry(m.path.clone())
+            .or_insert_with(|| Problem {
+                path: m.path.clone(),
+                file_id: None,
+                kind: ProblemKind::Unopenable,
+                reason: e.to_string(),
+            });
+    }
+
+    /// Loads a batch: one `load_many` call for all its references.
+    fn flush(&mut self, batch: &mut Batch, progress: &mut dyn Progress, report: &mut StepReport) {
+        if batch.refs.is_empty() {
+            batch.files.clear();
+            return;
+        }
+        let refs = std::mem::take(&mut batch.refs);
+        let files = std::mem::take(&mut batch.files);
+        progress.loading(files.len());
+        let list: Vec<(FileId, &HostFile)> = refs.iter().map(|(_, id)| (*id, &files[id])).collect();
+        let results = self.manager.load_many(&list);
+        for ((pid, id), result) in refs.into_iter().zip(results) {
+            match result {
+                Ok(info) => {
+                    if let Some(entry) = self.processes.get_mut(pid) {
+                        entry.held.insert(id);
+                    }
+                    if let Some(record) = self.files.get_mut(&id) {
+                        record.info = Some(info);
+                    }
+                    self.problems.remove(&id);
+                    self.counters.references_taken += 1;
+                    report.taken += 1;
+                }
+                Err(e) => self.note_failure(id, &files[&id], e),
+            }
+        }
+    }
+
+    fn note_failure(&mut self, id: FileId, file: &HostFile, e: Error) {
+        let kind = match &e {
+            Error::Deferred { .. } => ProblemKind::Deferred,
+            Error::Extraction { source, .. } if source.kind == ExtractErrorKind::NotFound => {
+                self.counters.files_vanished += 1;
+                return;
+            }
+            _ => ProblemKind::Failed,
+        };
+        let path = self
+            .files
+            .get(&id)
+            .map_or_else(|| file.elf.path().to_path_buf(), |r| r.path.clone());
+        match self.problems.get_mut(&id) {
+            // A deferral keeps the reason of the failure that caused it.
+            Some(p) if kind == ProblemKind::Deferred => p.kind = kind,
+            _ => {
+                tracing::warn!(path = %path.display(), "{e}");
+                self.problems.insert(
+                    id,
+                    Problem {
+                        path,
+                        file_id: Some(file.id.to_string()),
+                        kind,
+                        reason: e.to_string(),
+                    },
+                );
+            }
+        }
+    }
+
+    fn release(&mut self, id: FileId) {
+        let result = match self.config.unload_delay {
+            Some(_) => self.manager.dec_ref(id),
+            None => self.manager.remove_or_dec_ref(id),
+        };
+        self.counters.references_released += 1;
+        if let Err(e) = result {
+            tracing::warn!("{e}");
+            self.counters.release_errors += 1;
+        }
+    }
+
+    /// Releases every reference of every process (the maps then hold only
+    /// files waiting out a delayed unload, or nothing).
+    pub fn release_all(&mut self) {
+        let pids: Vec<i32> = self.processes.gone(&HashSet::new());
+        for pid in pids {
+            if let Some(entry) = self.processes.remove(pid) {
+                for id in entry.held {
+                    self.release(id);
+                }
+            }
+        }
+    }
+
+    /// The process's current executable mapping containing `address`, with
+    /// its file id if the process holds one for it.
+    pub fn mapping_at(
+        &self,
+        pid: i32,
+        address: u64,
+    ) -> Result<Option<(ExecMapping, Option<FileId>)>, ProcessError> {
+        let mappings = procs::exec_mappings(pid)?;
+        let Some(m) = mappings.files.into_iter().find(|m| m.contains(address)) else {
+            return Ok(None);
+        };
+        let id = self
+            .processes
+            .get(pid)
+            .and_then(|e: &ProcessEntry| e.mappings.get(&MappingKey::of(&m)))
+            .and_then(|r| match r {
+                Resolution::File(id) => Some(*id),
+                Resolution::Unusable => None,
+            });
+        Ok(Some((m, id)))
+    }
+}
+
+/// The reference through which a process's file is extracted: named by its
+/// path inside the process's root, so the debug-file search looks there.
+fn host_elf_ref(pid: i32, m: &ExecMapping) -> ElfFileRef {
+    ElfFileRef::new(&m.path).with_root(open::root_of(pid))
+}

@@ -1,0 +1,477 @@
+//! The report of a scan (or of a watch when it stops): what the host maps,
+//! what was loaded, what it costs in kernel memory, what failed and why,
+//! and where the time went. `--json` prints the same [`Summary`].
+//!
+//! Kernel memory is computed from what the maps hold, with the kernel's own
+//! element sizes:
+//!
+//! * a delta table of size class `c` is a BPF array of `2^c` elements of 4
+//!   bytes, which the kernel rounds up to 8: `tables x 2^c x 8` bytes;
+//! * a page entry is a 16-byte key and an 8-byte value: `pages x 24` bytes;
+//! * an `unwind_info_array` slot in use is a 12-byte value rounded to 8:
+//!   `slots x 16` bytes (the array itself is preallocated whole).
+//!
+//! Per-element overhead of the hash maps and the maps' fixed costs are not
+//! counted.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use eim_core::abi;
+use eim_core::metrics::{self, MetricId};
+
+use crate::backend::{Inspect, InspectError};
+use crate::scan::{Counters, FileRecord, Host, Problem, ProblemKind};
+use crate::table::{grouped, Align, Table};
+
+/// Bytes the kernel uses per element of a delta array (4-byte values are
+/// stored in 8-byte slots).
+pub const DELTA_ELEMENT_BYTES: u64 = 8;
+/// Key and value of a page entry.
+pub const PAGE_ENTRY_BYTES: u64 = 24;
+/// An `unwind_info_array` element (12 bytes rounded up to 8).
+pub const UNWIND_INFO_BYTES: u64 = 16;
+
+/// Upstream's names of the manager's metrics.
+pub const METRIC_NAMES: [(MetricId, &str); 5] = [
+    (metrics::NUM_EXE_ID_LOADED_TO_EBPF, "NumExeIDLoadedToEBPF"),
+    (metrics::UNWIND_INFO_ARRAY_SIZE, "UnwindInfoArraySize"),
+    (
+        metrics::HASHMAP_NUM_STACK_DELTA_PAGES,
+        "HashmapNumStackDeltaPages",
+    ),
+    (
+        metrics::STACK_DELTA_PROVIDER_SUCCESS,
+        "StackDeltaProviderSuccess",
+    ),
+    (
+        metrics::STACK_DELTA_PROVIDER_EXTRACTION_ERROR,
+        "StackDeltaProviderExtractionError",
+    ),
+];
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Summary {
+    /// "simulated" or "kernel".
+    pub backend: &'static str,
+    /// The walk was stopped (Ctrl-C) before it saw every process.
+    pub interrupted: bool,
+    pub processes: Processes,
+    pub mappings: Mappings,
+    pub files: Files,
+    pub extraction: Extraction,
+    pub kernel: Kernel,
+    /// Files (or mappings) not loaded, with the reason.
+    pub problems: Vec<Problem>,
+    /// The loaded files that are C libraries (their TSD layout) or
+    /// interpreters (each matching loader, its version and ranges).
+    pub found: Vec<Found>,
+    /// Upstream's five metrics (counters as totals).
+    pub metrics: Vec<Metric>,
+    pub counters: Counters,
+    pub seconds: Seconds,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Found {
+    pub path: PathBuf,
+    /// `c-library`, or the loader's name.
+    pub kind: String,
+    /// The interpreter's version, or the TSD layout of a C library.
+    pub detail: String,
+    /// The `interpreter_offsets` ranges (half-open, hexadecimal) and the
+    /// program they dispatch to.
+    pub ranges: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Processes {
+    /// Processes in `/proc` in the last step (kernel threads included).
+    pub listed: usize,
+    /// Processes with at least one executable file mapping.
+    pub with_files: usize,
+    /// Processes holding references now.
+    pub tracked: usize,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Mappings {
+    /// Executable file mappings in the last step.
+    pub file_mappings: usize,
+    /// Executable mappings without a file (vDSO, JIT code): not loaded.
+    pub anonymous: usize,
+    /// References held: (process, distinct file) pairs.
+    pub references: usize,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Files {
+    /// Distinct files (by file id) seen.
+    pub distinct: usize,
+    /// Files whose tables are in the maps.
+    pub loaded: usize,
+    /// Loaded files with C-library TSD information.
+    pub c_libraries: usize,
+    /// Loaded files an interpreter loader recognised.
+    pub interpreters: usize,
+    pub deferred: usize,
+    pub failed: usize,
+    /// Mappings whose file could not be opened as the mapped one.
+    pub unopenable: usize,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Extraction {
+    /// Extraction calls (every file extracted counts once per call).
+    pub extractions: u64,
+    /// Distinct files extracted at least once.
+    pub files_extracted: usize,
+    /// The most extractions of any one file.
+    pub most_of_one_file: u32,
+    /// Stack deltas extracted for the files loaded now.
+    pub deltas: u64,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Kernel {
+    pub page_entries: usize,
+    pub unwind_infos: usize,
+    /// Delta tables (inner maps) by size class, with their memory.
+    pub size_classes: Vec<ClassUsage>,
+    pub bytes: Bytes,
+    /// Time spent applying map ops (syscalls on the real kernel).
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ClassUsage {
+    pub class: u16,
+    pub entries_per_table: u32,
+    pub tables: usize,
+    /// `tables x 2^class x 8`.
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Bytes {
+    pub delta_tables: u64,
+    /// `page_entries x 24`.
+    pub page_entries: u64,
+    /// `unwind_infos x 16`.
+    pub unwind_infos: u64,
+    pub total: u64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Metric {
+    pub id: u32,
+    pub name: &'static str,
+    pub value: u64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Seconds {
+    /// The last step, all included.
+    pub last_step: f64,
+    pub extraction: f64,
+    pub kernel: f64,
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+impl Summary {
+    /// The summary of `host` now.
+    pub fn of<B: Inspect>(host: &mut Host<B>) -> Result<Self, InspectError> {
+        let usage = host.usage()?;
+        let state = host.manager().state();
+        let step = host.last_step().clone();
+        let loaded: Vec<_> = state.files.iter().collect();
+        let c_libraries = loaded.iter().filter(|(_, e)| e.info.tsd.is_some()).count();
+        let interpreters = loaded
+            .iter()
+            .filter(|(_, e)| e.info.interpreters.iter().any(|m| m.outcome.is_ok()))
+            .count();
+        let stats = host.extraction();
+        let deltas = state
+            .book
+            .loaded()
+            .keys()
+            .filter_map(|id| stats.of(*id).deltas)
+            .map(|n| n as u64)
+            .sum();
+        let extraction = Extraction {
+            extractions: stats.attempts(),
+            files_extracted: stats.files(),
+            most_of_one_file: stats.most_of_one_file(),
+            deltas,
+            seconds: secs(stats.time()),
+        };
+        let size_classes: Vec<ClassUsage> = usage
+            .tables
+            .iter()
+            .map(|(&class, &tables)| {
+                let entries = abi::class_entries(class).unwrap_or(0);
+                ClassUsage {
+                    class,
+                    entries_per_table: entries,
+                    tables,
+                    bytes: tables as u64 * u64::from(entries) * DELTA_ELEMENT_BYTES,
+                }
+            })
+            .collect();
+        let delta_tables = size_classes.iter().map(|c| c.bytes).sum();
+        let page_entries = usage.pages as u64 * PAGE_ENTRY_BYTES;
+        let unwind_infos = usage.unwind_infos as u64 * UNWIND_INFO_BYTES;
+        let kernel_time = host.kernel_time();
+        let problems = host.problems();
+        let found = found(host.files().values());
+        let count = |kind| problems.iter().filter(|p| p.kind == kind).count();
+        let extraction_seconds = extraction.seconds;
+        let metrics = host.metrics();
+        Ok(Self {
+            backend: B::NAME,
+            interrupted: step.interrupted,
+            processes: Processes {
+                listed: step.processes,
+                with_files: step.with_files,
+                tracked: host.processes().len(),
+            },
+            mappings: Mappings {
+                file_mappings: step.file_mappings,
+                anonymous: step.anonymous_mappings,
+                references: host.processes().references(),
+            },
+            files: Files {
+                distinct: host.files().len(),
+                loaded: state.book.loaded().len(),
+                c_libraries,
+                interpreters,
+                deferred: count(ProblemKind::Deferred),
+                failed: count(ProblemKind::Failed),
+                unopenable: count(ProblemKind::Unopenable),
+            },
+            extraction,
+            kernel: Kernel {
+                page_entries: usage.pages,
+                unwind_infos: usage.unwind_infos,
+                size_classes,
+                bytes: Bytes {
+                    delta_tables,
+                    page_entries,
+                    unwind_infos,
+                    total: delta_tables + page_entries + unwind_infos,
+                },
+                seconds: secs(kernel_time),
+            },
+            problems,
+            found,
+            metrics: METRIC_NAMES
+                .iter()
+                .map(|(id, name)| Metric {
+                    id: id.0,
+                    name,
+                    value: metrics.get(id).copied().unwrap_or(0),
+                })
+                .collect(),
+            counters: host.counters().clone(),
+            seconds: Seconds {
+                last_step: secs(step.elapsed),
+                extraction: extraction_seconds,
+                kernel: secs(kernel_time),
+            },
+        })
+    }
+
+    /// The summary as text tables.
+    pub fn render_text(&self) -> String {
+        let mut out = format!(
+            "eim scan: {} processes, {} distinct executable files, {} backend{}\n\n",
+            grouped(self.processes.listed as u64),
+            grouped(self.files.distinct as u64),
+            self.backend,
+            if self.interrupted {
+                " (INTERRUPTED: not every process was read)"
+            } else {
+                ""
+            }
+        );
+        let n = |v: usize| grouped(v as u64);
+        let mut t = Table::new(&[("host", Align::Left), ("count", Align::Right)]);
+        t.row(["processes".into(), n(self.processes.listed)]);
+        t.row([
+            "  with executable files".into(),
+            n(self.processes.with_files),
+        ]);
+        t.row([
+            "executable file mappings".into(),
+            n(self.mappings.file_mappings),
+        ]);
+        t.row(["  anonymous (vDSO, JIT)".into(), n(self.mappings.anonymous)]);
+        t.row([
+            "references (process, file)".into(),
+            n(self.mappings.references),
+        ]);
+        t.row(["distinct files".into(), n(self.files.distinct)]);
+        t.row(["  loaded".into(), n(self.files.loaded)]);
+        t.row(["  C libraries (TSD)".into(), n(self.files.c_libraries)]);
+        t.row(["  interpreters".into(), n(self.files.interpreters)]);
+        t.row(["  deferred".into(), n(self.files.deferred)]);
+        t.row(["  failed".into(), n(self.files.failed)]);
+        t.row(["  not openable".into(), n(self.files.unopenable)]);
+        t.row(["processes vanished".into(), grouped(self.counters.vanished)]);
+        t.row([
+            "processes not readable (privileges)".into(),
+            grouped(self.counters.permission_denied),
+        ]);
+        out.push_str(&t.render());
+        out.push('\n');
+
+        let e = &self.extraction;
+        let mut t = Table::new(&[("extraction", Align::Left), ("value", Align::Right)]);
+        t.row(["extractions".into(), grouped(e.extractions)]);
+        t.row(["files extracted".into(), n(e.files_extracted)]);
+        t.row([
+            "most extractions of one file".into(),
+            grouped(u64::from(e.most_of_one_file)),
+        ]);
+        t.row(["stack deltas (files loaded)".into(), grouped(e.deltas)]);
+        t.row(["seconds".into(), format!("{:.3}", e.seconds)]);
+        out.push_str(&t.render());
+        out.push('\n');
+
+        let k = &self.kernel;
+        let mut t = Table::new(&[
+            ("kernel memory", Align::Left),
+            ("tables", Align::Right),
+            ("entries each", Align::Right),
+            ("bytes", Align::Right),
+        ]);
+        for c in &k.size_classes {
+            t.row([
+                format!("size class {}", c.class),
+                n(c.tables),
+                grouped(u64::from(c.entries_per_table)),
+                grouped(c.bytes),
+            ]);
+        }
+        t.row([
+            "page entries".into(),
+            String::new(),
+            n(k.page_entries),
+            grouped(k.bytes.page_entries),
+        ]);
+        t.row([
+            "unwind infos".into(),
+            String::new(),
+            n(k.unwind_infos),
+            grouped(k.bytes.unwind_infos),
+        ]);
+        t.row([
+            "total".into(),
+            n(k.size_classes.iter().map(|c| c.tables).sum()),
+            String::new(),
+            grouped(k.bytes.total),
+        ]);
+        out.push_str(&t.render());
+        out.push_str(
+            "(tables x 2^class x 8 bytes; page entries x 24; unwind infos x 16; map overhead not counted)\n\n",
+        );
+
+        let mut t = Table::new(&[
+            ("metric", Align::Left),
+            ("id", Align::Right),
+            ("value", Align::Right),
+        ]);
+        for m in &self.metrics {
+            t.row([m.name.into(), m.id.to_string(), grouped(m.value)]);
+        }
+        out.push_str(&t.render());
+        out.push('\n');
+
+        out.push_str(&format!(
+            "time: {:.3} s for the scan; {:.3} s extracting, {:.3} s in the {} maps\n",
+            self.seconds.last_step, self.seconds.extraction, self.seconds.kernel, self.backend
+        ));
+        if !self.found.is_empty() {
+            out.push_str("\nC libraries and interpreters:\n");
+            for f in &self.found {
+                out.push_str(&format!(
+                    "  {:<12} {} {}{}\n",
+                    f.kind,
+                    f.path.display(),
+                    f.detail,
+                    if f.ranges.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" interpreter_offsets {}", f.ranges.join(" "))
+                    }
+                ));
+            }
+        }
+        if !self.problems.is_empty() {
+            out.push_str("\nfiles not loaded:\n");
+            let mut by_kind: BTreeMap<ProblemKind, Vec<&Problem>> = BTreeMap::new();
+            for p in &self.problems {
+                by_kind.entry(p.kind).or_default().push(p);
+            }
+            for (kind, problems) in by_kind {
+                for p in problems {
+                    out.push_str(&format!(
+                        "  {:<10} {}: {}\n",
+                        format!("{kind:?}").to_lowercase(),
+                        p.path.display(),
+                        p.reason
+                    ));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The C libraries and interpreters among `files`, in path order.
+fn found<'a>(files: impl Iterator<Item = &'a FileRecord>) -> Vec<Found> {
+    let mut out = Vec::new();
+    for file in files {
+        let Some(info) = &file.info else { continue };
+        if let Some(tsd) = info.tsd {
+            out.push(Found {
+                path: file.path.clone(),
+                kind: "c-library".to_string(),
+                detail: format!(
+                    "tsd offset={} multiplier={} indirect={}",
+                    tsd.offset, tsd.multiplier, tsd.indirect
+                ),
+                ranges: Vec::new(),
+            });
+        }
+        for m in info.interpreters.iter() {
+            let Ok(loaded) = &m.outcome else { continue };
+            let ranges = loaded
+                .offsets
+                .iter()
+                .flat_map(|o| {
+                    std::iter::once(&o.first)
+                        .chain(o.second.as_ref())
+                        .map(move |r| {
+                            format!("{:#x}..{:#x} (program {})", r.start, r.end, o.program)
+                        })
+                })
+                .collect();
+            out.push(Found {
+                path: file.path.clone(),
+                kind: m.loader.to_string(),
+                detail: format!("version {}", loaded.data.version()),
+                ranges,
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.path, &a.kind).cmp(&(&b.path, &b.kind)));
+    out
+}
