@@ -12,7 +12,9 @@
 //!   index out of range or an unwritten slot.
 //! * **Lookup equivalence**: for every loaded file, the reader answers
 //!   exactly what a direct search of its deltas answers, at every delta,
-//!   one byte on either side, and at spread-out addresses.
+//!   one byte on either side, and at spread-out addresses, except in the
+//!   dead pages of a long gap after an INVALID marker, where it must find
+//!   no page ([`crate::reader::in_dead_page`]).
 //! * **Accounting**: the book's counters equal a recount of its contents.
 //!
 //! The expected answers come from the source deltas (what the provider gave
@@ -409,12 +411,14 @@ fn check_slot_accounting(book: &KernelBook) -> Result<(), Violation> {
 /// The page-aligned addresses of every page from the first delta's page to
 /// the last delta's, from the source deltas alone.
 pub(crate) fn span_pages(data: &IntervalData) -> impl Iterator<Item = u64> {
-    let span = match (data.deltas.first(), data.deltas.last()) {
-        (Some(first), Some(last)) => (first.address >> PAGE_BITS)..=(last.address >> PAGE_BITS),
-        // An empty range: no deltas, no pages.
-        _ => 1..=0,
-    };
-    span.map(|p| p << PAGE_BITS)
+    let first = data.deltas.first().map(|d| d.address >> PAGE_BITS);
+    let last = data.deltas.last().map(|d| d.address >> PAGE_BITS);
+    // No deltas: no pages.
+    first
+        .zip(last)
+        .into_iter()
+        .flat_map(|(first, last)| first..=last)
+        .map(|p| p << PAGE_BITS)
 }
 
 /// Addresses worth looking up in one page of a file: every delta address in
