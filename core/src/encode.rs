@@ -1,8 +1,8 @@
-//! From a file's deltas to its kernel table, exactly as upstream's
-//! `loadDeltas` lays it out: merged neighbour pairs, one entry per delta
-//! left, one page entry for every 64 KiB page between the first and the last
-//! delta (empty ones too), the size class, and the gaps that interpreter
-//! loaders look for.
+//! From a file's deltas to its kernel table, as upstream's `loadDeltas`
+//! lays it out: merged neighbour pairs, one entry per delta left, one page
+//! entry for every 64 KiB page between the first and the last delta (empty
+//! ones too, except dead pages: see [`Draft::dead_pages`]), the size class,
+//! and the gaps that interpreter loaders look for.
 //!
 //! Encoding is split in two so that the layout is a pure function of the
 //! deltas: [`draft`] decides every entry and leaves unwind rules unresolved;
@@ -59,6 +59,12 @@ pub struct Draft {
     pub map_id: u16,
     /// Ranges after an end-of-function marker of at least [`MEMOIZABLE_GAP`].
     pub gaps: Vec<Range<u64>>,
+    /// Page-aligned address ranges of the dead pages, in address order: the
+    /// pages lying wholly inside a gap whose marker is the INVALID command.
+    /// They hold no delta and get no page entry (deliberately unlike
+    /// upstream, weakness 14): a lookup there would end native unwinding
+    /// with the INVALID marker; without the page it ends it with "no page".
+    pub dead_pages: Vec<Range<u64>>,
 }
 
 /// A file's kernel table, ready to be written.
@@ -169,6 +175,7 @@ pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft>, Enc
     let mut per_page = vec![0u32; pages as usize];
     let mut entries = Vec::with_capacity(deltas.len());
     let mut gaps = Vec::new();
+    let mut dead_pages = Vec::new();
     let mut merged_into_previous = false;
     for (i, delta) in deltas.iter().enumerate() {
         if merged_into_previous {
@@ -181,6 +188,17 @@ pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft>, Enc
             merged_into_previous = info.merge_opcode != 0;
             if delta.hints & hint::GAP != 0 && next.address - delta.address >= MEMOIZABLE_GAP {
                 gaps.push(delta.address..next.address);
+                // Only behind the INVALID command is "no page" as final as
+                // the marker's answer; any other rule would unwind there.
+                if rule_of(info) == Rule::Command(abi::encoded_command::INVALID) {
+                    // Pages strictly between the marker's page and the next
+                    // delta's page: wholly inside the gap, so empty.
+                    let first = ((delta.address >> PAGE_BITS) + 1) << PAGE_BITS;
+                    let end = (next.address >> PAGE_BITS) << PAGE_BITS;
+                    if first < end {
+                        dead_pages.push(first..end);
+                    }
+                }
             }
         }
         entries.push(((delta.address & PAGE_MASK) as u16, rule_of(info)));
@@ -212,10 +230,26 @@ pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft>, Enc
         per_page,
         map_id,
         gaps,
+        dead_pages,
     }))
 }
 
 impl Draft {
+    /// The page entries the table writes: the span minus the dead pages.
+    pub fn page_entries(&self) -> u64 {
+        let dead: u64 = self
+            .dead_pages
+            .iter()
+            .map(|r| (r.end - r.start) >> PAGE_BITS)
+            .sum();
+        self.per_page.len() as u64 - dead
+    }
+
+    /// Whether the page at `page` (page-aligned) is dead.
+    pub fn is_dead(&self, page: u64) -> bool {
+        is_dead_page(&self.dead_pages, page)
+    }
+
     /// The distinct slot rules in first-use order (the order upstream hands
     /// out new slots in).
     pub fn slot_rules(&self) -> Vec<UnwindInfo> {
@@ -251,26 +285,24 @@ impl Draft {
             })
             .collect::<Option<Vec<_>>>()?;
         let mut first_delta = 0u32;
-        let pages = self
-            .per_page
-            .iter()
-            .enumerate()
-            .map(|(p, &num_deltas)| {
-                let entry = (
-                    StackDeltaPageKey {
-                        file_id,
-                        page: self.first_page + ((p as u64) << PAGE_BITS),
-                    },
-                    StackDeltaPageInfo {
-                        first_delta,
-                        num_deltas,
-                        map_id: self.map_id,
-                    },
-                );
-                first_delta += u32::from(num_deltas);
-                entry
-            })
-            .collect();
+        let mut pages = Vec::with_capacity(self.page_entries() as usize);
+        for (p, &num_deltas) in self.per_page.iter().enumerate() {
+            let page = self.first_page + ((p as u64) << PAGE_BITS);
+            // A dead page holds no delta, so skipping it leaves the running
+            // `first_delta` of the later pages as it was.
+            if num_deltas == 0 && self.is_dead(page) {
+                continue;
+            }
+            pages.push((
+                StackDeltaPageKey { file_id, page },
+                StackDeltaPageInfo {
+                    first_delta,
+                    num_deltas,
+                    map_id: self.map_id,
+                },
+            ));
+            first_delta += u32::from(num_deltas);
+        }
         Some(KernelTable {
             map_id: self.map_id,
             first_page: self.first_page,
@@ -278,6 +310,12 @@ impl Draft {
             pages,
         })
     }
+}
+
+/// Whether `page` lies in one of `dead` (sorted, disjoint page ranges).
+pub fn is_dead_page(dead: &[Range<u64>], page: u64) -> bool {
+    let i = dead.partition_point(|r| r.end <= page);
+    dead.get(i).is_some_and(|r| r.contains(&page))
 }
 
 #[cfg(test)]
@@ -387,6 +425,71 @@ mod tests {
         assert_eq!(draft.entries.len(), 3, "the pair was merged");
         assert_eq!(gaps(&merged), draft.gaps);
         assert_eq!(draft.gaps.len(), 1);
+    }
+
+    #[test]
+    fn dead_pages_inside_a_gap_get_no_entry() {
+        // A 1 MiB gap after an INVALID marker at 0x2_8000: pages 0x3..=0x11
+        // lie wholly inside it; page 0x2 (the marker's) and page 0x12 (the
+        // next delta's, partly in the gap) keep their entries.
+        let marker = 0x2_8000;
+        let after = marker + (1 << 20);
+        let deltas = [
+            d(0x1_0010, sp(8)),
+            d(0x1_ff00, sp(16)),
+            StackDelta::new(marker, hint::GAP, info::INVALID),
+            d(after, sp(8)),
+            d(after + 0x1_0000, info::INVALID),
+        ];
+        let draft = draft(&deltas, 64).unwrap().unwrap();
+        assert_eq!(draft.gaps, vec![marker..after]);
+        assert_eq!(draft.dead_pages, vec![0x3_0000..0x12_0000]);
+        assert_eq!(draft.per_page.len(), 19, "the span is unchanged");
+        assert_eq!(draft.page_entries(), 4);
+        let t = fresh(&draft);
+        let pages: Vec<_> = t
+            .pages
+            .iter()
+            .map(|(k, v)| (k.page, v.first_delta, v.num_deltas))
+            .collect();
+        assert_eq!(
+            pages,
+            vec![
+                (0x1_0000, 0, 2),
+                (0x2_0000, 2, 1),
+                (0x12_0000, 3, 1),
+                (0x13_0000, 4, 1)
+            ]
+        );
+        assert!(!draft.is_dead(0x2_0000) && draft.is_dead(0x3_0000));
+        assert!(draft.is_dead(0x11_0000) && !draft.is_dead(0x12_0000));
+    }
+
+    #[test]
+    fn only_an_invalid_marker_makes_pages_dead() {
+        let big = 2 * MEMOIZABLE_GAP;
+        // A gap hint on another rule: the gap is reported, no page dies.
+        let stop = [
+            StackDelta::new(0x1_0000, hint::GAP, info::STOP),
+            d(0x1_0000 + big, sp(8)),
+        ];
+        let draft_stop = draft(&stop, 64).unwrap().unwrap();
+        assert_eq!(draft_stop.gaps.len(), 1);
+        assert!(draft_stop.dead_pages.is_empty());
+        assert_eq!(fresh(&draft_stop).pages.len(), draft_stop.per_page.len());
+        // No hint: no gap, no dead page.
+        let plain = [d(0x1_0000, info::INVALID), d(0x1_0000 + big, sp(8))];
+        let draft_plain = draft(&plain, 64).unwrap().unwrap();
+        assert!(draft_plain.gaps.is_empty() && draft_plain.dead_pages.is_empty());
+        // A gap marker at the very end of a page and the next delta at the
+        // start of one: exactly the pages in between die.
+        let edge = [
+            StackDelta::new(0x1_ffff, hint::GAP, info::INVALID),
+            d(0x1_ffff + MEMOIZABLE_GAP + 1, sp(8)),
+        ];
+        let draft_edge = draft(&edge, 64).unwrap().unwrap();
+        assert_eq!(draft_edge.dead_pages, vec![0x2_0000..0xa_0000]);
+        assert_eq!(fresh(&draft_edge).pages.len(), 2);
     }
 
     #[test]

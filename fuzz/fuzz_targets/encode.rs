@@ -267,16 +267,24 @@ fuzz_target!(|input: Input| {
     assert_eq!(
         plan.map_ref.num_pages as usize,
         draft.per_page.len(),
-        "plan and draft agree on the pages"
+        "plan and draft agree on the page span"
+    );
+    assert_eq!(
+        u64::from(plan.map_ref.page_entries),
+        draft.page_entries(),
+        "plan and draft agree on the page entries"
     );
     let mut sim = SimMaps::new(SimConfig::default()).expect("the default map set builds");
     driver::execute(&mut sim, &plan.ops).expect("fault-free maps apply a fresh plan");
     book.commit_load(plan);
     assert_eq!(
-        sim.pages().len(),
-        draft.per_page.len(),
-        "one entry per page"
+        sim.pages().len() as u64,
+        draft.page_entries(),
+        "one entry per page of the span, dead pages excepted"
     );
+    for key in sim.pages().keys() {
+        assert!(!draft.is_dead(key.page), "dead page {:#x} written", key.page);
+    }
 
     let data = IntervalData::from_deltas(deltas);
     let reader = SimReader::new(&sim);

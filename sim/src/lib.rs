@@ -63,7 +63,7 @@ pub use maps::{
 };
 pub use observed::Observed;
 pub use reader::{
-    answer_for, answer_of, expected, Answer, DeltaHit, LookupError, Resolved, SimReader,
-    MAX_SEARCH_STEPS,
+    answer_for, answer_of, expected, in_dead_page, Answer, DeltaHit, LookupError, Resolved,
+    SimReader, MAX_SEARCH_STEPS,
 };
 pub use slot_watch::SlotWatch;

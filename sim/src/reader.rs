@@ -19,7 +19,7 @@ use eim_core::abi::{
     self, encoded_command, opcode, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo, Wire,
     DELTA_COMMAND_FLAG, MERGE_OPCODE_NEGATIVE, PAGE_BITS, PAGE_MASK,
 };
-use eim_core::deltas::IntervalData;
+use eim_core::deltas::{hint, IntervalData};
 use eim_core::FileId;
 
 use crate::kernel::SimMaps;
@@ -320,7 +320,9 @@ impl<'a> SimReader<'a> {
 /// * below the first delta: its page has no entry (text-section error) or
 ///   the search ends with `hi == 0` (iterations error);
 /// * past the last delta's page: no page entry;
-/// * from the first delta to the end of the last delta's page: an answer.
+/// * in a dead page ([`in_dead_page`]): no page entry (eim writes none there);
+/// * anywhere else from the first delta to the end of the last delta's
+///   page: an answer.
 ///
 /// This holds because eim never merges a pair split by a page boundary:
 /// SEED's one-time +0x10000 correction would otherwise miss the merge at
@@ -331,7 +333,29 @@ pub fn expected(data: &IntervalData, address: u64) -> Option<Answer> {
     if address < first.address || address >> PAGE_BITS > last.address >> PAGE_BITS {
         return None;
     }
+    if in_dead_page(data, address) {
+        return None;
+    }
     data.find(address).map(|delta| answer_for(&delta.info))
+}
+
+/// Whether `address` lies in a dead page of `data`: a page wholly inside a
+/// gap of at least 512 KiB that follows a delta with the gap hint whose
+/// rule the reader sees as INVALID. eim writes no page entry there (a
+/// lookup would only find the INVALID marker). Worked out from the source
+/// deltas alone, independently of the encoder.
+pub fn in_dead_page(data: &IntervalData, address: u64) -> bool {
+    let after = data.deltas.partition_point(|d| d.address <= address);
+    let (Some(i), Some(next)) = (after.checked_sub(1), data.deltas.get(after)) else {
+        return false;
+    };
+    let marker = &data.deltas[i];
+    let page = address >> PAGE_BITS;
+    marker.hints & hint::GAP != 0
+        && answer_for(&marker.info) == Answer::Invalid
+        && next.address - marker.address >= 512 * 1024
+        && page > marker.address >> PAGE_BITS
+        && page < next.address >> PAGE_BITS
 }
 
 /// How the reader sees a source rule. A command is stored as

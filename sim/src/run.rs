@@ -653,7 +653,7 @@ fn sweep_loaded(
         // The first loaded page at or after `at`, wrapping around.
         let next = loaded
             .range(at.0..)
-            .flat_map(|(id, t)| t.map_ref.page_keys(*id).map(move |k| (*id, k.page)))
+            .flat_map(|(id, t)| t.page_keys(*id).map(move |k| (*id, k.page)))
             .find(|p| *p >= at)
             .or_else(|| {
                 loaded

@@ -256,6 +256,94 @@ fn weakness_08_a_failed_unload_leaves_no_zombie() {
     w.m.with_backend(|b| assert!(b.maps.holds_no_file_data()));
 }
 
+/// A V8-like file: a function, an end marker with the gap hint, 1 MiB of
+/// nothing, then more functions. Pages 0x41..=0x4f lie wholly in the gap.
+fn file_with_gap() -> IntervalData {
+    let mut d = IntervalData::new();
+    d.add(StackDelta::new(0x40_0010, hint::KEEP, sp(8)));
+    d.add(StackDelta::new(0x40_0014, hint::NONE, sp(24)));
+    d.add(StackDelta::new(0x40_8000, hint::GAP, info::INVALID));
+    let after = 0x40_8000 + (1 << 20);
+    d.add(StackDelta::new(after, hint::KEEP, sp(16)));
+    d.add(StackDelta::new(after + 0x40, hint::GAP, info::INVALID));
+    d.add(StackDelta::new(after + 0x1_0000, hint::KEEP, sp(40)));
+    d.add(StackDelta::new(after + 0x1_0100, hint::GAP, info::INVALID));
+    d
+}
+
+/// Upstream writes a page entry for every page between a file's first and
+/// last delta, also for the empty pages of a long gap (V8 snapshots). eim
+/// writes none for the pages wholly inside a gap of 512 KiB or more after
+/// an INVALID marker: a lookup there finds no page instead of the marker,
+/// and both end native unwinding.
+#[test]
+fn weakness_14_dead_pages_inside_a_gap_get_no_entry() {
+    use eim_sim::{answer_for, LookupError, SimReader};
+    let data = file_with_gap();
+    let w = World::new(&[(A, data.clone())]);
+    w.add(A).unwrap();
+    w.check();
+    let first = data.deltas[0].address >> 16;
+    let last = data.deltas[data.deltas.len() - 1].address >> 16;
+    let span = last - first + 1;
+    // Dead: strictly after the marker's page and before the next delta's.
+    let dead = |address: u64| (0x41..0x50).contains(&(address >> 16));
+    let written = w.m.with_backend(|b| b.maps.pages().len()) as u64;
+    assert_eq!(span, 18);
+    assert_eq!(written, span - 15, "no entry for the 15 dead pages");
+    let mut s = metrics::Summary::new();
+    w.m.update_metric_summary(&mut s);
+    assert_eq!(s[&metrics::HASHMAP_NUM_STACK_DELTA_PAGES], written);
+    assert_eq!(w.m.state().book.pages_in_use(), written);
+    // Every 256 bytes of the span, and every delta with its neighbours.
+    let mut addresses: Vec<u64> = ((first << 16)..((last + 1) << 16)).step_by(0x100).collect();
+    for d in &data.deltas {
+        addresses.extend([d.address - 1, d.address, d.address + 1]);
+    }
+    let (mut in_dead, mut outside) = (0, 0);
+    w.m.with_backend(|b| {
+        let reader = SimReader::new(&b.maps);
+        for &address in &addresses {
+            let result = reader.lookup(A, address);
+            if dead(address) {
+                in_dead += 1;
+                assert!(
+                    matches!(result, Err(LookupError::TextSection { .. })),
+                    "{address:#x}: {result:?}"
+                );
+            } else if address >= data.deltas[0].address {
+                outside += 1;
+                // A direct search of the deltas, not eim's own `expected`.
+                let direct = data
+                    .deltas
+                    .iter()
+                    .rev()
+                    .find(|d| d.address <= address)
+                    .map(|d| answer_for(&d.info));
+                assert_eq!(reader.answer(A, address), direct, "{address:#x}");
+            }
+        }
+    });
+    assert_eq!(in_dead, 15 * 256, "every probe of the dead pages");
+    assert!(outside > 3 * 256, "{outside} probes outside them");
+    // The unload deletes exactly the pages written (the kernel's delete
+    // batch stops at the first missing key, so one dead key would strand
+    // the rest), also when it fails part way and is retried.
+    w.m.with_backend(|b| b.maps.stop_batch(0, 2, Errno::EBUSY));
+    assert!(w.m.remove_or_dec_ref(A).is_err());
+    w.check();
+    assert_eq!(w.m.retry_leftovers(), 0);
+    w.m.with_backend(|b| assert!(b.maps.holds_no_file_data()));
+    w.check();
+    // And it loads and unloads cleanly again.
+    w.clock.advance(Duration::from_secs(91));
+    w.add(A).unwrap();
+    w.check();
+    w.m.remove_or_dec_ref(A).unwrap();
+    w.m.with_backend(|b| assert!(b.maps.holds_no_file_data()));
+    w.check();
+}
+
 /// Upstream's vDSO path took two references for one mapping and then failed
 /// "mapping already exists" forever. In eim a synthetic load takes exactly
 /// one reference, later mappings share it, and after the last release the

@@ -47,18 +47,12 @@ impl Default for Capacities {
 pub struct MapRef {
     /// Page-aligned address of the first page.
     pub start_page: u64,
+    /// Pages from the first to the last delta (upstream's `NumPages`).
     pub num_pages: u32,
+    /// Page entries written: `num_pages` minus the dead pages (see
+    /// [`encode::Draft::dead_pages`]). The page gauge counts these.
+    pub page_entries: u32,
     pub map_id: u16,
-}
-
-impl MapRef {
-    pub fn page_keys(&self, file_id: FileId) -> impl Iterator<Item = StackDeltaPageKey> + '_ {
-        let start = self.start_page;
-        (0..u64::from(self.num_pages)).map(move |p| StackDeltaPageKey {
-            file_id: file_id.0,
-            page: start + (p << PAGE_BITS),
-        })
-    }
 }
 
 /// A file whose table is in the kernel.
@@ -67,6 +61,24 @@ pub struct LoadedTable {
     pub map_ref: MapRef,
     /// The distinct `unwind_info_array` slots its table uses.
     pub slots: Box<[u16]>,
+    /// The dead pages of its span, which have no entry (page-aligned
+    /// ranges in address order).
+    pub dead_pages: Box<[Range<u64>]>,
+}
+
+impl LoadedTable {
+    /// The keys of exactly the page entries its load wrote, in address
+    /// order: every page of the span except the dead ones.
+    pub fn page_keys(&self, file_id: FileId) -> impl Iterator<Item = StackDeltaPageKey> + '_ {
+        let start = self.map_ref.start_page;
+        (0..u64::from(self.map_ref.num_pages))
+            .map(move |p| start + (p << PAGE_BITS))
+            .filter(|page| !encode::is_dead_page(&self.dead_pages, *page))
+            .map(move |page| StackDeltaPageKey {
+                file_id: file_id.0,
+                page,
+            })
+    }
 }
 
 /// Why a plan was refused before anything was written.
@@ -91,6 +103,8 @@ pub struct LoadPlan {
     pub map_ref: MapRef,
     /// Gaps of at least 512 KiB, for interpreter loaders.
     pub gaps: Vec<Range<u64>>,
+    /// Pages of the span that get no entry (see [`encode::Draft::dead_pages`]).
+    pub dead_pages: Vec<Range<u64>>,
     reserved: Reservation,
 }
 
@@ -389,6 +403,7 @@ impl KernelBook {
                 ops: put_offsets.into_iter().collect(),
                 map_ref: MapRef::default(),
                 gaps: Vec::new(),
+                dead_pages: Vec::new(),
                 reserved: Reservation {
                     file_id,
                     offsets,
@@ -396,8 +411,9 @@ impl KernelBook {
                 },
             });
         };
-        let num_pages = draft.per_page.len() as u64;
-        if self.pages_in_use + self.leftover_pages() + pending.pages + num_pages
+        // Only the entries written count against the map's capacity.
+        let page_entries = draft.page_entries();
+        if self.pages_in_use + self.leftover_pages() + pending.pages + page_entries
             > u64::from(self.caps.pages)
         {
             return Err(PlanError::MapFull {
@@ -483,10 +499,13 @@ impl KernelBook {
             ops,
             map_ref: MapRef {
                 start_page: draft.first_page,
-                num_pages: num_pages as u32,
+                // Both fit: `draft` bounds the span by the page capacity (u32).
+                num_pages: draft.per_page.len() as u32,
+                page_entries: page_entries as u32,
                 map_id: class,
             },
             gaps: draft.gaps,
+            dead_pages: draft.dead_pages,
             reserved,
         })
     }
@@ -570,13 +589,14 @@ impl KernelBook {
         for &slot in plan.reserved.slots.iter() {
             self.slots.add_user(slot);
         }
-        self.pages_in_use += u64::from(map_ref.num_pages);
+        self.pages_in_use += u64::from(map_ref.page_entries);
         self.tables[class_index(map_ref.map_id)] += 1;
         self.loaded.insert(
             plan.file_id,
             LoadedTable {
                 map_ref,
                 slots: plan.reserved.slots,
+                dead_pages: plan.dead_pages.into_boxed_slice(),
             },
         );
         map_ref
@@ -716,7 +736,7 @@ impl KernelBook {
                     pending.files.insert(file_id);
                     pending.offsets += u32::from(plan.reserved.offsets.is_some());
                     if plan.map_ref.map_id != 0 {
-                        pending.pages += u64::from(plan.map_ref.num_pages);
+                        pending.pages += u64::from(plan.map_ref.page_entries);
                         pending.tables[class_index(plan.map_ref.map_id)] += 1;
                     }
                     plans.push(plan);
@@ -938,9 +958,7 @@ impl KernelBook {
         }
         let mut ops = Vec::with_capacity(3);
         if let Some(table) = table {
-            ops.push(MapOp::DeletePages(
-                table.map_ref.page_keys(file_id).collect(),
-            ));
+            ops.push(MapOp::DeletePages(table.page_keys(file_id).collect()));
         }
         if offsets {
             ops.push(MapOp::DeleteInterpreterOffsets { file_id });
@@ -961,7 +979,7 @@ impl KernelBook {
         self.offsets.remove(&plan.file_id);
         let table = self.loaded.remove(&plan.file_id);
         if let Some(table) = &table {
-            self.pages_in_use -= u64::from(table.map_ref.num_pages);
+            self.pages_in_use -= u64::from(table.map_ref.page_entries);
             self.tables[class_index(table.map_ref.map_id)] -= 1;
         }
         let Err(stopped) = result else {
