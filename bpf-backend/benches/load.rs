@@ -31,16 +31,7 @@ use eim_core::{ExecutableInfoManager, FileId, Tracers};
 type Manager = ExecutableInfoManager<Arc<MemoryProvider>, KernelMaps>;
 
 fn have_bpf() -> bool {
-    let probe = sys::map_create(&sys::MapSpec {
-        map_type: sys::map_type::ARRAY,
-        key_size: 4,
-        value_size: 4,
-        max_entries: 1,
-        map_flags: 0,
-        inner_map: None,
-        name: "eim_probe",
-    });
-    probe.is_ok()
+    eim_bpf::probe::can_create_maps().unwrap_or(false)
 }
 
 /// File `i` of 64: 200, 400, 800 or 1600 deltas (classes 8 to 11) over a

@@ -22,32 +22,7 @@ use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
 use eim_sim::{SimConfig, SimMaps};
 
 fn require_bpf() -> bool {
-    let probe = sys::map_create(&sys::MapSpec {
-        map_type: sys::map_type::ARRAY,
-        key_size: 4,
-        value_size: 4,
-        max_entries: 1,
-        map_flags: 0,
-        inner_map: None,
-        name: "eim_probe",
-    });
-    match probe {
-        Ok(_) => true,
-        Err(e) if e.errno == libc::EPERM => {
-            let required = std::env::var("EIM_REQUIRE_BPF").as_deref() == Ok("1");
-            assert!(
-                !required,
-                "EIM_REQUIRE_BPF=1 but creating a BPF map failed with EPERM"
-            );
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n***** SKIPPED: kernel test (bpf() returned EPERM; needs root/CAP_BPF) *****"
-            );
-            false
-        }
-        Err(e) => panic!("probing BPF: {e}"),
-    }
+    eim_bpf::probe::require_bpf("kernel batch test")
 }
 
 fn testdata() -> PathBuf {
