@@ -522,29 +522,9 @@ impl KernelMaps {
         let fail = |errno: i32| OpFailure::new(Errno(errno), 0);
         let outer = self.outer(class).ok_or(fail(libc::EINVAL))?;
         let entries = abi::class_entries(class).ok_or(fail(libc::EINVAL))?;
-        let count = u32::try_from(deltas.len()).map_err(|_| fail(libc::E2BIG))?;
-        let inner = sys::map_create(&sys::MapSpec {
-            map_type: sys::map_type::ARRAY,
-            key_size: u32::SIZE as u32,
-            value_size: StackDelta::SIZE as u32,
-            max_entries: entries,
-            map_flags: 0,
-            inner_map: None,
-            name: "eim_deltas",
-        })
-        .map_err(|e| fail(e.errno))?;
-        let keys = flatten(0..count);
-        let values = flatten(deltas.iter().copied());
         // On any failure below, `inner` is dropped: its fd closes and the
         // unpublished array is freed.
-        elements::update(
-            self.config.write_mode,
-            inner.as_fd(),
-            &keys,
-            &values,
-            deltas.len(),
-        )
-        .map_err(|e| fail(e.errno))?;
+        let inner = self.filled_array(entries, deltas).map_err(fail)?;
         let inner_id = (std::os::fd::AsRawFd::as_raw_fd(&inner) as u32).to_le_bytes();
         let published = sys::update_elem(
             fd(outer),
@@ -556,6 +536,34 @@ impl KernelMaps {
         published.map_err(|e| fail(e.errno))?;
         self.inner.insert((class, file_id), inner);
         Ok(())
+    }
+
+    /// A new inner ARRAY of `entries` elements holding `deltas` from index
+    /// 0, not yet published; `Err(errno)` if it cannot be created or
+    /// filled (the array is then freed with its fd).
+    fn filled_array(&self, entries: u32, deltas: &[StackDelta]) -> Result<OwnedFd, i32> {
+        let count = u32::try_from(deltas.len()).map_err(|_| libc::E2BIG)?;
+        let inner = sys::map_create(&sys::MapSpec {
+            map_type: sys::map_type::ARRAY,
+            key_size: u32::SIZE as u32,
+            value_size: StackDelta::SIZE as u32,
+            max_entries: entries,
+            map_flags: 0,
+            inner_map: None,
+            name: "eim_deltas",
+        })
+        .map_err(|e| e.errno)?;
+        let keys = flatten(0..count);
+        let values = flatten(deltas.iter().copied());
+        elements::update(
+            self.config.write_mode,
+            inner.as_fd(),
+            &keys,
+            &values,
+            deltas.len(),
+        )
+        .map_err(|e| e.errno)?;
+        Ok(inner)
     }
 
     /// Update calls issued on outer maps so far (single or batch; each
@@ -583,28 +591,7 @@ impl KernelMaps {
         // created so far are dropped: their fds close and they are freed.
         let mut created = Vec::with_capacity(tables.len());
         for (_, deltas) in tables {
-            let count = u32::try_from(deltas.len()).map_err(|_| fail(libc::E2BIG))?;
-            let inner = sys::map_create(&sys::MapSpec {
-                map_type: sys::map_type::ARRAY,
-                key_size: u32::SIZE as u32,
-                value_size: StackDelta::SIZE as u32,
-                max_entries: entries,
-                map_flags: 0,
-                inner_map: None,
-                name: "eim_deltas",
-            })
-            .map_err(|e| fail(e.errno))?;
-            let keys = flatten(0..count);
-            let values = flatten(deltas.iter().copied());
-            elements::update(
-                self.config.write_mode,
-                inner.as_fd(),
-                &keys,
-                &values,
-                deltas.len(),
-            )
-            .map_err(|e| fail(e.errno))?;
-            created.push(inner);
+            created.push(self.filled_array(entries, deltas).map_err(fail)?);
         }
         let mut seen = BTreeSet::new();
         let absent = tables
