@@ -9,73 +9,29 @@
 //!   publication both roll back to identical, empty maps in kernel and sim.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use eim_bpf::{sys, Dump, KernelConfig, KernelMaps};
+use eim_bpf::{sys, KernelConfig, KernelMaps};
 use eim_core::deltas::IntervalData;
-use eim_core::elf::{extract::extract, Elf};
 use eim_core::manager::MonotonicClock;
 use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::provider::MemoryProvider;
 use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
 use eim_sim::{SimConfig, SimMaps};
 
+mod common;
+use common::sim_dump;
+
+/// Every corpus file that has deltas.
+fn corpus() -> Vec<(String, IntervalData)> {
+    common::corpus()
+        .into_iter()
+        .filter(|(_, data)| !data.deltas.is_empty())
+        .collect()
+}
+
 fn require_bpf() -> bool {
     eim_bpf::probe::require_bpf("kernel batch test")
-}
-
-fn testdata() -> PathBuf {
-    std::env::var_os("EIM_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"))
-}
-
-/// Every ELF of the oracle and upstream test data with deltas.
-fn corpus() -> Vec<(String, IntervalData)> {
-    let mut files = Vec::new();
-    for dir in ["oracle/bin", "upstream"] {
-        let dir = testdata().join(dir);
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| e.expect("dir entry").path())
-            .collect();
-        paths.sort();
-        for path in paths {
-            let Ok(bytes) = std::fs::read(&path) else {
-                continue;
-            };
-            if !bytes.starts_with(b"\x7fELF") {
-                continue;
-            }
-            let elf = Elf::parse(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let data = extract(&elf, None).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            if !data.deltas.is_empty() {
-                let name = path.file_name().unwrap().to_string_lossy().into_owned();
-                files.push((name, data));
-            }
-        }
-    }
-    assert!(
-        files.len() >= 10,
-        "test data not found under {}",
-        testdata().display()
-    );
-    files
-}
-
-fn sim_dump(s: &SimMaps) -> Dump {
-    Dump {
-        pages: s.pages(),
-        delta_tables: s
-            .delta_tables()
-            .into_iter()
-            .map(|(key, table)| (key, (table.capacity(), table.entries())))
-            .collect(),
-        unwind_infos: s.unwind_infos(),
-        interpreter_offsets: s.interpreter_offsets(),
-        live_inner_maps: s.live_inner_maps(),
-    }
 }
 
 fn provider(files: &[(String, IntervalData)]) -> (Arc<MemoryProvider>, Vec<FileId>) {

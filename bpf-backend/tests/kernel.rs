@@ -22,19 +22,20 @@ use std::time::Instant;
 
 use eim_bpf::lookup::{code, error_name, have, kind};
 use eim_bpf::{
-    sys, Dump, KernelConfig, KernelMaps, KernelResolved, LookupResult, MapStats, PinState,
-    WriteMode,
+    sys, KernelConfig, KernelMaps, KernelResolved, LookupResult, MapStats, PinState, WriteMode,
 };
 use eim_core::abi::{
     OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo, Wire, PAGE_MASK,
 };
 use eim_core::deltas::IntervalData;
-use eim_core::elf::{extract::extract, Elf};
 use eim_core::machine::{Capacities, KernelBook};
 use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::provider::MemoryProvider;
 use eim_core::{ExecutableInfoManager, FileId, Tracers};
 use eim_sim::{expected, Answer, Resolved, SimConfig, SimMaps, SimReader};
+
+mod common;
+use common::{corpus, sim_dump};
 
 /// Whether BPF is usable here. Without privileges: a loud SKIPPED and
 /// `false`, or a panic when `EIM_REQUIRE_BPF=1`.
@@ -210,46 +211,6 @@ impl Rng {
     }
 }
 
-fn testdata() -> PathBuf {
-    std::env::var_os("EIM_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"))
-}
-
-/// Every ELF of the oracle and upstream test data with its extracted deltas.
-fn corpus() -> Vec<(String, IntervalData)> {
-    let mut files = Vec::new();
-    for dir in ["oracle/bin", "upstream"] {
-        let dir = testdata().join(dir);
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| e.expect("dir entry").path())
-            .collect();
-        paths.sort();
-        for path in paths {
-            let Ok(bytes) = std::fs::read(&path) else {
-                continue;
-            };
-            if !bytes.starts_with(b"\x7fELF") {
-                continue;
-            }
-            let elf = Elf::parse(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let data = extract(&elf, None).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            files.push((name(&path), data));
-        }
-    }
-    assert!(
-        files.len() >= 10,
-        "test data not found under {}",
-        testdata().display()
-    );
-    files
-}
-
-fn name(path: &Path) -> String {
-    path.file_name().unwrap().to_string_lossy().into_owned()
-}
-
 /// Random addresses probed per corpus file, besides every delta address
 /// and its two neighbours.
 const RANDOM_PROBES: usize = 3000;
@@ -390,20 +351,6 @@ impl<B: Backend> Backend for Faulty<B> {
             _ => 0,
         };
         Err(OpFailure::new(Errno(errno), done))
-    }
-}
-
-fn sim_dump(s: &SimMaps) -> Dump {
-    Dump {
-        pages: s.pages(),
-        delta_tables: s
-            .delta_tables()
-            .into_iter()
-            .map(|(key, table)| (key, (table.capacity(), table.entries())))
-            .collect(),
-        unwind_infos: s.unwind_infos(),
-        interpreter_offsets: s.interpreter_offsets(),
-        live_inner_maps: s.live_inner_maps(),
     }
 }
 
