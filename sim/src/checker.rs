@@ -456,7 +456,7 @@ pub(crate) fn equivalent(
 /// Whether one lookup result is safe (invariant 2): no page, or the answer
 /// of the file's deltas; never a missing table, an index out of range or
 /// an unwritten slot.
-pub(crate) fn reader_safe(result: &Result<Resolved, LookupError>, want: &Option<Answer>) -> bool {
+fn reader_safe(result: &Result<Resolved, LookupError>, want: &Option<Answer>) -> bool {
     match result {
         // No page (another page of the file may be gone already).
         Err(LookupError::TextSection { .. }) => true,
@@ -486,17 +486,28 @@ pub fn check_reader_safety(
                 "page entry for file {file_id}, which no source ever produced"
             )));
         };
-        for address in page_samples(data, key.page, spread) {
-            let result = reader.lookup(file_id, address);
-            let want = expected(data, address);
-            if !reader_safe(&result, &want) {
-                return Err(Violation::ReaderSafety {
-                    file_id,
-                    address,
-                    got: format!("{result:?}"),
-                    want,
-                });
-            }
+        check_addresses_safe(&reader, file_id, data, page_samples(data, key.page, spread))?;
+    }
+    Ok(())
+}
+
+/// Invariant 2 at `addresses` of `file_id`, whose source deltas are `data`.
+pub(crate) fn check_addresses_safe(
+    reader: &SimReader<'_>,
+    file_id: FileId,
+    data: &IntervalData,
+    addresses: impl IntoIterator<Item = u64>,
+) -> Result<(), Violation> {
+    for address in addresses {
+        let result = reader.lookup(file_id, address);
+        let want = expected(data, address);
+        if !reader_safe(&result, &want) {
+            return Err(Violation::ReaderSafety {
+                file_id,
+                address,
+                got: format!("{result:?}"),
+                want,
+            });
         }
     }
     Ok(())

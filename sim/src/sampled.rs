@@ -15,7 +15,7 @@ use eim_core::deltas::IntervalData;
 use eim_core::manager::StateView;
 use eim_core::FileId;
 
-use crate::checker::{reader_safe, Sources, Violation};
+use crate::checker::{check_addresses_safe, Sources, Violation};
 use crate::kernel::SimMaps;
 use crate::reader::{expected, SimReader};
 
@@ -115,18 +115,7 @@ pub fn check_pages_safe(
                 "page entry for file {file_id}, which no source ever produced"
             )));
         };
-        for address in page_addresses(data, key.page, s) {
-            let result = reader.lookup(file_id, address);
-            let want = expected(data, address);
-            if !reader_safe(&result, &want) {
-                return Err(Violation::ReaderSafety {
-                    file_id,
-                    address,
-                    got: format!("{result:?}"),
-                    want,
-                });
-            }
-        }
+        check_addresses_safe(&reader, file_id, data, page_addresses(data, key.page, s))?;
     }
     Ok(())
 }
