@@ -25,8 +25,9 @@ pub struct DtvInfo {
     pub multiplier: u8,
 }
 
-/// Per-file data of an interpreter loader.
-pub trait InterpreterData: Send + Sync + fmt::Debug {
+/// Per-file data of an interpreter loader. `Any` lets a caller that knows
+/// the loader read its concrete data (`as &dyn Any`, then `downcast_ref`).
+pub trait InterpreterData: std::any::Any + Send + Sync + fmt::Debug {
     /// The loader that produced it.
     fn loader(&self) -> &'static str;
 

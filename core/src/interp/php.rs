@@ -4,14 +4,25 @@
 //! PHP: extracts the version from the read-only string after
 //! `X-Powered-By: PHP/` (7.3.0 <= v < 8.4.0), the address of
 //! `executor_globals`, and asks for `execute_ex` in `interpreter_offsets`
-//! (program 5).
+//! (program 5). From PHP 8 on it also reads which VM the build uses and,
+//! for the hybrid VM, the return address JIT-compiled code unwinds to
+//! ([`JitReturn`]). As upstream, a failure there does not refuse the file:
+//! the interpreter still unwinds, only frames of JIT code do not, and the
+//! reason is kept in the data.
 //!
 //! Opcache: extracts the extension's version from its
 //! `zend_extension_entry` (the relocated `version` pointer); versions before
-//! 8.0 are "not mine", as upstream.
+//! 8.0 are "not mine", as upstream. For 8.0 and later it also needs where
+//! the JIT buffer's start and size are kept ([`JitBufferPointers`]), read
+//! from `zend_jit_unprotect`; without them the file is refused.
 
 use super::access::{read_cstr, Relocations, Symbol};
 use super::names::{OPCACHE, PHP};
+pub use super::php_code::JitBufferPointers;
+use super::php_code::{
+    jit_buffer_pointers, jit_return_address, vm_kind, EXECUTE_EX_BYTES, UNPROTECT_BYTES,
+    VM_KIND_BYTES, VM_KIND_HYBRID,
+};
 use super::{InterpreterOffsets, Loaded, LoaderError, LoaderInfo, Version};
 use crate::abi::program;
 use crate::elf::Elf;
@@ -29,6 +40,32 @@ pub struct PhpData {
     pub version: Version,
     pub executor_globals: u64,
     pub execute_ex: Symbol,
+    pub jit_return: JitReturn,
+}
+
+/// Where frames of JIT-compiled code return to (upstream's `rtAddr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JitReturn {
+    /// PHP 7 has no JIT.
+    NoJit,
+    /// `zend_vm_kind` returns this, not the hybrid VM: JIT code is called
+    /// like any function and leaves return addresses of its own.
+    NotHybrid { vm_kind: u32 },
+    /// The hybrid VM jumps into opcode handlers and JIT code from
+    /// `execute_ex`; they return to this address.
+    Address(u64),
+    /// The VM or the address could not be read: JIT frames will not unwind.
+    Unknown(String),
+}
+
+impl JitReturn {
+    /// The address the BPF side gets (0 when there is none, as upstream).
+    pub fn address(&self) -> u64 {
+        match self {
+            JitReturn::Address(a) => *a,
+            _ => 0,
+        }
+    }
 }
 
 impl InterpreterData for PhpData {
@@ -46,6 +83,8 @@ pub struct OpcacheData {
     pub version: Version,
     /// The extension entry the version was read from.
     pub extension_entry: u64,
+    /// The variables holding the JIT buffer's start and size.
+    pub jit_buffer: JitBufferPointers,
 }
 
 impl InterpreterData for OpcacheData {
@@ -89,14 +128,55 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
     let syms = info.symbols();
     let executor_globals = syms.require("executor_globals")?.address;
     let execute_ex = syms.require("execute_ex")?;
+    let jit_return = if version < Version(8, 0, 0) {
+        JitReturn::NoJit
+    } else {
+        jit_return(info, execute_ex).unwrap_or_else(|e| JitReturn::Unknown(e.to_string()))
+    };
     Ok(Some(Loaded::new(
         PhpData {
             version,
             executor_globals,
             execute_ex,
+            jit_return,
         },
         Some(InterpreterOffsets::one(program::PHP, execute_ex.range())),
     )))
+}
+
+/// The first `max` bytes of a function, or fewer when its symbol says it
+/// is shorter.
+fn code_of<'d>(
+    info: &LoaderInfo<'_, 'd>,
+    name: &str,
+    max: u64,
+) -> Result<(Symbol, std::borrow::Cow<'d, [u8]>), LoaderError> {
+    let sym = info.symbols().require(name)?;
+    let len = if sym.size == 0 {
+        max
+    } else {
+        sym.size.min(max)
+    };
+    let code = info
+        .elf
+        .virtual_memory(sym.address, len as usize)
+        .ok_or_else(|| LoaderError::Unreadable {
+            what: format!("the code of {name}"),
+            addr: sym.address,
+        })?;
+    Ok((sym, code))
+}
+
+fn jit_return(info: &LoaderInfo<'_, '_>, execute_ex: Symbol) -> Result<JitReturn, LoaderError> {
+    let arch = info.elf.arch;
+    let (_, code) = code_of(info, "zend_vm_kind", VM_KIND_BYTES)?;
+    let kind = vm_kind(arch, &code)?;
+    if kind != VM_KIND_HYBRID {
+        return Ok(JitReturn::NotHybrid { vm_kind: kind });
+    }
+    let (_, code) = code_of(info, "execute_ex", EXECUTE_EX_BYTES)?;
+    let address = jit_return_address(arch, &code, execute_ex.address)?;
+    Ok(JitReturn::Address(address))
 }
 
 pub fn load_opcache(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
@@ -117,10 +197,13 @@ pub fn load_opcache(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderE
     if version < Version(8, 0, 0) {
         return Ok(None);
     }
+    let (unprotect, code) = code_of(info, "zend_jit_unprotect", UNPROTECT_BYTES)?;
+    let jit_buffer = jit_buffer_pointers(info.elf.arch, &code, unprotect.address)?;
     Ok(Some(Loaded::new(
         OpcacheData {
             version,
             extension_entry: entry.address,
+            jit_buffer,
         },
         None,
     )))
