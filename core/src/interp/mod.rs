@@ -24,7 +24,7 @@ pub mod hotspot;
 pub mod names;
 pub mod perl;
 pub mod php;
-mod php_code;
+pub mod php_code;
 pub mod python;
 pub mod ruby;
 pub mod v8;
