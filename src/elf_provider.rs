@@ -3,7 +3,7 @@
 //! runs the extraction with the debug-file lookup as its callback, and
 //! counts successes and failures the way upstream does (a file that has
 //! gone is not a failure). A file whose name marks it as a C library also
-//! gets its TSD layout ([`tsd_of`]).
+//! gets its TSD and DTV layouts ([`libc_of`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use std::path::Path;
 
 use eim_core::deltas::IntervalData;
 use eim_core::elf::Elf;
-use eim_core::info::TsdInfo;
+use eim_core::info::{DtvInfo, LibcInfo, TsdInfo};
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
 
 use crate::elf_file::{DebugFile, ElfFileRef, OpenElf, DEFAULT_MAX_SIZE};
@@ -54,6 +54,36 @@ pub fn tsd_of(path: &Path, elf: &Elf<'_>) -> Option<TsdInfo> {
             tracing::debug!("{}: no TSD layout: {e}", path.display());
             None
         }
+    }
+}
+
+/// Upstream HEAD's DTV step: for a file whose path (as given) matches
+/// HEAD's C-library pattern, which adds the dynamic loader (glibc defines
+/// `__tls_get_addr` there), the layout `__tls_get_addr` reads. A file
+/// without that symbol has no DTV and no error; a failed analysis is
+/// reported like the TSD's (logged, not an extraction failure).
+pub fn dtv_of(path: &Path, elf: &Elf<'_>) -> Option<DtvInfo> {
+    if !eim_core::tsd::is_potential_libc_dso(path.as_os_str().as_bytes()) {
+        return None;
+    }
+    match eim_core::tsd::extract_dtv(elf) {
+        Ok(info) => info,
+        Err(e) => {
+            tracing::debug!("{}: no DTV layout: {e}", path.display());
+            None
+        }
+    }
+}
+
+/// Both C-library layouts of the file at `path` (upstream HEAD's
+/// `ExtractLibcInfo`, which fails only when both analyses fail: here that
+/// is the empty [`LibcInfo`]). The TSD keeps SEED's name check, which the
+/// oracle's `.tsd` files record; only the dynamic loader tells the two
+/// apart, and it defines no `pthread_getspecific`.
+pub fn libc_of(path: &Path, elf: &Elf<'_>) -> LibcInfo {
+    LibcInfo {
+        tsd: tsd_of(path, elf),
+        dtv: dtv_of(path, elf),
     }
 }
 
@@ -198,7 +228,7 @@ impl ElfProvider {
                 };
                 Ok(Extraction {
                     data,
-                    tsd: tsd_of(file.path(), open.elf()),
+                    libc: libc_of(file.path(), open.elf()),
                     interpreters,
                 })
             }
@@ -378,6 +408,101 @@ mod tests {
         assert_eq!(r.data.deltas[0].address, 0x850);
     }
 
+    /// Spec 7.2's four C libraries (DTV values from upstream's tests, TSD
+    /// values from the oracle's `.tsd` files) come out of the manager with
+    /// both layouts, each file by the name it has when installed.
+    #[test]
+    fn c_libraries_carry_their_layouts_through_the_manager() {
+        use eim_core::{ExecutableInfoManager, Tracers};
+        use eim_sim::{SimConfig, SimMaps};
+        let tsd = |offset, multiplier, indirect| {
+            Some(TsdInfo {
+                offset,
+                multiplier,
+                indirect,
+            })
+        };
+        let dtv = |offset, multiplier| Some(DtvInfo { offset, multiplier });
+        let bin = testdata().join("oracle/bin");
+        let dir = tempdir();
+        // The arm64 inputs are stored renamed (`aarch64-...`); installed
+        // names put them under the C-library pattern again.
+        let installed = |source: &str, name: &str| -> std::path::PathBuf {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::os::unix::fs::symlink(bin.join(source), &path).expect("symlink");
+            path
+        };
+        let cases = [
+            // glibc splits them: libc.so.6 only imports `__tls_get_addr`,
+            // which the dynamic loader defines.
+            (
+                "/lib/x86_64-linux-gnu/libc.so.6".into(),
+                tsd(792, 16, 0),
+                None,
+            ),
+            ("/lib64/ld-linux-x86-64.so.2".into(), None, dtv(8, 16)),
+            (
+                installed("aarch64-libc.so.6", "lib/aarch64-linux-gnu/libc.so.6"),
+                tsd(-1576, 16, 0),
+                None,
+            ),
+            (
+                installed("aarch64-ld-linux-aarch64.so.1", "lib/ld-linux-aarch64.so.1"),
+                None,
+                dtv(0, 16),
+            ),
+            // musl has both in one file.
+            (
+                "/usr/lib/x86_64-linux-musl/libc.so".into(),
+                tsd(128, 8, 1),
+                dtv(8, 8),
+            ),
+            (
+                installed("aarch64-musl-libc.so", "lib/ld-musl-aarch64.so.1"),
+                tsd(-88, 8, 1),
+                dtv(-8, 8),
+            ),
+        ];
+        let info_of = |manager: &ExecutableInfoManager<ElfProvider, SimMaps>, path: &Path| {
+            let file = ElfFileRef::new(path);
+            let id = file
+                .file_id()
+                .unwrap_or_else(|e| panic!("{e} (tests/run installs musl)"))
+                .host();
+            manager
+                .add_or_inc_ref(id, &file)
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let maps = SimMaps::new(SimConfig::default()).expect("maps");
+        let manager = ExecutableInfoManager::new(ElfProvider::new(), maps, Tracers::none());
+        for (path, tsd, dtv) in &cases {
+            let info = info_of(&manager, path);
+            assert_eq!(
+                info.libc,
+                LibcInfo {
+                    tsd: *tsd,
+                    dtv: *dtv
+                },
+                "{}",
+                path.display()
+            );
+        }
+        // Files that are no C library by name have neither layout, even
+        // those defining `__tls_get_addr` (a fresh manager: one already
+        // holding these bytes would answer with what it knows).
+        let maps = SimMaps::new(SimConfig::default()).expect("maps");
+        let manager = ExecutableInfoManager::new(ElfProvider::new(), maps, Tracers::none());
+        for name in [
+            "ccorpus-x86_64-O2",
+            "aarch64-ld-linux-aarch64.so.1",
+            "aarch64-musl-libc.so",
+        ] {
+            let info = info_of(&manager, &bin.join(name));
+            assert_eq!(info.libc, LibcInfo::default(), "{name}");
+        }
+    }
+
     #[test]
     fn a_c_library_by_name_gets_its_tsd_layout() {
         let musl = testdata().join("oracle/bin/aarch64-musl-libc.so");
@@ -387,7 +512,7 @@ mod tests {
         let p = ElfProvider::new();
         let named = p.extract(&ElfFileRef::new(&as_libc)).expect("extracted");
         assert_eq!(
-            named.tsd,
+            named.libc.tsd,
             Some(TsdInfo {
                 offset: -88,
                 multiplier: 8,
@@ -396,15 +521,15 @@ mod tests {
         );
         // The same bytes under their renamed name: not a C library by name.
         let renamed = p.extract(&ElfFileRef::new(&musl)).expect("extracted");
-        assert_eq!(renamed.tsd, None);
+        assert_eq!(renamed.libc, LibcInfo::default());
         assert_eq!(renamed.data, named.data);
         // A C library name whose analysis fails has no layout, and that is
         // not an extraction failure.
         let volname = dir.path().join("libpthread.so.0");
         std::os::unix::fs::symlink(testdata().join("upstream/volname"), &volname).expect("symlink");
         assert_eq!(
-            p.extract(&ElfFileRef::new(&volname)).map(|e| e.tsd),
-            Ok(None)
+            p.extract(&ElfFileRef::new(&volname)).map(|e| e.libc),
+            Ok(LibcInfo::default())
         );
     }
 }

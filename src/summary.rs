@@ -21,6 +21,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use eim_core::abi;
+use eim_core::info::LibcInfo;
 use eim_core::metrics::{self, MetricId};
 
 use crate::backend::{Inspect, InspectError};
@@ -66,7 +67,7 @@ pub struct Summary {
     pub kernel: Kernel,
     /// Files (or mappings) not loaded, with the reason.
     pub problems: Vec<Problem>,
-    /// The loaded files that are C libraries (their TSD layout) or
+    /// The loaded files that are C libraries (their TSD and DTV layouts) or
     /// interpreters (each matching loader, its version and ranges).
     pub found: Vec<Found>,
     /// Upstream's five metrics (counters as totals).
@@ -80,7 +81,7 @@ pub struct Found {
     pub path: PathBuf,
     /// `c-library`, or the loader's name.
     pub kind: String,
-    /// The interpreter's version, or the TSD layout of a C library.
+    /// The interpreter's version, or the TSD and DTV layouts of a C library.
     pub detail: String,
     /// The `interpreter_offsets` ranges (half-open, hexadecimal) and the
     /// program they dispatch to.
@@ -113,7 +114,7 @@ pub struct Files {
     pub distinct: usize,
     /// Files whose tables are in the maps.
     pub loaded: usize,
-    /// Loaded files with C-library TSD information.
+    /// Loaded files with a C-library TSD or DTV layout.
     pub c_libraries: usize,
     /// Loaded files an interpreter loader recognised.
     pub interpreters: usize,
@@ -192,7 +193,10 @@ impl Summary {
         let state = host.manager().state();
         let step = host.last_step().clone();
         let loaded: Vec<_> = state.files.iter().collect();
-        let c_libraries = loaded.iter().filter(|(_, e)| e.info.tsd.is_some()).count();
+        let c_libraries = loaded
+            .iter()
+            .filter(|(_, e)| !e.info.libc.is_empty())
+            .count();
         let interpreters = loaded
             .iter()
             .filter(|(_, e)| e.info.interpreters.iter().any(|m| m.outcome.is_ok()))
@@ -319,7 +323,7 @@ impl Summary {
         ]);
         t.row(["distinct files".into(), n(self.files.distinct)]);
         t.row(["  loaded".into(), n(self.files.loaded)]);
-        t.row(["  C libraries (TSD)".into(), n(self.files.c_libraries)]);
+        t.row(["  C libraries (TSD, DTV)".into(), n(self.files.c_libraries)]);
         t.row(["  interpreters".into(), n(self.files.interpreters)]);
         t.row(["  deferred".into(), n(self.files.deferred)]);
         t.row(["  failed".into(), n(self.files.failed)]);
@@ -435,19 +439,31 @@ impl Summary {
     }
 }
 
+/// A C library's layouts, TSD first in the oracle's `.tsd` form; glibc has
+/// one per file (TSD in libc, DTV in the dynamic loader), musl both.
+fn libc_detail(libc: &LibcInfo) -> String {
+    let tsd = libc.tsd.map(|t| {
+        format!(
+            "tsd offset={} multiplier={} indirect={}",
+            t.offset, t.multiplier, t.indirect
+        )
+    });
+    let dtv = libc
+        .dtv
+        .map(|d| format!("dtv offset={} multiplier={}", d.offset, d.multiplier));
+    tsd.into_iter().chain(dtv).collect::<Vec<_>>().join(", ")
+}
+
 /// The C libraries and interpreters among `files`, in path order.
 fn found<'a>(files: impl Iterator<Item = &'a FileRecord>) -> Vec<Found> {
     let mut out = Vec::new();
     for file in files {
         let Some(info) = &file.info else { continue };
-        if let Some(tsd) = info.tsd {
+        if !info.libc.is_empty() {
             out.push(Found {
                 path: file.path.clone(),
                 kind: "c-library".to_string(),
-                detail: format!(
-                    "tsd offset={} multiplier={} indirect={}",
-                    tsd.offset, tsd.multiplier, tsd.indirect
-                ),
+                detail: libc_detail(&info.libc),
                 ranges: Vec::new(),
             });
         }
@@ -474,4 +490,35 @@ fn found<'a>(files: impl Iterator<Item = &'a FileRecord>) -> Vec<Found> {
     }
     out.sort_by(|a, b| (&a.path, &a.kind).cmp(&(&b.path, &b.kind)));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eim_core::info::{DtvInfo, TsdInfo};
+
+    #[test]
+    fn a_c_library_shows_each_layout_it_has() {
+        let tsd = Some(TsdInfo {
+            offset: 128,
+            multiplier: 8,
+            indirect: 1,
+        });
+        let dtv = Some(DtvInfo {
+            offset: 8,
+            multiplier: 8,
+        });
+        assert_eq!(
+            libc_detail(&LibcInfo { tsd, dtv }),
+            "tsd offset=128 multiplier=8 indirect=1, dtv offset=8 multiplier=8"
+        );
+        assert_eq!(
+            libc_detail(&LibcInfo { tsd, dtv: None }),
+            "tsd offset=128 multiplier=8 indirect=1"
+        );
+        assert_eq!(
+            libc_detail(&LibcInfo { tsd: None, dtv }),
+            "dtv offset=8 multiplier=8"
+        );
+    }
 }

@@ -221,7 +221,8 @@ fn a_scan_loads_every_file_of_sleep_python_and_go_with_the_right_ids() {
 
 /// The summary names the interpreters and C libraries it found: python
 /// with the version python itself reports, Go (and Go labels) for the Go
-/// binary, and libc with a TSD layout.
+/// binary, libc with a TSD layout and the dynamic loader with the DTV
+/// layout (glibc defines `__tls_get_addr` there; spec 7.2's {8, 16}).
 #[test]
 fn a_scan_reports_python_go_and_libc_with_their_versions() {
     let go = testdata().join("oracle/bin/gocorpus-go1.23-amd64");
@@ -256,6 +257,14 @@ fn a_scan_reports_python_go_and_libc_with_their_versions() {
         libc.iter()
             .any(|f| f.path.to_string_lossy().contains("libc.so.6")
                 && f.detail.starts_with("tsd offset=")),
+        "{:?}",
+        summary.found
+    );
+    assert!(
+        libc.iter().any(
+            |f| f.path.to_string_lossy().contains("ld-linux-x86-64.so.2")
+                && f.detail == "dtv offset=8 multiplier=16"
+        ),
         "{:?}",
         summary.found
     );

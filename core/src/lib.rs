@@ -31,7 +31,7 @@ pub mod text;
 pub mod tsd;
 
 pub use error::Error;
-pub use info::{DtvInfo, ExecutableInfo, InterpreterData, TsdInfo};
+pub use info::{DtvInfo, ExecutableInfo, InterpreterData, LibcInfo, TsdInfo};
 pub use manager::{Config, ExecutableInfoManager, Tracers};
 
 use std::fmt;

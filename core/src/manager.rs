@@ -464,7 +464,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         match loaded {
             Ok(_) => Ok(ExecutableInfo {
                 interpreters: std::sync::Arc::from(extraction.interpreters),
-                tsd: extraction.tsd,
+                libc: extraction.libc,
             }),
             Err(e) => {
                 if !matches!(e, Error::CleanupPending { .. }) {
@@ -559,7 +559,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             let outcome = match loaded.remove(&file_id) {
                 Some(Ok(_)) => Ok(ExecutableInfo {
                     interpreters: std::sync::Arc::from(extraction.interpreters),
-                    tsd: extraction.tsd,
+                    libc: extraction.libc,
                 }),
                 Some(Err(e)) => {
                     if !matches!(e, Error::CleanupPending { .. }) {

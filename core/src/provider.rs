@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::deltas::IntervalData;
-use crate::info::TsdInfo;
+use crate::info::LibcInfo;
 use crate::interp::LoaderMatch;
 use crate::manager::Tracers;
 use crate::FileId;
@@ -15,7 +15,8 @@ use crate::FileId;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Extraction {
     pub data: IntervalData,
-    pub tsd: Option<TsdInfo>,
+    /// The C-library layouts, for a file named like a C library.
+    pub libc: LibcInfo,
     /// What every enabled interpreter loader that recognised the file said.
     pub interpreters: Vec<LoaderMatch>,
 }

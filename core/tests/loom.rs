@@ -24,7 +24,9 @@ use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::manager::ManualClock;
 use eim_core::ops::{Backend, MapOp, OpFailure};
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
-use eim_core::{Config, Error, ExecutableInfo, ExecutableInfoManager, FileId, Tracers, TsdInfo};
+use eim_core::{
+    Config, Error, ExecutableInfo, ExecutableInfoManager, FileId, LibcInfo, Tracers, TsdInfo,
+};
 
 const FILE: FileId = FileId(0x10ad);
 const AGE: Duration = Duration::from_secs(5);
@@ -61,13 +63,16 @@ fn deltas() -> IntervalData {
     d
 }
 
-/// A TSD record no default info has, so "every caller got the extraction's
-/// info" is a real check.
-fn tsd() -> TsdInfo {
-    TsdInfo {
-        offset: 0x1d8,
-        multiplier: 8,
-        indirect: 1,
+/// A C-library record no default info has, so "every caller got the
+/// extraction's info" is a real check.
+fn libc() -> LibcInfo {
+    LibcInfo {
+        tsd: Some(TsdInfo {
+            offset: 0x1d8,
+            multiplier: 8,
+            indirect: 1,
+        }),
+        dtv: None,
     }
 }
 
@@ -79,7 +84,7 @@ impl Provider for Counting {
         match self.answer {
             Answer::Data => Ok(Extraction {
                 data: deltas(),
-                tsd: Some(tsd()),
+                libc: libc(),
                 interpreters: Vec::new(),
             }),
             Answer::Broken => Err(ExtractError::new(
@@ -175,7 +180,7 @@ impl Fixture {
 fn extracted_info() -> ExecutableInfo {
     ExecutableInfo {
         interpreters: Vec::new().into(),
-        tsd: Some(tsd()),
+        libc: libc(),
     }
 }
 

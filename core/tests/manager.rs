@@ -11,7 +11,7 @@ use eim_core::manager::{Clock, ManualClock};
 use eim_core::metrics;
 use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider, Provider};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
+use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo, Tracers};
 
 /// Records ops; fails the op with the given number (counted from 0) once.
 #[derive(Default, Clone)]
@@ -109,7 +109,7 @@ impl Provider for Gate {
         }
         Ok(Extraction {
             data: data(1),
-            tsd: None,
+            libc: LibcInfo::default(),
             interpreters: Vec::new(),
         })
     }

@@ -31,7 +31,7 @@ use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::manager::ManualClock;
 use eim_core::ops::Errno;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId};
+use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo};
 use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
 
 const FILES: usize = 4;
@@ -217,7 +217,7 @@ impl Harness {
         let result = match mode {
             Mode::Data => Ok(Extraction {
                 data: self.sources[&file].clone(),
-                tsd: None,
+                libc: LibcInfo::default(),
                 interpreters: Vec::new(),
             }),
             Mode::Vanished => Err(ExtractError::new(

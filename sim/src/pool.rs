@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use eim_core::deltas::IntervalData;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
-use eim_core::FileId;
+use eim_core::{FileId, LibcInfo};
 
 use crate::checker::Sources;
 use crate::corpus::RealFile;
@@ -163,7 +163,7 @@ impl Provider for SimProvider {
         match mode {
             Mode::Present => Ok(Extraction {
                 data: IntervalData::clone(&self.files[*index]),
-                tsd: None,
+                libc: LibcInfo::default(),
                 interpreters: Vec::new(),
             }),
             Mode::Gone => Err(ExtractError::new(

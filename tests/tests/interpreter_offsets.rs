@@ -15,7 +15,7 @@ use eim_core::machine::Capacities;
 use eim_core::manager::ManualClock;
 use eim_core::ops::{Errno, MapKind};
 use eim_core::provider::{Extraction, MemoryProvider};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, InterpreterData, Tracers};
+use eim_core::{Config, Error, ExecutableInfoManager, FileId, InterpreterData, LibcInfo, Tracers};
 use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
 
 const FILE: FileId = FileId(0x9e7);
@@ -64,7 +64,7 @@ fn python_match(first: std::ops::Range<u64>) -> LoaderMatch {
 fn extraction(data: IntervalData, interpreters: Vec<LoaderMatch>) -> Extraction {
     Extraction {
         data,
-        tsd: None,
+        libc: LibcInfo::default(),
         interpreters,
     }
 }

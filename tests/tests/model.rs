@@ -18,7 +18,7 @@ use eim_core::manager::ManualClock;
 use eim_core::metrics;
 use eim_core::ops::Errno;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
+use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo, Tracers};
 use eim_sim::{check_all, Fault, Observed, SimConfig, SimMaps, Sources};
 use eim_tests::gen::arb_interval_data;
 use proptest::prelude::*;
@@ -172,7 +172,7 @@ impl Harness {
         let result = match mode {
             Mode::Data => Ok(Extraction {
                 data: self.sources[&id(i)].clone(),
-                tsd: None,
+                libc: LibcInfo::default(),
                 interpreters: Vec::new(),
             }),
             Mode::Vanished => Err(vanished(i)),
