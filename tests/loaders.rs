@@ -222,6 +222,70 @@ fn python_3_11_tss_key_in_the_executable_and_the_library() {
     }
 }
 
+/// The TSS key on every CPython shared library pyenv built on this machine
+/// (3.6 to 3.13 on the project's machines: the key by value in 3.6, a
+/// `Py_tss_t` from 3.7, checked for existence first from 3.12). Not
+/// installed by `tests/run`: skipped loudly when absent.
+#[test]
+fn python_tss_key_of_every_pyenv_libpython() {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
+        .unwrap_or_default();
+    let libs: Vec<String> = std::fs::read_dir(root.join("versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|v| {
+            std::fs::read_dir(v.path().join("lib"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.path().to_string_lossy().into_owned())
+        .filter(|p| p.contains("/libpython3.") && p.ends_with(".so.1.0"))
+        .collect();
+    if libs.is_empty() {
+        eprintln!("SKIPPED: no pyenv libpython under {}", root.display());
+        return;
+    }
+    for lib in libs {
+        let code = disassemble("objdump", &lib, "PyGILState_GetThisThreadState");
+        let by_value = code
+            .lines()
+            .find(|l| l.contains("mov    edi,DWORD PTR [rip+"));
+        let want = match by_value {
+            Some(line) => hex_after(line, "# ").expect("objdump's address"),
+            None => {
+                // mov rax, [rip+SLOT] (readelf: the slot of _PyRuntime), then
+                // lea REG, [rax+OFF] makes &Py_tss_t.
+                let slot_line = code
+                    .lines()
+                    .find(|l| l.contains("mov    rax,QWORD PTR [rip+"))
+                    .unwrap_or_else(|| panic!("{lib}: no GOT load in {code}"));
+                let slot = hex_after(slot_line, "# ").expect("objdump's address");
+                let relocs = run("readelf", &["-rW", &lib]);
+                let reloc = relocs
+                    .lines()
+                    .find(|l| l.starts_with(&format!("{slot:016x} ")))
+                    .unwrap_or_else(|| panic!("{lib}: no relocation at {slot:#x}"));
+                assert!(
+                    reloc.contains("GLOB_DAT") && reloc.contains(" _PyRuntime"),
+                    "{reloc}"
+                );
+                let off = code
+                    .lines()
+                    .find_map(|l| hex_after(l.split("lea    ").nth(1)?, ",[rax+"))
+                    .unwrap_or_else(|| panic!("{lib}: no struct address in {code}"));
+                nm_range(&lib, "_PyRuntime").start + off + 4
+            }
+        };
+        let matches = matches_of(&lib);
+        print_row(&lib, &matches);
+        assert_eq!(tss_key_of(loaded(&matches, "python")), want, "{lib}");
+    }
+}
+
 /// The first jump target outside `range` in objdump's disassembly.
 fn first_external_jump(file: &str, range: &std::ops::Range<u64>) -> u64 {
     let text = run(

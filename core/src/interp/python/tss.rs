@@ -2,13 +2,14 @@
 //! lives that `PyGILState_GetThisThreadState` hands to
 //! `pthread_getspecific`.
 //!
-//! The function is a stub that tail-calls (or calls) one of:
+//! The function is a stub that calls (usually tail-calls) one of:
 //!
 //! * `pthread_getspecific(key)` / `PyThread_get_key_value(key)` (3.6, or
 //!   3.7+ with `PyThread_tss_get` inlined): its first argument is the key's
 //!   *value*, a 32-bit load from the key's address (Debian's `python3.11`:
 //!   `mov edi, [rip+X]`, `ldr w0, [x0, #612]`);
-//! * `PyThread_tss_get(&key)` (3.7+): its first argument is the *address*
+//! * `PyThread_tss_get(&key)` (3.7+; 3.12+ first asks
+//!   `PyThread_tss_is_created(&key)`): its first argument is the *address*
 //!   of a `Py_tss_t { int _is_initialized; pthread_key_t _key; }`, so the
 //!   key is 4 bytes further (Debian's `libpython3.11.so.1.0`:
 //!   `lea rdi, [rax+0x250]`, `add x0, x0, #0x260`, where the base was read
@@ -17,19 +18,26 @@
 //! So the key's address follows from how the argument register was formed,
 //! which is what this module tracks: per register, "the address A" or "the
 //! 32-bit integer stored at A", through address arithmetic, GOT loads
-//! (resolved by [`Relocations`]) and register moves, up to the first call
-//! or tail call out of the stub. Upstream instead adds 4 when the address
-//! it finds is 8-aligned (from 3.7 on); that guesses the form from an
-//! alignment the C types do not promise (`Py_tss_t` is 4-aligned, and a key
-//! loaded by value may sit at an 8-aligned address). Both agree on Debian's
-//! files.
+//! (resolved by [`Relocations`]), register moves and calls (which keep the
+//! callee-saved registers), along every forward branch of the stub (the
+//! state where two paths meet keeps what both agree on). The answer is the
+//! argument of the tail calls out of the stub, or of its calls when it has
+//! none; all of them must agree on one known value.
+//!
+//! Upstream instead adds 4 when the address it finds is 8-aligned (from
+//! 3.7 on); that guesses the form from an alignment the C types do not
+//! promise (`Py_tss_t` is 4-aligned, and a key loaded by value may sit at
+//! an 8-aligned address). Both agree on Debian's files and on CPython
+//! 3.6 to 3.13 built by pyenv (`tests/loaders.rs`).
 //!
 //! An instruction the tracker does not understand makes it forget every
 //! register (an unknown key is an error the user sees; a wrong one would
 //! make every Python stack silently unreadable), except the few that
-//! provably write no register: compares, conditional branches, hints.
+//! provably write no tracked register: compares, branches, hints, `push`.
 
 use std::cell::OnceCell;
+use std::collections::BTreeMap;
+use std::ops::Range;
 
 use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind, Register};
 use yaxpeax_arm::armv8::a64::{Opcode, Operand, SizeCode};
@@ -38,8 +46,8 @@ use crate::elf::entry::a64_decode;
 use crate::elf::{Arch, Elf};
 use crate::interp::access::{Relocations, Symbol};
 
-/// Bytes of the stub decoded at most (Debian's are 0x20 and 0x23 bytes).
-const MAX_STUB_BYTES: usize = 64;
+/// Bytes of the stub decoded at most (CPython's are 0x1b to 0x2c bytes).
+const MAX_STUB_BYTES: usize = 128;
 /// Offset of `_key` in `Py_tss_t`: after one `int` (4 bytes on every
 /// platform CPython runs on with pthreads).
 const PY_TSS_KEY_OFFSET: u64 = 4;
@@ -53,8 +61,7 @@ enum Value {
     Int32At(u64),
 }
 
-/// The key's address, given the first argument of the call that leaves the
-/// stub.
+/// The key's address, given the first argument of the call that reads it.
 fn key_address(arg: Option<Value>) -> Option<u64> {
     match arg? {
         Value::Int32At(at) => Some(at),
@@ -84,7 +91,7 @@ pub fn key_of(elf: &Elf<'_>, stub: Symbol) -> Option<u64> {
 }
 
 /// Tracked registers, by number (x86-64: rax..r15; arm64: x0..x30).
-#[derive(Default)]
+#[derive(Clone, Default, PartialEq, Eq)]
 struct Regs([Option<Value>; 32]);
 
 impl Regs {
@@ -103,12 +110,106 @@ impl Regs {
         self.0 = [None; 32];
     }
 
+    /// Forgets the registers a call may change (`keep`: the callee-saved).
+    fn forget_except(&mut self, keep: &[usize]) {
+        for (n, slot) in self.0.iter_mut().enumerate() {
+            if !keep.contains(&n) {
+                *slot = None;
+            }
+        }
+    }
+
     fn address(&self, n: usize) -> Option<u64> {
         match self.get(n)? {
             Value::Address(a) => Some(a),
             Value::Int32At(_) => None,
         }
     }
+
+    /// What two paths that meet both hold.
+    fn meet(mut self, other: &Regs) -> Regs {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0.iter()) {
+            if mine != theirs {
+                *mine = None;
+            }
+        }
+        self
+    }
+}
+
+/// Where control goes after one instruction.
+enum Flow {
+    /// To the next instruction.
+    Next,
+    /// To the next instruction, or to this address.
+    Branch(u64),
+    /// Only to this address.
+    Jump(u64),
+    /// Out of the stub, for good (a tail call or an indirect jump), with
+    /// the first argument it passes.
+    TailCall(Option<Value>),
+    /// Out and back (a call) with the first argument; then to the next
+    /// instruction with the callee-saved registers kept.
+    Call(Option<Value>),
+    /// Nowhere (a return).
+    Return,
+}
+
+/// Runs `step` over the instructions of a stub in address order, along
+/// every forward path, and returns the argument its tail calls (or, when
+/// it has none, its calls) agree on. `insns` are (address, instruction);
+/// `callee_saved` the registers a call keeps.
+fn follow<I>(
+    insns: impl Iterator<Item = (u64, I)>,
+    stub: Range<u64>,
+    callee_saved: &[usize],
+    mut step: impl FnMut(u64, &I, &mut Regs) -> Flow,
+) -> Option<Value> {
+    // States arriving at a later address by a jump, met when it is reached.
+    let mut arriving: BTreeMap<u64, Regs> = BTreeMap::new();
+    let arrive = |at: u64, from: u64, regs: &Regs, arriving: &mut BTreeMap<u64, Regs>| {
+        // Backward jumps (loops) and jumps out are not followed.
+        if at > from && stub.contains(&at) {
+            let met = match arriving.remove(&at) {
+                Some(known) => known.meet(regs),
+                None => regs.clone(),
+            };
+            arriving.insert(at, met);
+        }
+    };
+    let (mut tail_calls, mut calls) = (Vec::new(), Vec::new());
+    let mut current = Some(Regs::default());
+    // One step per instruction of the (bounded) stub.
+    for (at, insn) in insns {
+        let mut regs = match (current.take(), arriving.remove(&at)) {
+            (Some(a), Some(b)) => a.meet(&b),
+            (Some(a), None) | (None, Some(a)) => a,
+            // Reached by no path we know (padding, or a backward jump).
+            (None, None) => continue,
+        };
+        match step(at, &insn, &mut regs) {
+            Flow::Next => current = Some(regs),
+            Flow::Branch(to) => {
+                arrive(to, at, &regs, &mut arriving);
+                current = Some(regs);
+            }
+            Flow::Jump(to) => arrive(to, at, &regs, &mut arriving),
+            Flow::TailCall(arg) => tail_calls.push(arg),
+            Flow::Call(arg) => {
+                calls.push(arg);
+                regs.forget_except(callee_saved);
+                current = Some(regs);
+            }
+            Flow::Return => {}
+        }
+    }
+    let exits = if tail_calls.is_empty() {
+        calls
+    } else {
+        tail_calls
+    };
+    let first = (*exits.first()?)?;
+    exits.iter().all(|&a| a == Some(first)).then_some(first)
 }
 
 /// x86-64: the general-purpose register number of `r` (any width), and
@@ -127,7 +228,7 @@ fn x86_gpr(r: Register) -> Option<(usize, u32)> {
     }
 }
 
-/// The conditional jumps (they write no register).
+/// The conditional jumps.
 fn x86_jcc(m: Mnemonic) -> bool {
     use Mnemonic::*;
     matches!(
@@ -136,15 +237,17 @@ fn x86_jcc(m: Mnemonic) -> bool {
     )
 }
 
-/// The first argument (`rdi`) at the first call or jump out of the stub.
+/// The first argument (`rdi`) the stub passes on.
 fn first_argument_x86(code: &[u8], ip: u64, pointer: impl Fn(u64) -> Option<u64>) -> Option<Value> {
     const RDI: usize = 7;
+    // rbx, rbp, r12..r15 (the SysV callee-saved registers).
+    const CALLEE_SAVED: [usize; 6] = [3, 5, 12, 13, 14, 15];
     let stub = ip..ip.saturating_add(code.len() as u64);
-    let mut regs = Regs::default();
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
     // One instruction per step, each at least one byte: bounded by the code.
-    while decoder.can_decode() {
-        let insn = decoder.decode();
+    let insns = std::iter::from_fn(|| decoder.can_decode().then(|| decoder.decode()));
+    let insns = insns.map(|insn| (insn.ip(), insn));
+    follow(insns, stub.clone(), &CALLEE_SAVED, |_, insn, regs| {
         // The memory operand's address, when its base is known (no index).
         let memory = |regs: &Regs| -> Option<u64> {
             if insn.is_ip_rel_memory_operand() {
@@ -164,27 +267,26 @@ fn first_argument_x86(code: &[u8], ip: u64, pointer: impl Fn(u64) -> Option<u64>
         let dest = (insn.op_count() > 0 && insn.op0_kind() == OpKind::Register)
             .then(|| x86_gpr(insn.op0_register()))
             .flatten();
+        let target = (insn.op0_kind() == OpKind::NearBranch64).then(|| insn.near_branch_target());
+        let inside = target.is_some_and(|t| stub.contains(&t));
         match insn.mnemonic() {
-            Mnemonic::Call | Mnemonic::Jmp => {
-                let inside = insn.op0_kind() == OpKind::NearBranch64
-                    && stub.contains(&insn.near_branch_target());
-                if !inside {
-                    return regs.get(RDI);
-                }
-                // A jump within the stub: the straight line goes on
-                // (a merge point would need both paths; Debian's stubs
-                // have none).
+            Mnemonic::Jmp if inside => Flow::Jump(target.unwrap_or_default()),
+            Mnemonic::Jmp => Flow::TailCall(regs.get(RDI)),
+            // A call into the stub itself is no call of another function.
+            Mnemonic::Call if inside => {
                 regs.forget_all();
+                Flow::Next
             }
-            Mnemonic::Ret => return None,
-            Mnemonic::Mov | Mnemonic::Lea if dest.is_some() && insn.op_count() == 2 => {
-                let Some((d, width)) = dest else { continue };
-                let d = Some(d);
+            Mnemonic::Call => Flow::Call(regs.get(RDI)),
+            m if x86_jcc(m) => target.map_or(Flow::Next, Flow::Branch),
+            Mnemonic::Ret => Flow::Return,
+            Mnemonic::Mov | Mnemonic::Lea if insn.op_count() == 2 && dest.is_some() => {
+                let (d, width) = dest.unwrap_or_default();
                 let value = match (insn.mnemonic(), insn.op1_kind(), width) {
-                    (Mnemonic::Lea, OpKind::Memory, 64) => memory(&regs).map(Value::Address),
-                    (Mnemonic::Mov, OpKind::Memory, 32) => memory(&regs).map(Value::Int32At),
+                    (Mnemonic::Lea, OpKind::Memory, 64) => memory(regs).map(Value::Address),
+                    (Mnemonic::Mov, OpKind::Memory, 32) => memory(regs).map(Value::Int32At),
                     (Mnemonic::Mov, OpKind::Memory, 64) => {
-                        memory(&regs).and_then(&pointer).map(Value::Address)
+                        memory(regs).and_then(&pointer).map(Value::Address)
                     }
                     // A 64-bit copy keeps the value; a 32-bit one keeps an
                     // integer (zero-extended) but truncates an address.
@@ -199,13 +301,11 @@ fn first_argument_x86(code: &[u8], ip: u64, pointer: impl Fn(u64) -> Option<u64>
                     }
                     _ => None,
                 };
-                regs.set(d, value);
+                regs.set(Some(d), value);
+                Flow::Next
             }
-            Mnemonic::Add if insn.op_count() == 2 => {
-                let Some((d, 64)) = dest else {
-                    regs.forget_all();
-                    continue;
-                };
+            Mnemonic::Add if insn.op_count() == 2 && dest.is_some_and(|(_, w)| w == 64) => {
+                let (d, _) = dest.unwrap_or_default();
                 let imm = match insn.op1_kind() {
                     OpKind::Immediate8to64 | OpKind::Immediate32to64 => Some(insn.immediate64()),
                     _ => None,
@@ -215,14 +315,22 @@ fn first_argument_x86(code: &[u8], ip: u64, pointer: impl Fn(u64) -> Option<u64>
                     .zip(imm)
                     .map(|(a, i)| Value::Address(a.wrapping_add(i)));
                 regs.set(Some(d), value);
+                Flow::Next
             }
-            // Write no general-purpose register.
-            Mnemonic::Cmp | Mnemonic::Test | Mnemonic::Nop | Mnemonic::Endbr64 => {}
-            m if x86_jcc(m) => {}
-            _ => regs.forget_all(),
+            Mnemonic::Pop if dest.is_some() => {
+                regs.set(dest.map(|(d, _)| d), None);
+                Flow::Next
+            }
+            // Write no tracked register (push writes only rsp).
+            Mnemonic::Cmp | Mnemonic::Test | Mnemonic::Nop | Mnemonic::Endbr64 | Mnemonic::Push => {
+                Flow::Next
+            }
+            _ => {
+                regs.forget_all();
+                Flow::Next
+            }
         }
-    }
-    None
+    })
 }
 
 /// arm64: `n` when it names x0..x30 (not SP or ZR).
@@ -230,40 +338,48 @@ fn a64_reg(n: u32) -> Option<usize> {
     (n < 31).then_some(n as usize)
 }
 
-/// The first argument (`x0`) at the first call or branch out of the stub.
+/// The first argument (`x0`) the stub passes on.
 fn first_argument_arm64(
     code: &[u8],
     pc0: u64,
     pointer: impl Fn(u64) -> Option<u64>,
 ) -> Option<Value> {
     const X0: usize = 0;
+    // x19..x28 and the frame pointer (AAPCS64 callee-saved).
+    const CALLEE_SAVED: [usize; 11] = [19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29];
     let stub = pc0..pc0.saturating_add(code.len() as u64);
-    let mut regs = Regs::default();
     // Fixed 4-byte instructions: bounded by the code.
-    for (i, bytes) in code.chunks_exact(4).enumerate() {
-        let pc = pc0.wrapping_add(4 * i as u64);
-        let word = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    let insns = code.chunks_exact(4).enumerate().map(|(i, b)| {
+        let word = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        (pc0.wrapping_add(4 * i as u64), word)
+    });
+    follow(insns, stub.clone(), &CALLEE_SAVED, |at, &word, regs| {
         let Some(inst) = a64_decode(word) else {
             regs.forget_all();
-            continue;
+            return Flow::Next;
         };
         let field = |at: u32, bits: u32| (word >> at) & ((1 << bits) - 1);
+        // A PC-relative branch target: SignExtend(imm) * 4.
+        let relative = |lsb: u32, bits: u32| {
+            let imm = (i64::from(field(lsb, bits)) << (64 - bits)) >> (64 - bits - 2);
+            at.wrapping_add(imm as u64)
+        };
         let rd = a64_reg(field(0, 5));
         let rn = a64_reg(field(5, 5));
         match inst.opcode {
             Opcode::ADRP => {
-                // imm = SignExtend(immhi:immlo) << 12, from the PC's page.
+                // SignExtend(immhi:immlo) << 12, from the PC's page.
                 let imm = ((field(5, 19) << 2 | field(29, 2)) as i64) << 43 >> 31;
-                let page = (pc & !0xfff).wrapping_add(imm as u64);
+                let page = (at & !0xfff).wrapping_add(imm as u64);
                 regs.set(rd, Some(Value::Address(page)));
             }
-            // ADD (immediate), 64-bit: Rd = Rn + imm12 (<< 12 when sh).
+            // ADD (immediate), 64-bit: Rd = Rn + imm12 (<< 12 when sh); into
+            // SP it changes nothing tracked.
             Opcode::ADD if word & 0xff80_0000 == 0x9100_0000 => {
                 let imm = u64::from(field(10, 12)) << (12 * field(22, 1));
                 let value = rn
                     .and_then(|n| regs.address(n))
                     .map(|a| Value::Address(a.wrapping_add(imm)));
-                // Into SP: not tracked, and nothing tracked changes.
                 regs.set(rd, value);
             }
             Opcode::LDR | Opcode::LDUR => {
@@ -272,47 +388,43 @@ fn first_argument_arm64(
                 else {
                     // Literal, register-offset or write-back forms.
                     regs.forget_all();
-                    continue;
+                    return Flow::Next;
                 };
-                let at = a64_reg(u32::from(base))
+                let from = a64_reg(u32::from(base))
                     .and_then(|b| regs.address(b))
                     .map(|a| a.wrapping_add(i64::from(offset) as u64));
                 let value = match size {
-                    SizeCode::W => at.map(Value::Int32At),
-                    SizeCode::X => at.and_then(&pointer).map(Value::Address),
+                    SizeCode::W => from.map(Value::Int32At),
+                    SizeCode::X => from.and_then(&pointer).map(Value::Address),
                 };
                 regs.set(a64_reg(u32::from(t)), value);
             }
             // MOV (register): ORR Xd, XZR, Xm with no shift.
             Opcode::ORR if word & 0xffe0_ffe0 == 0xaa00_03e0 => {
-                let m = a64_reg(field(16, 5));
-                let value = m.and_then(|m| regs.get(m));
+                let value = a64_reg(field(16, 5)).and_then(|m| regs.get(m));
                 regs.set(rd, value);
             }
-            Opcode::B | Opcode::BL => {
-                let offset = (((word & 0x03ff_ffff) as i64) << 38 >> 36) as u64;
-                if !stub.contains(&pc.wrapping_add(offset)) {
-                    return regs.get(X0);
-                }
-                // A branch within the stub: see the x86-64 case.
-                regs.forget_all();
+            Opcode::B => {
+                let to = relative(0, 26);
+                return if stub.contains(&to) {
+                    Flow::Jump(to)
+                } else {
+                    Flow::TailCall(regs.get(X0))
+                };
             }
-            Opcode::BR | Opcode::BLR | Opcode::BRAA | Opcode::BRAAZ => return regs.get(X0),
-            Opcode::RET | Opcode::RETAA => return None,
-            // Write no general-purpose register.
-            Opcode::CBZ
-            | Opcode::CBNZ
-            | Opcode::TBZ
-            | Opcode::TBNZ
-            | Opcode::Bcc(_)
-            | Opcode::HINT
-            | Opcode::PACIASP => {}
-            // CMP, CMN, TST: the flag-setting forms into ZR.
+            Opcode::BL | Opcode::BLR => return Flow::Call(regs.get(X0)),
+            Opcode::BR | Opcode::BRAA | Opcode::BRAAZ => return Flow::TailCall(regs.get(X0)),
+            Opcode::RET | Opcode::RETAA => return Flow::Return,
+            Opcode::Bcc(_) | Opcode::CBZ | Opcode::CBNZ => return Flow::Branch(relative(5, 19)),
+            Opcode::TBZ | Opcode::TBNZ => return Flow::Branch(relative(5, 14)),
+            // Write no tracked register: hints, and the compares (the
+            // flag-setting forms into ZR).
+            Opcode::HINT | Opcode::PACIASP => {}
             Opcode::SUBS | Opcode::ADDS | Opcode::ANDS if field(0, 5) == 31 => {}
             _ => regs.forget_all(),
         }
-    }
-    None
+        Flow::Next
+    })
 }
 
 #[cfg(test)]
@@ -390,6 +502,61 @@ mod tests {
         let arg = first_argument_x86(&lib, 0x2b_3720, got);
         assert_eq!(arg, Some(Value::Address(0x73_7660 + 0x250)));
         assert_eq!(key_address(arg), Some(0x73_7660 + 0x254));
+    }
+
+    #[test]
+    fn x86_3_12_asks_whether_the_key_exists_first() {
+        // pyenv's libpython3.12.so.1.0: mov rax, [rip+GOT]; push rbx;
+        // lea rbx, [rax+0x608]; mov rdi, rbx; call PyThread_tss_is_created;
+        // test eax, eax; je L; mov rdi, rbx; pop rbx; jmp PyThread_tss_get;
+        // nop; L: xor eax, eax; pop rbx; ret.
+        let code = [
+            0x48, 0x8b, 0x05, 0xc9, 0xc0, 0x26, 0x00, 0x53, 0x48, 0x8d, 0x98, 0x08, 0x06, 0x00,
+            0x00, 0x48, 0x89, 0xdf, 0xe8, 0xd9, 0x21, 0xe3, 0xff, 0x85, 0xc0, 0x74, 0x0d, 0x48,
+            0x89, 0xdf, 0x5b, 0xe9, 0xec, 0x36, 0xe3, 0xff, 0x0f, 0x1f, 0x40, 0x00, 0x31, 0xc0,
+            0x5b, 0xc3,
+        ];
+        let got = |at| (at == 0x54_3d00).then_some(0x64_3340);
+        let arg = first_argument_x86(&code, 0x2d_7c30, got);
+        assert_eq!(arg, Some(Value::Address(0x64_3340 + 0x608)));
+    }
+
+    #[test]
+    fn paths_are_followed_and_must_agree() {
+        // mov rax, [rip+GOT]; test rax, rax; jne L; xor eax, eax; ret;
+        // L: lea rdi, [rax+0x250]; jmp out. The early return comes first.
+        let code = [
+            0x48, 0x8b, 0x05, 0xf9, 0x0f, 0x00, 0x00, 0x48, 0x85, 0xc0, 0x75, 0x03, 0x31, 0xc0,
+            0xc3, 0x48, 0x8d, 0xb8, 0x50, 0x02, 0x00, 0x00, 0xe9, 0x00, 0x10, 0x00, 0x00,
+        ];
+        let got = |at| (at == 0x2000).then_some(0x9000);
+        assert_eq!(
+            first_argument_x86(&code, 0x1000, got),
+            Some(Value::Address(0x9250))
+        );
+        // Two tail calls with different arguments: no answer.
+        // mov edi, [rip+A]; test eax, eax; je L; jmp out; L: mov edi, [rip+B];
+        // jmp out.
+        let code = [
+            0x8b, 0x3d, 0x00, 0x01, 0x00, 0x00, 0x85, 0xc0, 0x74, 0x05, 0xe9, 0x00, 0x10, 0x00,
+            0x00, 0x8b, 0x3d, 0x00, 0x02, 0x00, 0x00, 0xe9, 0x00, 0x10, 0x00, 0x00,
+        ];
+        assert_eq!(first_argument_x86(&code, 0x1000, |_| None), None);
+        // arm64: cbz x1, L (skips the GOT load on one path); adrp x0;
+        // ldr x0, [x0, #3264]; L: add x0, x0, #0x260; b out. The paths
+        // disagree on x0 at L: no answer.
+        let code = words(&[
+            0xb400_0061,
+            0xb000_1bc0,
+            0xf946_6000,
+            0x9109_8000,
+            0x1400_0100,
+        ]);
+        assert_eq!(first_argument_arm64(&code, 0x2a_6a54, got_arm64), None);
+    }
+
+    fn got_arm64(at: u64) -> Option<u64> {
+        got(at)
     }
 
     #[test]
