@@ -142,6 +142,150 @@ fn python_3_11() {
     assert!(cold.end <= eval.start || cold.start >= eval.end, "disjoint");
 }
 
+/// objdump's disassembly of `symbol` in `file` (Intel syntax on x86-64).
+fn disassemble(objdump: &str, file: &str, symbol: &str) -> String {
+    let range = nm_range(file, symbol);
+    run(
+        objdump,
+        &[
+            "-d",
+            "-Mintel",
+            &format!("--start-address={:#x}", range.start),
+            &format!("--stop-address={:#x}", range.end),
+            file,
+        ],
+    )
+}
+
+/// The hexadecimal number that follows `prefix` in `text`.
+fn hex_after(text: &str, prefix: &str) -> Option<u64> {
+    let rest = &text[text.find(prefix)? + prefix.len()..];
+    let digits: String = rest
+        .trim_start_matches("0x")
+        .chars()
+        .take_while(char::is_ascii_hexdigit)
+        .collect();
+    u64::from_str_radix(&digits, 16).ok()
+}
+
+/// The TSS key's address in the loader's data (its `Debug` form).
+fn tss_key_of(l: &interp::Loaded) -> u64 {
+    let dbg = format!("{:?}", l.data);
+    let digits: String = dbg
+        .split("tss_key: ")
+        .nth(1)
+        .expect("a tss_key")
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().expect("a number")
+}
+
+#[test]
+fn python_3_11_tss_key_in_the_executable_and_the_library() {
+    const LIBPYTHON: &str = "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0";
+    if !present(Path::new(PYTHON)) || !present(Path::new(LIBPYTHON)) {
+        return;
+    }
+    const STUB: &str = "PyGILState_GetThisThreadState";
+    // The executable loads the key by value: objdump resolves the
+    // RIP-relative operand of `mov edi, [rip+X]` and prints it after `#`.
+    let exe_code = disassemble("objdump", PYTHON, STUB);
+    let line = exe_code
+        .lines()
+        .find(|l| l.contains("mov    edi,DWORD PTR [rip+"))
+        .unwrap_or_else(|| panic!("no key load in {exe_code}"));
+    let exe_key = hex_after(line, "# ").expect("objdump's address");
+    let exe_runtime = nm_range(PYTHON, "_PyRuntime");
+    // The library passes &Py_tss_t: `lea rdi, [rax+OFF]` where rax is read
+    // from the GOT slot of _PyRuntime; the key follows the struct's `int`.
+    let lib_code = disassemble("objdump", LIBPYTHON, STUB);
+    let off = lib_code
+        .lines()
+        .find_map(|l| hex_after(l, "lea    rdi,[rax+"))
+        .unwrap_or_else(|| panic!("no struct address in {lib_code}"));
+    let lib_runtime = nm_range(LIBPYTHON, "_PyRuntime");
+    let lib_key = lib_runtime.start + off + 4;
+    // One build of 3.11: the key lies at the same place in _PyRuntime.
+    assert!(exe_runtime.contains(&exe_key));
+    assert_eq!(exe_key - exe_runtime.start, lib_key - lib_runtime.start);
+
+    for (file, want) in [(PYTHON, exe_key), (LIBPYTHON, lib_key)] {
+        let matches = matches_of(file);
+        print_row(file, &matches);
+        let l = loaded(&matches, "python");
+        assert_eq!(tss_key_of(l), want, "{file}");
+        let bytes = std::fs::read(file).expect("read");
+        let elf = Elf::parse(&bytes).expect("ELF");
+        let syms = interp::Symbols::of(&elf);
+        assert_eq!(interp::python::tss_key(&elf, &syms), Ok(want), "{file}");
+    }
+}
+
+/// The TSS key on every CPython shared library pyenv built on this machine
+/// (3.6 to 3.13 on the project's machines: the key by value in 3.6, a
+/// `Py_tss_t` from 3.7, checked for existence first from 3.12). Not
+/// installed by `tests/run`: skipped loudly when absent.
+#[test]
+fn python_tss_key_of_every_pyenv_libpython() {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
+        .unwrap_or_default();
+    let libs: Vec<String> = std::fs::read_dir(root.join("versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|v| {
+            std::fs::read_dir(v.path().join("lib"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.path().to_string_lossy().into_owned())
+        .filter(|p| p.contains("/libpython3.") && p.ends_with(".so.1.0"))
+        .collect();
+    if libs.is_empty() {
+        eprintln!("SKIPPED: no pyenv libpython under {}", root.display());
+        return;
+    }
+    for lib in libs {
+        let code = disassemble("objdump", &lib, "PyGILState_GetThisThreadState");
+        let by_value = code
+            .lines()
+            .find(|l| l.contains("mov    edi,DWORD PTR [rip+"));
+        let want = match by_value {
+            Some(line) => hex_after(line, "# ").expect("objdump's address"),
+            None => {
+                // mov rax, [rip+SLOT] (readelf: the slot of _PyRuntime), then
+                // lea REG, [rax+OFF] makes &Py_tss_t.
+                let slot_line = code
+                    .lines()
+                    .find(|l| l.contains("mov    rax,QWORD PTR [rip+"))
+                    .unwrap_or_else(|| panic!("{lib}: no GOT load in {code}"));
+                let slot = hex_after(slot_line, "# ").expect("objdump's address");
+                let relocs = run("readelf", &["-rW", &lib]);
+                let reloc = relocs
+                    .lines()
+                    .find(|l| l.starts_with(&format!("{slot:016x} ")))
+                    .unwrap_or_else(|| panic!("{lib}: no relocation at {slot:#x}"));
+                assert!(
+                    reloc.contains("GLOB_DAT") && reloc.contains(" _PyRuntime"),
+                    "{reloc}"
+                );
+                let off = code
+                    .lines()
+                    .find_map(|l| hex_after(l.split("lea    ").nth(1)?, ",[rax+"))
+                    .unwrap_or_else(|| panic!("{lib}: no struct address in {code}"));
+                nm_range(&lib, "_PyRuntime").start + off + 4
+            }
+        };
+        let matches = matches_of(&lib);
+        print_row(&lib, &matches);
+        assert_eq!(tss_key_of(loaded(&matches, "python")), want, "{lib}");
+    }
+}
+
 /// The first jump target outside `range` in objdump's disassembly.
 fn first_external_jump(file: &str, range: &std::ops::Range<u64>) -> u64 {
     let text = run(

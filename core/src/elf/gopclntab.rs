@@ -206,6 +206,30 @@ pub fn table_summary(elf: &Elf<'_>) -> Result<Option<(usize, usize)>, GoError> {
     Ok(Some((bytes.len(), table.num_funcs)))
 }
 
+/// The code range of the Go function named `name` (its entry to the next
+/// function's), by the table's own names, which stripping a binary keeps;
+/// `None` when the file has no table or no such function. One pass over the
+/// function table: bounded by its size.
+pub fn function_range(elf: &Elf<'_>, name: &[u8]) -> Result<Option<Range<u64>>, GoError> {
+    let Some(bytes) = locate::pclntab_bytes(elf)? else {
+        return Ok(None);
+    };
+    let table = Pclntab::parse(bytes)?;
+    for i in 0..table.num_funcs {
+        let Some((_, func_off)) = table.func_map_entry(i) else {
+            continue;
+        };
+        let Some(func) = table.func(func_off) else {
+            continue;
+        };
+        if table::c_string_is(table.funcnametab(), i64::from(func.name_off), name) {
+            let end = table.func_map_entry(i + 1).map_or(func.entry, |(pc, _)| pc);
+            return Ok(Some(func.entry..end.max(func.entry)));
+        }
+    }
+    Ok(None)
+}
+
 /// The per-file default strategy (spec 5.6): frame pointers, except on
 /// arm64 before Go 1.21.
 fn default_strategy(elf: &Elf<'_>, version: Version) -> Strategy {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use object::read::elf::{FileHeader, SectionHeader};
+use object::read::elf::{FileHeader, SectionHeader, Sym};
 use object::{LittleEndian, Object, ObjectSymbol};
 
 use super::LoaderError;
@@ -117,27 +117,59 @@ pub fn read_cstr(elf: &Elf<'_>, addr: u64, max: usize, what: &str) -> Result<Vec
     Ok(bytes[..end].to_vec())
 }
 
-/// The targets of the file's `RELATIVE` relocations by place: where the
-/// dynamic loader puts `base + addend` (the pointers of a position-independent
-/// file). Built once per file, bounded by `.rela.dyn`.
+/// Where the dynamic loader points the relocated words of a file: the
+/// targets of its `RELATIVE` relocations (`base + addend`, the pointers of a
+/// position-independent file), and of its absolute and GOT relocations
+/// against symbols (`symbol + addend`, e.g. a GOT slot of an exported
+/// variable that the file's own code reaches through the GOT). Built once
+/// per file, bounded by its `SHT_RELA` sections.
 #[derive(Default)]
 pub struct Relocations {
-    relative: HashMap<u64, u64>,
+    targets: HashMap<u64, Target>,
+}
+
+/// What a relocated place holds once the dynamic loader is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    Address(u64),
+    /// A symbol the file does not define (or whose value is no address:
+    /// thread-local, or an IFUNC's resolver), so the value is only known in
+    /// a process.
+    Unresolved,
+}
+
+/// The relocation types [`Relocations`] follows, per architecture.
+struct Kinds {
+    relative: u32,
+    /// `S + A` against a symbol.
+    absolute: u32,
+    /// The GOT slot of a symbol: `S` on x86-64 (no addend in the psABI),
+    /// `S + A` on arm64.
+    glob_dat: u32,
+    glob_dat_addend: bool,
 }
 
 impl Relocations {
     pub fn of(elf: &Elf<'_>) -> Self {
-        const R_X86_64_RELATIVE: u32 = 8;
-        const R_AARCH64_RELATIVE: u32 = 1027;
         const MAX_RELA_BYTES: u64 = 256 << 20;
-        let kind = match elf.arch {
-            Arch::X86_64 => R_X86_64_RELATIVE,
-            Arch::Aarch64 => R_AARCH64_RELATIVE,
+        let kinds = match elf.arch {
+            Arch::X86_64 => Kinds {
+                relative: object::elf::R_X86_64_RELATIVE,
+                absolute: object::elf::R_X86_64_64,
+                glob_dat: object::elf::R_X86_64_GLOB_DAT,
+                glob_dat_addend: false,
+            },
+            Arch::Aarch64 => Kinds {
+                relative: object::elf::R_AARCH64_RELATIVE,
+                absolute: object::elf::R_AARCH64_ABS64,
+                glob_dat: object::elf::R_AARCH64_GLOB_DAT,
+                glob_dat_addend: true,
+            },
         };
         let e = LittleEndian;
-        let mut relative = HashMap::new();
+        let mut targets = HashMap::new();
         let Ok(sections) = elf.file.elf_header().sections(e, elf.data) else {
-            return Self { relative };
+            return Self { targets };
         };
         for s in sections.iter() {
             if s.sh_type(e) != object::elf::SHT_RELA
@@ -153,6 +185,23 @@ impl Relocations {
             else {
                 continue;
             };
+            // The symbols the section's relocations name (`sh_link`); a
+            // section without a readable table still has its RELATIVE ones.
+            let symbols = sections
+                .symbol_table_by_index(e, elf.data, object::SectionIndex(s.sh_link(e) as usize))
+                .ok();
+            let symbol_value = |index: u32| -> Option<u64> {
+                let sym = symbols
+                    .as_ref()?
+                    .symbol(object::SymbolIndex(index as usize))
+                    .ok()?;
+                let defined = sym.st_shndx(e) != object::elf::SHN_UNDEF;
+                let plain = !matches!(
+                    sym.st_type(),
+                    object::elf::STT_TLS | object::elf::STT_GNU_IFUNC
+                );
+                (defined && plain).then(|| sym.st_value(e))
+            };
             for entry in bytes.chunks_exact(24) {
                 let word = |at: usize| {
                     entry
@@ -160,20 +209,38 @@ impl Relocations {
                         .and_then(|b| b.try_into().ok())
                         .map_or(0, u64::from_le_bytes)
                 };
-                if word(8) as u32 == kind {
-                    relative.insert(word(0), word(16));
-                }
+                let (place, info, addend) = (word(0), word(8), word(16));
+                let (kind, index) = (info as u32, (info >> 32) as u32);
+                let target = if kind == kinds.relative {
+                    Target::Address(addend)
+                } else if kind == kinds.absolute || kind == kinds.glob_dat {
+                    let addend = if kind == kinds.glob_dat && !kinds.glob_dat_addend {
+                        0
+                    } else {
+                        addend
+                    };
+                    symbol_value(index).map_or(Target::Unresolved, |v| {
+                        Target::Address(v.wrapping_add(addend))
+                    })
+                } else {
+                    continue;
+                };
+                targets.insert(place, target);
             }
         }
-        Self { relative }
+        Self { targets }
     }
 
-    /// The pointer stored at `addr` once relocated: the target of a
-    /// `RELATIVE` relocation of that place, else the stored value (a
-    /// position-dependent file).
+    /// The pointer stored at `addr` once relocated: the target of the
+    /// relocation of that place, else the stored value (a
+    /// position-dependent file). A place relocated against a symbol the
+    /// file does not define has no value here: an error.
     pub fn pointer(&self, elf: &Elf<'_>, addr: u64, what: &str) -> Result<u64, LoaderError> {
-        match self.relative.get(&addr) {
-            Some(&target) => Ok(target),
+        match self.targets.get(&addr) {
+            Some(&Target::Address(target)) => Ok(target),
+            Some(Target::Unresolved) => Err(LoaderError::Invalid(format!(
+                "{what} at {addr:#x} is relocated against a symbol this file does not define"
+            ))),
             None => read_u64(elf, addr, what),
         }
     }

@@ -9,11 +9,16 @@
 //! later is an error (upstream's gate: newer runtimes publish labels
 //! differently); extracts the offset of the current goroutine pointer `g`
 //! from the thread pointer: -8 on x86-64 (the Go ABI's fixed TLS slot), and
-//! on arm64 the TLS offset of `runtime.tls_g` past the 16-byte thread
-//! control block. Neither needs `interpreter_offsets`.
+//! on arm64 what `runtime.load_g` reads ([`load_g`]): the offset it loads
+//! x28 from, or 0 when the binary has no cgo and `g` is only ever in x28
+//! (upstream's convention too; offset 0 from `TPIDR_EL0` is the thread
+//! control block's, never `g`). Neither needs `interpreter_offsets`.
 
+pub mod load_g;
+
+use super::access::read_u8;
 use super::{Loaded, LoaderError, LoaderInfo};
-use crate::elf::gopclntab::{go_version, table_summary};
+use crate::elf::gopclntab::{function_range, go_version, table_summary};
 use crate::elf::Arch;
 use crate::info::InterpreterData;
 
@@ -41,7 +46,8 @@ impl InterpreterData for GoData {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GoLabelsData {
     pub go_version: String,
-    /// Offset of `g` from the thread pointer.
+    /// Offset of `g` from the thread pointer; 0 on arm64 when `g` is only
+    /// in x28 (no cgo).
     pub tls_g_offset: i64,
 }
 
@@ -110,18 +116,7 @@ pub fn load_labels(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderEr
     }
     let tls_g_offset = match info.elf.arch {
         Arch::X86_64 => -8,
-        Arch::Aarch64 => {
-            let sym = info.symbols().require("runtime.tls_g")?;
-            if !sym.tls {
-                return Err(LoaderError::Invalid(
-                    "runtime.tls_g is not thread-local".into(),
-                ));
-            }
-            i64::try_from(sym.address)
-                .ok()
-                .and_then(|a| a.checked_add(16))
-                .ok_or_else(|| LoaderError::Invalid("runtime.tls_g is out of range".into()))?
-        }
+        Arch::Aarch64 => arm64_tls_g_offset(info)?,
     };
     Ok(Some(Loaded::new(
         GoLabelsData {
@@ -130,6 +125,49 @@ pub fn load_labels(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderEr
         },
         None,
     )))
+}
+
+/// The arm64 offset of `g` from the thread pointer, from the code of
+/// `runtime.load_g` (found by its ELF symbol, else by the pc/line table's
+/// names, which a stripped binary keeps).
+fn arm64_tls_g_offset(info: &LoaderInfo<'_, '_>) -> Result<i64, LoaderError> {
+    let elf = info.elf;
+    // The assembly function, or the Go wrapper it may be inlined into.
+    const NAMES: [&str; 2] = ["runtime.load_g.abi0", "runtime.load_g"];
+    let range = match NAMES.iter().find_map(|n| info.symbols().get(n)) {
+        Some(sym) => sym.range(),
+        None => NAMES
+            .iter()
+            .find_map(|n| function_range(elf, n.as_bytes()).transpose())
+            .transpose()
+            .map_err(|e| LoaderError::Invalid(format!("Go pc/line table: {e}")))?
+            .ok_or_else(|| LoaderError::MissingSymbol(NAMES[0].into()))?,
+    };
+    let len = usize::try_from(range.end.saturating_sub(range.start))
+        .unwrap_or(usize::MAX)
+        .clamp(4, load_g::MAX_BYTES);
+    let code = elf
+        .virtual_memory(range.start, len)
+        .ok_or_else(|| LoaderError::Unreadable {
+            what: "runtime.load_g".into(),
+            addr: range.start,
+        })?;
+    let seen = load_g::decode(&code, range.start);
+    if let Some(flag) = seen.cgo_flag {
+        if read_u8(elf, flag, "runtime.iscgo")? == 0 {
+            return Ok(0);
+        }
+    }
+    let offset = seen.g_offset.ok_or_else(|| {
+        LoaderError::Invalid(format!(
+            "runtime.load_g at {:#x} loads g from no thread-pointer offset this loader can follow",
+            range.start
+        ))
+    })?;
+    i64::try_from(offset)
+        .ok()
+        .filter(|&o| o != 0)
+        .ok_or_else(|| LoaderError::Invalid(format!("runtime.load_g's TLS offset {offset:#x}")))
 }
 
 #[cfg(test)]

@@ -4,16 +4,25 @@
 //! Extracts the version from the file name (as upstream does; 3.6 to 3.13),
 //! the patch level from `Py_Version` when the file has it (3.11+), the
 //! address of `_PyRuntime` (3.7+), the address of the thread-state key that
-//! `PyGILState_GetThisThreadState` loads (x86-64: the RIP-relative load into
-//! `edi` before it calls `pthread_getspecific`), and asks for
-//! `_PyEval_EvalFrameDefault` (else `PyEval_EvalFrameEx`) in
+//! `PyGILState_GetThisThreadState` reads (x86-64 and arm64, [`tss`]), and
+//! asks for `_PyEval_EvalFrameDefault` (else `PyEval_EvalFrameEx`) in
 //! `interpreter_offsets` (program 4). On x86-64 the second range is the
 //! `.cold` part of the evaluation loop: the FDE that covers the first jump
-//! target outside the function.
+//! target outside the function (upstream looks for it on x86-64 only).
+//!
+//! A key that cannot be found is an error, as upstream's loader makes it
+//! (and like the missing symbols of spec 11, O8): the Python unwinder
+//! finds a thread's frames only through that key, so handing the
+//! evaluation loop's frames to it without one would lose them all, where
+//! without the file's `interpreter_offsets` they are at least unwound
+//! natively. The error names the stub, so a new code shape shows up as
+//! such instead of as empty Python stacks.
 
-use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic, OpKind, Register};
+mod tss;
 
-use super::access::{read_u32, Symbol};
+use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic, OpKind};
+
+use super::access::{read_u32, Symbol, Symbols};
 use super::names::{PYTHON_EXE, PYTHON_LIB};
 use super::{InterpreterOffsets, Loaded, LoaderError, LoaderInfo, Version};
 use crate::abi::program;
@@ -25,16 +34,15 @@ pub const NAME: &str = "python";
 
 /// Bytes of the evaluation loop decoded in search of its cold part.
 const MAX_LOOP_BYTES: u64 = 1 << 20;
-/// Bytes of `PyGILState_GetThisThreadState` decoded.
-const MAX_STUB_BYTES: usize = 64;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PythonData {
     /// Major and minor from the name; the patch level from `Py_Version`.
     pub version: Version,
     pub runtime: Option<u64>,
-    /// Address of the TSS key `PyGILState_GetThisThreadState` reads.
-    pub tss_key: Option<u64>,
+    /// Address of the `pthread_key_t` `PyGILState_GetThisThreadState`
+    /// reads (inside `_PyRuntime` from 3.7 on).
+    pub tss_key: u64,
     pub eval_loop: Symbol,
     pub cold: Option<std::ops::Range<u64>>,
 }
@@ -100,10 +108,7 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
     } else {
         None
     };
-    let tss_key = match (elf.arch, syms.get("PyGILState_GetThisThreadState")) {
-        (Arch::X86_64, Some(stub)) => tss_key_x86(elf, stub),
-        _ => None,
-    };
+    let tss_key = tss_key(elf, syms)?;
     let eval_loop = syms
         .get("_PyEval_EvalFrameDefault")
         .or_else(|| syms.get("PyEval_EvalFrameEx"))
@@ -161,21 +166,14 @@ fn cold_range(elf: &Elf<'_>, func: Symbol) -> Option<std::ops::Range<u64>> {
     Some(fde.start..fde.start.saturating_add(fde.len))
 }
 
-/// The address `PyGILState_GetThisThreadState` loads `edi` from (the TSS
-/// key it passes to `pthread_getspecific`).
-fn tss_key_x86(elf: &Elf<'_>, stub: Symbol) -> Option<u64> {
-    let len = usize::try_from(stub.size).ok()?.clamp(1, MAX_STUB_BYTES);
-    let code = elf.virtual_memory(stub.address, len)?;
-    let mut decoder = Decoder::with_ip(64, &code, stub.address, DecoderOptions::NONE);
-    while decoder.can_decode() {
-        let insn = decoder.decode();
-        if insn.op0_register() == Register::EDI
-            && insn.op_count() == 2
-            && insn.op1_kind() == OpKind::Memory
-            && insn.is_ip_rel_memory_operand()
-        {
-            return Some(insn.ip_rel_memory_address());
-        }
-    }
-    None
+/// The address of the TSS key, found in `PyGILState_GetThisThreadState`.
+pub fn tss_key(elf: &Elf<'_>, syms: &Symbols<'_>) -> Result<u64, LoaderError> {
+    const STUB: &str = "PyGILState_GetThisThreadState";
+    let stub = syms.require(STUB)?;
+    tss::key_of(elf, stub).ok_or_else(|| {
+        LoaderError::Invalid(format!(
+            "{STUB} at {:#x} shows no thread-state key this loader can follow",
+            stub.address
+        ))
+    })
 }
