@@ -8,13 +8,16 @@
 //! golabels: a file whose build information names a Go version; go1.25 or
 //! later is an error (upstream's gate: newer runtimes publish labels
 //! differently); extracts the offset of the current goroutine pointer `g`
-//! from the thread pointer: -8 on x86-64 (the Go ABI's fixed TLS slot), and
-//! on arm64 what `runtime.load_g` reads ([`load_g`]): the offset it loads
+//! from the thread pointer: on x86-64 what `runtime.stackcheck` reads
+//! ([`stackcheck`]; -8 for most executables, the linker's choice for
+//! statically linked cgo ones), falling back to -8 as upstream when its code
+//! has another shape, and on arm64 what `runtime.load_g` reads ([`load_g`]): the offset it loads
 //! x28 from, or 0 when the binary has no cgo and `g` is only ever in x28
 //! (upstream's convention too; offset 0 from `TPIDR_EL0` is the thread
 //! control block's, never `g`). Neither needs `interpreter_offsets`.
 
 pub mod load_g;
+pub mod stackcheck;
 
 use super::access::read_u8;
 use super::{Loaded, LoaderError, LoaderInfo};
@@ -115,7 +118,7 @@ pub fn load_labels(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderEr
         }
     }
     let tls_g_offset = match info.elf.arch {
-        Arch::X86_64 => -8,
+        Arch::X86_64 => x86_tls_g_offset(info)?,
         Arch::Aarch64 => arm64_tls_g_offset(info)?,
     };
     Ok(Some(Loaded::new(
@@ -127,32 +130,63 @@ pub fn load_labels(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderEr
     )))
 }
 
-/// The arm64 offset of `g` from the thread pointer, from the code of
-/// `runtime.load_g` (found by its ELF symbol, else by the pc/line table's
-/// names, which a stripped binary keeps).
-fn arm64_tls_g_offset(info: &LoaderInfo<'_, '_>) -> Result<i64, LoaderError> {
+/// The first bytes (at most `max`) of the Go runtime function `names[0]`
+/// (its assembly body) or `names[1]` (its Go wrapper), and its address:
+/// found by ELF symbol, else by the pc/line table's names, which a
+/// stripped binary keeps.
+fn runtime_code<'d>(
+    info: &LoaderInfo<'_, 'd>,
+    names: [&str; 2],
+    max: usize,
+) -> Result<(u64, std::borrow::Cow<'d, [u8]>), LoaderError> {
     let elf = info.elf;
-    // The assembly function, or the Go wrapper it may be inlined into.
-    const NAMES: [&str; 2] = ["runtime.load_g.abi0", "runtime.load_g"];
-    let range = match NAMES.iter().find_map(|n| info.symbols().get(n)) {
+    let range = match names.iter().find_map(|n| info.symbols().get(n)) {
         Some(sym) => sym.range(),
-        None => NAMES
+        None => names
             .iter()
             .find_map(|n| function_range(elf, n.as_bytes()).transpose())
             .transpose()
             .map_err(|e| LoaderError::Invalid(format!("Go pc/line table: {e}")))?
-            .ok_or_else(|| LoaderError::MissingSymbol(NAMES[0].into()))?,
+            .ok_or_else(|| LoaderError::MissingSymbol(names[0].into()))?,
     };
     let len = usize::try_from(range.end.saturating_sub(range.start))
         .unwrap_or(usize::MAX)
-        .clamp(4, load_g::MAX_BYTES);
+        .clamp(4, max);
     let code = elf
         .virtual_memory(range.start, len)
         .ok_or_else(|| LoaderError::Unreadable {
-            what: "runtime.load_g".into(),
+            what: names[1].into(),
             addr: range.start,
         })?;
-    let seen = load_g::decode(&code, range.start);
+    Ok((range.start, code))
+}
+
+/// The x86-64 offset of `g` from `fs`, from the code of
+/// `runtime.stackcheck`; -8 (the usual slot) when that code has a shape
+/// [`stackcheck::decode`] does not follow, as upstream falls back.
+fn x86_tls_g_offset(info: &LoaderInfo<'_, '_>) -> Result<i64, LoaderError> {
+    const NAMES: [&str; 2] = ["runtime.stackcheck.abi0", "runtime.stackcheck"];
+    let (at, code) = runtime_code(info, NAMES, stackcheck::MAX_BYTES)?;
+    // g sits below the thread pointer (TLS variant II), within its block.
+    match stackcheck::decode(&code).filter(|o| (-0x1_0000..0).contains(o)) {
+        Some(offset) => Ok(offset),
+        None => {
+            tracing::warn!(
+                file = info.name,
+                "runtime.stackcheck at {at:#x} has an unknown shape: Go labels assume g at fs-8"
+            );
+            Ok(-8)
+        }
+    }
+}
+
+/// The arm64 offset of `g` from the thread pointer, from the code of
+/// `runtime.load_g`.
+fn arm64_tls_g_offset(info: &LoaderInfo<'_, '_>) -> Result<i64, LoaderError> {
+    let elf = info.elf;
+    const NAMES: [&str; 2] = ["runtime.load_g.abi0", "runtime.load_g"];
+    let (start, code) = runtime_code(info, NAMES, load_g::MAX_BYTES)?;
+    let seen = load_g::decode(&code, start);
     if let Some(flag) = seen.cgo_flag {
         if read_u8(elf, flag, "runtime.iscgo")? == 0 {
             return Ok(0);
@@ -160,8 +194,7 @@ fn arm64_tls_g_offset(info: &LoaderInfo<'_, '_>) -> Result<i64, LoaderError> {
     }
     let offset = seen.g_offset.ok_or_else(|| {
         LoaderError::Invalid(format!(
-            "runtime.load_g at {:#x} loads g from no thread-pointer offset this loader can follow",
-            range.start
+            "runtime.load_g at {start:#x} loads g from no thread-pointer offset this loader can follow"
         ))
     })?;
     i64::try_from(offset)
