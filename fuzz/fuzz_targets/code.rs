@@ -1,12 +1,14 @@
 //! The machine-code analyses on arbitrary code: the TSD and DTV analyses
-//! of the C libraries and PHP's VM-kind, JIT-return and JIT-buffer scans,
-//! for both architectures. A hostile library or interpreter decides these
+//! of the C libraries, PHP's VM-kind, JIT-return and JIT-buffer scans, for
+//! both architectures, and golabels' reading of Go's `runtime.stackcheck`
+//! (x86-64) and `runtime.load_g` (arm64). A hostile library or interpreter decides these
 //! bytes; each analysis must end with a result or an error, bounded by the
 //! slice, never a panic or a hang.
 #![no_main]
 
 use arbitrary::Arbitrary;
 use eim_core::elf::Arch;
+use eim_core::interp::go::{load_g, stackcheck};
 use eim_core::interp::php_code::{jit_buffer_pointers, jit_return_address, vm_kind};
 use eim_core::tsd::{analyse_dtv, analyse_tsd};
 use libfuzzer_sys::fuzz_target;
@@ -32,4 +34,12 @@ fuzz_target!(|input: Input| {
     let _ = vm_kind(arch, code);
     let _ = jit_return_address(arch, code, input.address);
     let _ = jit_buffer_pointers(arch, code, input.address);
+    match arch {
+        Arch::X86_64 => {
+            let _ = stackcheck::decode(&code[..code.len().min(stackcheck::MAX_BYTES)]);
+        }
+        Arch::Aarch64 => {
+            let _ = load_g::decode(&code[..code.len().min(load_g::MAX_BYTES)], input.address);
+        }
+    }
 });
