@@ -33,7 +33,10 @@ fn tls_g_offset(path: &Path) -> i64 {
         .iter()
         .find(|m| m.loader == "golabels")
         .unwrap_or_else(|| panic!("no golabels match for {}: {matches:?}", path.display()));
-    let loaded = m.outcome.as_ref().unwrap_or_else(|e| panic!("golabels: {e}"));
+    let loaded = m
+        .outcome
+        .as_ref()
+        .unwrap_or_else(|e| panic!("golabels: {e}"));
     let data: &dyn Any = loaded.data.as_ref();
     data.downcast_ref::<GoLabelsData>()
         .expect("golabels data")
@@ -145,7 +148,10 @@ fn g_offset_of_each_link_shape() {
         seen.push(got);
     }
     // The shapes are not all the same answer: static cgo moves g.
-    assert_ne!(seen[0], seen[2], "static cgo should not be at the usual slot");
+    assert_ne!(
+        seen[0], seen[2],
+        "static cgo should not be at the usual slot"
+    );
 }
 
 #[test]
