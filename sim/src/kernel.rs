@@ -144,6 +144,20 @@ impl SimMaps {
         self.reg.get(id)
     }
 
+    /// One of eim's maps by its name (`abi::map_name`), for tests that
+    /// compare raw bytes with the kernel's.
+    pub fn map_named(&self, name: &str) -> Option<&BpfMap> {
+        let id = match name {
+            abi::map_name::PAGES => self.pages,
+            abi::map_name::UNWIND_INFO => self.unwind_info,
+            abi::map_name::INTERPRETER_OFFSETS => self.interpreter_offsets,
+            _ => (SIZE_CLASS_MIN..=SIZE_CLASS_MAX)
+                .find(|&class| abi::map_name::outer(class) == name)
+                .and_then(|class| self.outer(class))?,
+        };
+        self.map(id)
+    }
+
     /// The page entry under `key`.
     pub fn page(&self, key: &StackDeltaPageKey) -> Option<StackDeltaPageInfo> {
         let value = self.reg.lookup(self.pages, &key.to_bytes()).ok()?;
@@ -528,7 +542,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::maps::BPF_ANY;
+    use crate::maps::{MapType, BPF_ANY};
 
     pub(crate) fn tiny() -> SimConfig {
         SimConfig {
@@ -603,6 +617,45 @@ mod tests {
         }
         assert_eq!(s.outer(7), None);
         assert_eq!(s.outer(24), None);
+    }
+
+    #[test]
+    fn maps_are_found_by_their_names() {
+        let mut s = sim(tiny());
+        let shape = |name: &str| {
+            let spec = s.map_named(name).expect(name).spec();
+            (spec.kind, spec.key_size, spec.value_size, spec.max_entries)
+        };
+        assert_eq!(shape("stack_delta_page_to_info"), (MapType::Hash, 16, 8, 4));
+        assert_eq!(shape("unwind_info_array"), (MapType::Array, 4, 12, 4));
+        assert_eq!(shape("interpreter_offsets"), (MapType::Hash, 8, 40, 2));
+        for class in SIZE_CLASS_MIN..=SIZE_CLASS_MAX {
+            let name = format!("exe_id_to_{class}_stack_deltas");
+            assert_eq!(shape(&name), (MapType::HashOfMaps, 8, 4, 2));
+            let inner = s.map_named(&name).and_then(|m| m.spec().inner.clone());
+            assert_eq!(inner.as_deref(), Some(&inner_spec(class)));
+        }
+        for name in ["exe_id_to_7_stack_deltas", "exe_id_to_24_stack_deltas", ""] {
+            assert!(s.map_named(name).is_none(), "{name}");
+        }
+        let range = OffsetRange {
+            lower_offset1: 1,
+            upper_offset1: 2,
+            program_index: 4,
+            ..OffsetRange::default()
+        };
+        let op = MapOp::PutInterpreterOffsets {
+            file_id: FileId(9),
+            range,
+        };
+        assert_eq!(s.apply(&op), Ok(()));
+        let raw: Vec<(Vec<u8>, Vec<u8>)> = s
+            .map_named("interpreter_offsets")
+            .expect("offsets")
+            .entries()
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .collect();
+        assert_eq!(raw, [(9u64.to_le_bytes().to_vec(), range.to_bytes())]);
     }
 
     #[test]
