@@ -9,12 +9,13 @@
 //! Without `go` or a C compiler the test is a loud skip, or a failure when
 //! `EIM_REQUIRE_INTERPRETERS` is set.
 
-use std::any::Any;
+mod common;
+use common::{data_of, matches_of, nm_address, objdump_lines, skip_or_fail};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use eim::interp::go::GoLabelsData;
-use eim::loaders::inspect;
 
 const PROGRAM: &str = r#"package main
 
@@ -28,56 +29,26 @@ func main() { fmt.Println(C.add(1, 2)) }
 "#;
 
 fn tls_g_offset(path: &Path) -> i64 {
-    let matches = inspect(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let m = matches
-        .iter()
-        .find(|m| m.loader == "golabels")
-        .unwrap_or_else(|| panic!("no golabels match for {}: {matches:?}", path.display()));
-    let loaded = m
-        .outcome
-        .as_ref()
-        .unwrap_or_else(|e| panic!("golabels: {e}"));
-    let data: &dyn Any = loaded.data.as_ref();
-    data.downcast_ref::<GoLabelsData>()
-        .expect("golabels data")
-        .tls_g_offset
+    data_of::<GoLabelsData>(&matches_of(path), "golabels").tls_g_offset
 }
 
 /// What objdump shows `runtime.stackcheck` loading `g` from: `mov
 /// %fs:DISP,%rax`, or `mov $IMM,%rcx` then `mov %fs:(%rcx),%rax`.
 fn objdump_offset(path: &Path) -> i64 {
-    let nm = Command::new("nm").arg(path).output().expect("nm");
-    let start = String::from_utf8_lossy(&nm.stdout)
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() == 3 && f[2] == "runtime.stackcheck.abi0")
-                .then(|| u64::from_str_radix(f[0], 16).expect("nm address"))
-        })
-        .expect("runtime.stackcheck.abi0");
-    let out = Command::new("objdump")
-        .args([
-            "-d",
-            "--no-show-raw-insn",
-            &format!("--start-address={start:#x}"),
-            &format!("--stop-address={:#x}", start + 16),
-        ])
-        .arg(path)
-        .output()
-        .expect("objdump");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let start = nm_address(path, "runtime.stackcheck.abi0");
+    let lines = objdump_lines("objdump", path, start..start + 16);
     let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("hex") as i64;
     let mut rcx = None;
-    for line in text.lines() {
-        let Some((_, insn)) = line.split_once(":\t") else {
+    for (_, mnemonic, operands) in &lines {
+        if mnemonic != "mov" {
             continue;
-        };
-        let insn: String = insn.split_whitespace().collect::<Vec<_>>().join(" ");
-        if let Some(rest) = insn.strip_prefix("mov $") {
-            if let Some(imm) = rest.strip_suffix(",%rcx") {
-                rcx = Some(hex(imm));
-            }
-        } else if let Some(rest) = insn.strip_prefix("mov %fs:") {
+        }
+        if let Some(imm) = operands
+            .strip_prefix('$')
+            .and_then(|o| o.strip_suffix(",%rcx"))
+        {
+            rcx = Some(hex(imm));
+        } else if let Some(rest) = operands.strip_prefix("%fs:") {
             if rest == "(%rcx),%rax" {
                 return rcx.expect("rcx set before the load");
             }
@@ -86,17 +57,13 @@ fn objdump_offset(path: &Path) -> i64 {
             }
         }
     }
-    panic!("no fs load in objdump's runtime.stackcheck:\n{text}");
+    panic!("no fs load in objdump's runtime.stackcheck: {lines:?}");
 }
 
 fn tool(name: &str) -> bool {
     let found = Command::new(name).arg("version").output().is_ok();
     if !found {
-        assert!(
-            std::env::var_os("EIM_REQUIRE_INTERPRETERS").is_none(),
-            "{name} is missing and EIM_REQUIRE_INTERPRETERS is set"
-        );
-        eprintln!("SKIPPED: {name} is not installed (tests/run installs golang-go)");
+        skip_or_fail(&format!("{name} (tests/run installs golang-go)"));
     }
     found
 }

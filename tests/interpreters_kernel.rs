@@ -18,11 +18,13 @@
 //! `EIM_REQUIRE_BPF=1`); a missing interpreter is a loud `SKIPPED` unless
 //! `EIM_REQUIRE_INTERPRETERS` is set (`tests/run` sets it), then a failure.
 
+mod common;
+use common::{first_external_jump, nm_range, present, ruby_library, run};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,86 +44,6 @@ const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 const NODE: &str = "/usr/bin/node";
 const TRUE: &str = "/bin/true";
 const JVM: &str = "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so";
-
-/// Whether `path` exists; a loud skip, or a failure when required (as
-/// `tests/loaders.rs` does).
-fn present(path: &Path) -> bool {
-    if path.exists() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("EIM_REQUIRE_INTERPRETERS").is_none(),
-        "{} is missing and EIM_REQUIRE_INTERPRETERS is set",
-        path.display()
-    );
-    eprintln!(
-        "SKIPPED: {} is not installed (tests/run installs it)",
-        path.display()
-    );
-    false
-}
-
-fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(out.status.success(), "{program} {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `[address, address + size)` of a defined symbol as binutils' `nm -S`
-/// reads it (dynamic table first, then `.symtab`).
-fn nm_range(file: &Path, symbol: &str) -> Range<u64> {
-    let file = file.to_string_lossy();
-    for args in [
-        &["-D", "-S", "--defined-only", &file][..],
-        &["-S", "--defined-only", &file],
-    ] {
-        let Ok(out) = Command::new("nm").args(args).output() else {
-            continue;
-        };
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() == 4 && f[3].split('@').next() == Some(symbol) {
-                let addr = u64::from_str_radix(f[0], 16).expect("nm address");
-                let size = u64::from_str_radix(f[1], 16).expect("nm size");
-                return addr..addr + size;
-            }
-        }
-    }
-    panic!("nm finds no {symbol} in {file}");
-}
-
-/// The first jump in `range` of `file` (objdump) whose target lies outside
-/// it: for Python's eval loop, a jump into its `.cold` part.
-fn first_external_jump(file: &Path, range: &Range<u64>) -> u64 {
-    let text = run(
-        "objdump",
-        &[
-            "-d",
-            "--no-show-raw-insn",
-            &format!("--start-address={:#x}", range.start),
-            &format!("--stop-address={:#x}", range.end),
-            &file.to_string_lossy(),
-        ],
-    );
-    for line in text.lines() {
-        let mut fields = line.split_whitespace().skip(1);
-        let (Some(mnemonic), Some(target)) = (fields.next(), fields.next()) else {
-            continue;
-        };
-        if !mnemonic.starts_with('j') {
-            continue;
-        }
-        if let Ok(addr) = u64::from_str_radix(target, 16) {
-            if !range.contains(&addr) {
-                return addr;
-            }
-        }
-    }
-    panic!("no jump out of {range:x?} in {}", file.display());
-}
 
 /// The 64-bit host file id computed here from the spec (§9.1, §9.2):
 /// SHA-256 of the first and last 4 KiB and the big-endian size, first 8
@@ -197,17 +119,7 @@ fn render(d: &Decoded) -> String {
 /// The files and what each must give, or `None` if one is missing (and
 /// not required).
 fn cases() -> Option<Vec<Case>> {
-    let ruby = std::fs::read_dir(LIB_DIR)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            let n = p.file_name().unwrap_or_default().to_string_lossy();
-            // The full name (libruby-3.1.so.3.1.2): the loader wants three numbers.
-            n.starts_with("libruby-3.1.so.") && n.matches('.').count() == 5
-        })
-        .unwrap_or_else(|| Path::new(LIB_DIR).join("libruby-3.1.so.3.1.x"));
+    let ruby = ruby_library(LIB_DIR);
     let paths = [
         PathBuf::from(PHP),
         PYTHON.into(),
@@ -290,11 +202,11 @@ fn inspected_offsets(path: &Path) -> Option<(Vec<Range<u64>>, u16)> {
 /// part as the loader finds it (Debian strips the local `.cold` symbol),
 /// checked to hold objdump's first jump out of the loop.
 fn python_ranges() -> Vec<Range<u64>> {
-    let eval = nm_range(PYTHON.as_ref(), "_PyEval_EvalFrameDefault");
+    let eval = nm_range(PYTHON, "_PyEval_EvalFrameDefault");
     let (inspected, _) = inspected_offsets(PYTHON.as_ref()).expect("python has ranges");
     assert_eq!(inspected[0], eval, "inspect's first range is nm's");
     let cold = inspected.get(1).cloned().expect("a .cold range on x86-64");
-    let target = first_external_jump(PYTHON.as_ref(), &eval);
+    let target = first_external_jump(PYTHON, &eval);
     assert!(
         cold.contains(&target),
         "{cold:x?} does not hold {target:#x}"

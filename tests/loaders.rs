@@ -8,11 +8,16 @@
 //! `EIM_REQUIRE_INTERPRETERS` is set (`tests/run` sets it after installing
 //! them): then it is a failure.
 
+mod common;
+use common::{
+    assert_hotspot_vm_structs, first_external_jump, loaded, loaders, matches_of, nm_range, present,
+    ruby_library, run,
+};
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use eim::elf::Elf;
-use eim::interp::{self, LoaderError, LoaderInfo, LoaderMatch};
+use eim::interp::{self, LoaderError, LoaderInfo};
 use eim::loaders::{inspect, ALL_TRACERS};
 use eim::{FileId, Tracers};
 
@@ -37,87 +42,12 @@ fn c_binary() -> PathBuf {
     testdata().join("ccorpus-x86_64-O2")
 }
 
-/// Whether `path` exists; a loud skip, or a failure when required.
-fn present(path: &Path) -> bool {
-    if path.exists() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("EIM_REQUIRE_INTERPRETERS").is_none(),
-        "{} is missing and EIM_REQUIRE_INTERPRETERS is set",
-        path.display()
-    );
-    eprintln!(
-        "SKIPPED: {} is not installed (tests/run installs it)",
-        path.display()
-    );
-    false
-}
-
-fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(out.status.success(), "{program} {args:?}: {out:?}");
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&out.stderr));
-    text
-}
-
-/// `[address, address + size)` of a defined symbol, as binutils' `nm` reads
-/// it (dynamic table first, then `.symtab`).
-fn nm_range(file: &str, symbol: &str) -> std::ops::Range<u64> {
-    for args in [
-        &["-D", "-S", "--defined-only", file][..],
-        &["-S", "--defined-only", file],
-    ] {
-        let Ok(out) = Command::new("nm").args(args).output() else {
-            continue;
-        };
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() == 4 && f[3].split('@').next() == Some(symbol) {
-                let addr = u64::from_str_radix(f[0], 16).expect("nm address");
-                let size = u64::from_str_radix(f[1], 16).expect("nm size");
-                return addr..addr + size;
-            }
-        }
-    }
-    panic!("nm finds no {symbol} in {file}");
-}
-
-fn matches_of(path: &str) -> Vec<LoaderMatch> {
-    inspect(path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-/// The one match of `loader`, which must have succeeded.
-fn loaded<'a>(matches: &'a [LoaderMatch], loader: &str) -> &'a interp::Loaded {
-    let found: Vec<_> = matches.iter().filter(|m| m.loader == loader).collect();
-    assert_eq!(found.len(), 1, "{loader} in {matches:?}");
-    found[0]
-        .outcome
-        .as_ref()
-        .unwrap_or_else(|e| panic!("{loader}: {e}"))
-}
-
-fn loaders(matches: &[LoaderMatch]) -> Vec<&'static str> {
-    matches.iter().map(|m| m.loader).collect()
-}
-
-fn print_row(path: &str, matches: &[LoaderMatch]) {
-    for m in matches {
-        eprintln!("LOADER {path}: {m}");
-    }
-}
-
 #[test]
 fn python_3_11() {
     if !present(Path::new(PYTHON)) {
         return;
     }
     let matches = matches_of(PYTHON);
-    print_row(PYTHON, &matches);
     assert_eq!(loaders(&matches), ["python"]);
     let l = loaded(&matches, "python");
     let want = run(
@@ -212,7 +142,6 @@ fn python_3_11_tss_key_in_the_executable_and_the_library() {
 
     for (file, want) in [(PYTHON, exe_key), (LIBPYTHON, lib_key)] {
         let matches = matches_of(file);
-        print_row(file, &matches);
         let l = loaded(&matches, "python");
         assert_eq!(tss_key_of(l), want, "{file}");
         let bytes = std::fs::read(file).expect("read");
@@ -281,38 +210,8 @@ fn python_tss_key_of_every_pyenv_libpython() {
             }
         };
         let matches = matches_of(&lib);
-        print_row(&lib, &matches);
         assert_eq!(tss_key_of(loaded(&matches, "python")), want, "{lib}");
     }
-}
-
-/// The first jump target outside `range` in objdump's disassembly.
-fn first_external_jump(file: &str, range: &std::ops::Range<u64>) -> u64 {
-    let text = run(
-        "objdump",
-        &[
-            "-d",
-            "--no-show-raw-insn",
-            &format!("--start-address={:#x}", range.start),
-            &format!("--stop-address={:#x}", range.end),
-            file,
-        ],
-    );
-    for line in text.lines() {
-        let mut fields = line.split_whitespace().skip(1);
-        let (Some(mnemonic), Some(target)) = (fields.next(), fields.next()) else {
-            continue;
-        };
-        if !mnemonic.starts_with('j') {
-            continue;
-        }
-        if let Ok(addr) = u64::from_str_radix(target, 16) {
-            if !range.contains(&addr) {
-                return addr;
-            }
-        }
-    }
-    panic!("no jump out of {range:x?} in {file}");
 }
 
 #[test]
@@ -323,7 +222,6 @@ fn perl_5_36_library_and_executable() {
     }
     let lib = lib.to_string_lossy().into_owned();
     let matches = matches_of(&lib);
-    print_row(&lib, &matches);
     assert_eq!(loaders(&matches), ["perl"]);
     let l = loaded(&matches, "perl");
     assert_eq!(l.data.version(), run(PERL, &["-e", "printf '%vd', $^V"]));
@@ -338,7 +236,6 @@ fn perl_5_36_library_and_executable() {
     }
     let links_libperl = run("readelf", &["-d", PERL]).contains("[libperl.so");
     let matches = matches_of(PERL);
-    print_row(PERL, &matches);
     if links_libperl {
         assert!(matches.is_empty());
     } else {
@@ -371,13 +268,13 @@ fn a_perl_executable_that_links_libperl_is_not_handled() {
         ],
     );
     assert!(run("readelf", &["-d", &exe.to_string_lossy()]).contains("[libperl.so"));
-    assert!(matches_of(&exe.to_string_lossy()).is_empty());
+    assert!(matches_of(&exe).is_empty());
     // The same program without libperl is recognised by its name and refused.
     run(
         "cc",
         &["-o", &exe.to_string_lossy(), &src.to_string_lossy()],
     );
-    assert_eq!(loaders(&matches_of(&exe.to_string_lossy())), ["perl"]);
+    assert_eq!(loaders(&matches_of(&exe)), ["perl"]);
 }
 
 #[test]
@@ -387,7 +284,6 @@ fn php_8_2_and_its_opcache() {
     }
     let want = run(PHP, &["-n", "-r", "echo PHP_VERSION;"]);
     let matches = matches_of(PHP);
-    print_row(PHP, &matches);
     assert_eq!(loaders(&matches), ["php"]);
     let l = loaded(&matches, "php");
     assert_eq!(l.data.version(), want);
@@ -401,7 +297,6 @@ fn php_8_2_and_its_opcache() {
     }
     let opcache = opcache.to_string_lossy().into_owned();
     let matches = matches_of(&opcache);
-    print_row(&opcache, &matches);
     assert_eq!(loaders(&matches), ["php-opcache"]);
     let l = loaded(&matches, "php-opcache");
     assert_eq!(l.data.version(), want, "opcache is versioned with PHP");
@@ -421,22 +316,12 @@ fn glob_one(dir: &str, name: &str) -> PathBuf {
 
 #[test]
 fn ruby_3_1() {
-    let lib = std::fs::read_dir(RUBY_LIB_DIR)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            let n = p.file_name().unwrap_or_default().to_string_lossy();
-            n.starts_with("libruby-3.1.so.") && n.matches('.').count() == 5
-        })
-        .unwrap_or_else(|| Path::new(RUBY_LIB_DIR).join("libruby-3.1.so.3.1.x"));
+    let lib = ruby_library(RUBY_LIB_DIR);
     if !present(&lib) {
         return;
     }
     let lib = lib.to_string_lossy().into_owned();
     let matches = matches_of(&lib);
-    print_row(&lib, &matches);
     assert_eq!(loaders(&matches), ["ruby"]);
     let l = loaded(&matches, "ruby");
     assert_eq!(
@@ -454,7 +339,6 @@ fn hotspot_17() {
         return;
     }
     let matches = matches_of(JVM);
-    print_row(JVM, &matches);
     assert_eq!(loaders(&matches), ["hotspot"]);
     let l = loaded(&matches, "hotspot");
     // `java -version`: ... (build 17.0.15+6-Debian-1deb12u1) ...
@@ -465,15 +349,7 @@ fn hotspot_17() {
         .and_then(|s| s.split(['-', ')']).next())
         .expect("a build in java -version");
     assert_eq!(l.data.version(), build);
-    assert!(l.offsets.is_none());
-    let dbg = format!("{:?}", l.data);
-    for needle in [
-        "Method::_constMethod",
-        "CodeCache::_heaps",
-        "\"ConstMethod\"",
-    ] {
-        assert!(dbg.contains(needle), "VM structs lack {needle}");
-    }
+    assert_hotspot_vm_structs(l);
 }
 
 #[test]
@@ -491,7 +367,6 @@ fn node_v8() {
         });
     let v8_file = v8_file.as_str();
     let matches = matches_of(v8_file);
-    print_row(v8_file, &matches);
     assert_eq!(loaders(&matches), ["v8"]);
     let l = loaded(&matches, "v8");
     // process.versions.v8 is like 11.3.244.8-node.33.
@@ -516,7 +391,6 @@ fn go_and_its_labels_both_match() {
     }
     let path = go.to_string_lossy().into_owned();
     let matches = matches_of(&path);
-    print_row(&path, &matches);
     // Weakness 11: both loaders are asked, both matches are kept.
     assert_eq!(loaders(&matches), ["go", "golabels"]);
     for name in ["go", "golabels"] {
@@ -537,7 +411,7 @@ fn a_plain_c_program_is_no_interpreter() {
     if !present(&c) {
         return;
     }
-    assert!(matches_of(&c.to_string_lossy()).is_empty());
+    assert!(matches_of(&c).is_empty());
     assert!(matches_of("/bin/true").is_empty());
 }
 

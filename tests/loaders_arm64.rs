@@ -12,14 +12,17 @@
 //! there too (`usr/bin/php8.2`, `usr/lib/php/20220829/opcache.so`); their
 //! assertions belong with the PHP loader's owner.
 
+mod common;
+use common::{
+    assert_hotspot_vm_structs, loaded, loaders, matches_of, nm_range_with, objdump_lines, run,
+};
+
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use eim::elf::Elf;
-use eim::interp::{self, LoaderMatch};
-use eim::loaders::inspect;
+use eim::interp::{self};
 
 const NM: &str = "aarch64-linux-gnu-nm";
 const OBJDUMP: &str = "aarch64-linux-gnu-objdump";
@@ -83,59 +86,16 @@ fn package_version(root: &Path, package: &str) -> String {
     upstream_version(v).to_owned()
 }
 
-fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(out.status.success(), "{program} {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// `[address, address + size)` of a defined symbol as the arm64 `nm` reads
 /// it (dynamic table first, then `.symtab`).
 fn nm_range(file: &str, symbol: &str) -> Range<u64> {
-    for table in ["-D", "--defined-only"] {
-        let Ok(out) = Command::new(NM)
-            .args([table, "-S", "--defined-only", file])
-            .output()
-        else {
-            continue;
-        };
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() == 4 && f[3].split('@').next() == Some(symbol) {
-                let addr = u64::from_str_radix(f[0], 16).expect("nm address");
-                let size = u64::from_str_radix(f[1], 16).expect("nm size");
-                return addr..addr + size;
-            }
-        }
-    }
-    panic!("{NM} finds no {symbol} in {file}");
+    nm_range_with(NM, file, symbol)
 }
 
 /// The arm64 objdump's instructions of `symbol`: (address, mnemonic,
 /// operands) per line.
 fn disassemble(file: &str, symbol: &str) -> Vec<(u64, String, String)> {
-    let range = nm_range(file, symbol);
-    let text = run(
-        OBJDUMP,
-        &[
-            "-d",
-            "--no-show-raw-insn",
-            &format!("--start-address={:#x}", range.start),
-            &format!("--stop-address={:#x}", range.end),
-            file,
-        ],
-    );
-    text.lines()
-        .filter_map(|l| {
-            let (addr, rest) = l.trim().split_once(":\t")?;
-            let addr = u64::from_str_radix(addr, 16).ok()?;
-            let (mnemonic, operands) = rest.split_once('\t').unwrap_or((rest, ""));
-            Some((addr, mnemonic.to_owned(), operands.to_owned()))
-        })
-        .collect()
+    objdump_lines(OBJDUMP, file, nm_range(file, symbol))
 }
 
 /// The first instruction `mnemonic` whose operands start with `prefix`.
@@ -167,28 +127,6 @@ fn address(operands: &str) -> u64 {
         .find(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_hexdigit()) && w.len() > 2)
         .unwrap_or_else(|| panic!("no address in {operands}"));
     u64::from_str_radix(word, 16).expect("hex")
-}
-
-fn matches_of(path: &str) -> Vec<LoaderMatch> {
-    let matches = inspect(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    for m in &matches {
-        eprintln!("LOADER {path}: {m}");
-    }
-    matches
-}
-
-fn loaders(matches: &[LoaderMatch]) -> Vec<&'static str> {
-    matches.iter().map(|m| m.loader).collect()
-}
-
-/// The one match of `loader`, which must have succeeded.
-fn loaded<'a>(matches: &'a [LoaderMatch], loader: &str) -> &'a interp::Loaded {
-    let found: Vec<_> = matches.iter().filter(|m| m.loader == loader).collect();
-    assert_eq!(found.len(), 1, "{loader} in {matches:?}");
-    found[0]
-        .outcome
-        .as_ref()
-        .unwrap_or_else(|e| panic!("{loader}: {e}"))
 }
 
 /// The decimal number after `field: ` in the loader data's `Debug` form.
@@ -328,15 +266,7 @@ fn hotspot_17() {
         .and_then(|v| v.split(['-', '"']).next())
         .expect("JAVA_RUNTIME_VERSION");
     assert_eq!(l.data.version(), runtime);
-    assert!(l.offsets.is_none());
-    let dbg = format!("{:?}", l.data);
-    for needle in [
-        "Method::_constMethod",
-        "CodeCache::_heaps",
-        "\"ConstMethod\"",
-    ] {
-        assert!(dbg.contains(needle), "VM structs lack {needle}");
-    }
+    assert_hotspot_vm_structs(l);
 }
 
 #[test]

@@ -10,11 +10,12 @@
 //! Without `EIM_DOTNET_ROOT` the tests print a loud `SKIPPED`, unless
 //! `EIM_REQUIRE_INTERPRETERS` is set: then they fail.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+use common::{matches_of, nm_address};
 
-use eim::interp::{LoaderError, LoaderMatch};
-use eim::loaders::inspect;
+use std::path::{Path, PathBuf};
+
+use eim::interp::LoaderError;
 
 const VERSION: &str = "3.1.23";
 
@@ -39,34 +40,6 @@ fn real_coreclr() -> Option<PathBuf> {
     // Once the root is given, a missing library is a broken setup, not a skip.
     assert!(lib.is_file(), "{} is missing", lib.display());
     Some(lib)
-}
-
-/// The address `nm` gives a defined symbol, from the dynamic table or
-/// else `.symtab` (3.1's `g_dacTable` is a local symbol of `.symtab`).
-fn nm_address(file: &Path, symbol: &str) -> u64 {
-    for dynamic in [true, false] {
-        let mut nm = Command::new("nm");
-        if dynamic {
-            nm.arg("-D");
-        }
-        let out = nm
-            .arg("--defined-only")
-            .arg(file)
-            .output()
-            .unwrap_or_else(|e| panic!("nm: {e}"));
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() == 3 && f[2].split('@').next() == Some(symbol) {
-                return u64::from_str_radix(f[0], 16).expect("nm address");
-            }
-        }
-    }
-    panic!("nm finds no {symbol} in {}", file.display());
-}
-
-/// The loaders' answers for `path`, which must extract.
-fn matches_of(path: &Path) -> Vec<LoaderMatch> {
-    inspect(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 #[test]

@@ -8,7 +8,9 @@
 //! (`tests/fetch-arm64`). A missing file is a loud skip, or a failure when
 //! `EIM_REQUIRE_INTERPRETERS` is set.
 
-use std::any::Any;
+mod common;
+use common::{data_of, nm_address, objdump_lines, skip_or_fail};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -17,14 +19,6 @@ use eim::interp::LoaderMatch;
 use eim::loaders::inspect;
 
 const PHP_DIR: &str = "usr/lib/php";
-
-fn skip_or_fail(what: &str) {
-    assert!(
-        std::env::var_os("EIM_REQUIRE_INTERPRETERS").is_none(),
-        "{what} is missing and EIM_REQUIRE_INTERPRETERS is set"
-    );
-    eprintln!("SKIPPED: {what} is missing (tests/run provides it)");
-}
 
 /// The x86-64 root (`/`) or the arm64 one, with its objdump.
 struct Root {
@@ -78,62 +72,8 @@ impl Root {
     /// objdump's lines for `[start, start + len)` of `file`: (address,
     /// mnemonic, operands and comment).
     fn disassemble(&self, file: &Path, start: u64, len: u64) -> Vec<(u64, String, String)> {
-        let out = Command::new(self.objdump)
-            .args([
-                "-d",
-                "--no-show-raw-insn",
-                &format!("--start-address={start:#x}"),
-                &format!("--stop-address={:#x}", start + len),
-            ])
-            .arg(file)
-            .output()
-            .unwrap_or_else(|e| panic!("{}: {e}", self.objdump));
-        assert!(out.status.success(), "{}: {out:?}", self.objdump);
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|line| {
-                let (addr, rest) = line.split_once(":\t")?;
-                let addr = u64::from_str_radix(addr.trim(), 16).ok()?;
-                // arm64 comments follow `//` (x86's follow `#`, kept).
-                let rest = rest.split("//").next().unwrap_or("").trim();
-                let (mnemonic, operands) =
-                    rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
-                Some((addr, mnemonic.to_string(), operands.trim().to_string()))
-            })
-            .collect()
+        objdump_lines(self.objdump, file, start..start + len)
     }
-}
-
-/// A symbol's address, from binutils' `nm -D`.
-fn nm(file: &Path, symbol: &str) -> u64 {
-    let out = Command::new("nm")
-        .args(["-D", "--defined-only"])
-        .arg(file)
-        .output()
-        .expect("nm");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            (f.len() == 3 && f[2].split('@').next() == Some(symbol))
-                .then(|| u64::from_str_radix(f[0], 16).expect("nm address"))
-        })
-        .unwrap_or_else(|| panic!("nm finds no {symbol} in {}", file.display()))
-}
-
-fn data_of<T: Any + Clone>(matches: &[LoaderMatch], loader: &str) -> T {
-    let m = matches
-        .iter()
-        .find(|m| m.loader == loader)
-        .unwrap_or_else(|| panic!("no {loader} match in {matches:?}"));
-    let loaded = m
-        .outcome
-        .as_ref()
-        .unwrap_or_else(|e| panic!("{loader}: {e}"));
-    let data: &dyn Any = loaded.data.as_ref();
-    data.downcast_ref::<T>()
-        .expect("the loader's data type")
-        .clone()
 }
 
 /// The hex number objdump prints after `#` (x86: the RIP-relative target).
@@ -156,7 +96,7 @@ fn arm_immediate(text: &str) -> u64 {
 /// What objdump shows `zend_vm_kind` returning, and the address after the
 /// first unconditional jump (x86 `jmp`, arm64 `br`) of `execute_ex`.
 fn expected_php(root: &Root, php: &Path) -> (u64, u64) {
-    let kind_at = nm(php, "zend_vm_kind");
+    let kind_at = nm_address(php, "zend_vm_kind");
     let lines = root.disassemble(php, kind_at, 16);
     let kind = lines
         .iter()
@@ -171,7 +111,7 @@ fn expected_php(root: &Root, php: &Path) -> (u64, u64) {
             _ => None,
         })
         .expect("zend_vm_kind moves a constant");
-    let execute_ex = nm(php, "execute_ex");
+    let execute_ex = nm_address(php, "execute_ex");
     let lines = root.disassemble(php, execute_ex, 128);
     let jump = lines
         .iter()
@@ -183,7 +123,7 @@ fn expected_php(root: &Root, php: &Path) -> (u64, u64) {
 /// The variables whose values objdump shows passed as `mprotect`'s first
 /// two arguments in `zend_jit_unprotect`.
 fn expected_opcache(root: &Root, opcache: &Path) -> JitBufferPointers {
-    let start = nm(opcache, "zend_jit_unprotect");
+    let start = nm_address(opcache, "zend_jit_unprotect");
     let lines = root.disassemble(opcache, start, 64);
     let (mut buffer, mut size) = (None, None);
     let mut regs = std::collections::HashMap::new();
@@ -241,7 +181,7 @@ fn check(root: Root) {
         );
         assert_eq!(kind, 4, "Debian builds the hybrid VM");
         assert_eq!(data.jit_return, JitReturn::Address(jump_return));
-        assert_eq!(data.execute_ex.address, nm(&php, "execute_ex"));
+        assert_eq!(data.execute_ex.address, nm_address(&php, "execute_ex"));
     }
     if let Some(opcache) = root.opcache() {
         let matches = inspect(&opcache).expect("opcache.so");
@@ -272,7 +212,7 @@ fn php_jit_facts_on_arm64() {
 /// `file`'s bytes with `patch` written over the code of `symbol` (its file
 /// offset as `objdump -F` prints it), copied to `dir/name`.
 fn patched(file: &Path, symbol: &str, patch: &[u8], dir: &Path, name: &str) -> PathBuf {
-    let at = nm(file, symbol);
+    let at = nm_address(file, symbol);
     let out = Command::new("objdump")
         .args([
             "-d",
