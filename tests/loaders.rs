@@ -10,13 +10,14 @@
 
 mod common;
 use common::{
-    assert_hotspot_vm_structs, first_external_jump, loaded, loaders, matches_of, nm_range, present,
-    ruby_library, run,
+    assert_hotspot_vm_structs, data_of, first_external_jump, loaded, loaders, matches_of,
+    nm_address, nm_range, present, ruby_library, run,
 };
 
 use std::path::{Path, PathBuf};
 
 use eim::elf::Elf;
+use eim::interp::python::PythonData;
 use eim::interp::{self, LoaderError, LoaderInfo};
 use eim::loaders::{inspect, ALL_TRACERS};
 use eim::{FileId, Tracers};
@@ -658,4 +659,90 @@ fn dotnet_and_apm_on_libraries_built_here() {
          __thread char elastic_apm_profiling_correlation_tls_v1[64];\n",
     );
     assert!(error_of(&wrong, "apm").to_string().contains("not 8"));
+}
+
+/// What a running interpreter says of its code, frame and bytes objects:
+/// `__basicsize__`, and each member descriptor's offset, read with ctypes
+/// from its `PyMemberDef` (`PyMemberDescrObject.d_member`, the sixth word;
+/// the offset is the third field). Independent of eim's ELF reading.
+const LAYOUT_SCRIPT: &str = r#"
+import ctypes, types
+for t in (types.CodeType, types.FrameType, bytes):
+    members = []
+    for name, v in vars(t).items():
+        if type(v).__name__ == "member_descriptor":
+            d = ctypes.cast(id(v), ctypes.POINTER(ctypes.c_void_p))[5]
+            off = ctypes.cast(d + 16, ctypes.POINTER(ctypes.c_ssize_t))[0]
+            members.append("%s=%d" % (name, off))
+    print(t.__basicsize__, " ".join(sorted(members)))
+"#;
+
+/// The same lines from the python loader's data for `path`.
+fn layouts_of(path: &Path) -> Vec<String> {
+    let data: PythonData = data_of(&matches_of(path), "python");
+    ["PyCode_Type", "PyFrame_Type", "PyBytes_Type"]
+        .iter()
+        .map(|name| {
+            let t = &data.types[name];
+            let members: Vec<String> = t.members.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("{} {}", t.basic_size, members.join(" "))
+                .trim_end()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The lines `LAYOUT_SCRIPT` prints, run by `python`.
+fn running_layouts(python: &Path) -> Vec<String> {
+    run(&python.to_string_lossy(), &["-c", LAYOUT_SCRIPT])
+        .lines()
+        .map(|l| l.trim_end().to_owned())
+        .collect()
+}
+
+#[test]
+fn python_type_layouts_are_what_the_running_interpreter_reports() {
+    if !present(Path::new(PYTHON)) {
+        return;
+    }
+    let want = running_layouts(Path::new(PYTHON));
+    eprintln!("PYTHON layouts {PYTHON}: {want:?}");
+    assert_eq!(layouts_of(Path::new(PYTHON)), want, "{PYTHON}");
+    let lib = Path::new("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0");
+    if present(lib) {
+        // Position-independent: the member table and names are relocated.
+        assert_eq!(layouts_of(lib), want, "{}", lib.display());
+    }
+    // Every pyenv CPython 3.6+ (shared builds): its library against itself.
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
+        .unwrap_or_default();
+    for version in std::fs::read_dir(root.join("versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let dir = version.path();
+        let Some(lib) = std::fs::read_dir(dir.join("lib"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                let n = p.file_name().unwrap_or_default().to_string_lossy();
+                n.starts_with("libpython3.") && n.ends_with(".so.1.0")
+            })
+        else {
+            continue;
+        };
+        let want = running_layouts(&dir.join("bin/python3"));
+        eprintln!("PYTHON layouts {}: {want:?}", lib.display());
+        assert_eq!(layouts_of(&lib), want, "{}", lib.display());
+        // From 3.13 the loader also needs `None`'s address.
+        let data: PythonData = data_of(&matches_of(&lib), "python");
+        let none = (data.version >= eim::interp::Version(3, 13, 0))
+            .then(|| nm_address(&lib, "_Py_NoneStruct"));
+        assert_eq!(data.none_struct, none, "{}", lib.display());
+    }
 }

@@ -9,6 +9,9 @@
 //! `interpreter_offsets` (program 4). On x86-64 the second range is the
 //! `.cold` part of the evaluation loop: the FDE that covers the first jump
 //! target outside the function (upstream looks for it on x86-64 only).
+//! It also reads the layouts CPython publishes of its code, frame and bytes
+//! objects ([`types`]) and, from 3.13, the address of `_Py_NoneStruct`
+//! (the top frame's code object is `None` there, where unwinding stops).
 //!
 //! A key that cannot be found is an error, as upstream's loader makes it
 //! (and like the missing symbols of spec 11, O8): the Python unwinder
@@ -19,10 +22,13 @@
 //! such instead of as empty Python stacks.
 
 mod tss;
+pub mod types;
+
+use std::collections::BTreeMap;
 
 use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic, OpKind};
 
-use super::access::{read_u32, Symbol, Symbols};
+use super::access::{read_u32, Relocations, Symbol, Symbols};
 use super::names::{PYTHON_EXE, PYTHON_LIB};
 use super::{InterpreterOffsets, Loaded, LoaderError, LoaderInfo, Version};
 use crate::abi::program;
@@ -45,6 +51,10 @@ pub struct PythonData {
     pub tss_key: u64,
     pub eval_loop: Symbol,
     pub cold: Option<std::ops::Range<u64>>,
+    /// `PyCode_Type`, `PyFrame_Type`, `PyBytes_Type` -> their layouts.
+    pub types: BTreeMap<&'static str, types::TypeLayout>,
+    /// `_Py_NoneStruct` (3.13+).
+    pub none_struct: Option<u64>,
 }
 
 impl InterpreterData for PythonData {
@@ -117,6 +127,16 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
         Arch::X86_64 => cold_range(elf, eval_loop),
         Arch::Aarch64 => None,
     };
+    let relocations = Relocations::of(elf);
+    let mut layouts = BTreeMap::new();
+    for name in types::TYPES {
+        layouts.insert(name, types::layout(elf, syms, &relocations, name)?);
+    }
+    let none_struct = if (major, minor) >= (3, 13) {
+        Some(syms.require("_Py_NoneStruct")?.address)
+    } else {
+        None
+    };
     let offsets = InterpreterOffsets {
         program: program::PYTHON,
         first: eval_loop.range(),
@@ -129,6 +149,8 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
             tss_key,
             eval_loop,
             cold,
+            types: layouts,
+            none_struct,
         },
         Some(offsets),
     )))
