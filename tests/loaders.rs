@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use eim::elf::Elf;
 use eim::interp::python::PythonData;
+use eim::interp::v8::V8Data;
 use eim::interp::{self, LoaderError, LoaderInfo};
 use eim::loaders::{inspect, ALL_TRACERS};
 use eim::{FileId, Tracers};
@@ -745,4 +746,73 @@ fn python_type_layouts_are_what_the_running_interpreter_reports() {
             .then(|| nm_address(&lib, "_Py_NoneStruct"));
         assert_eq!(data.none_struct, none, "{}", lib.display());
     }
+}
+
+/// The 4-byte little-endian value binutils shows at `addr` of `file`
+/// (`objdump -s`), or 0 where the file has no contents (`.bss`).
+fn objdump_word(file: &str, addr: u64) -> i32 {
+    let text = run(
+        "objdump",
+        &[
+            "-s",
+            &format!("--start-address={addr:#x}"),
+            &format!("--stop-address={:#x}", addr + 4),
+            file,
+        ],
+    );
+    // " 5651178 22040000                             \"..."
+    let word = text.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        (u64::from_str_radix(f.next()?, 16).ok()? == addr).then(|| f.next().map(str::to_owned))?
+    });
+    match word {
+        Some(hex) => {
+            let bytes: Vec<u8> = (0..4)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex"))
+                .collect();
+            i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+        }
+        None => 0,
+    }
+}
+
+#[test]
+fn v8_post_mortem_constants_are_the_files() {
+    if !present(Path::new(NODE)) {
+        return;
+    }
+    let data: V8Data = data_of(&matches_of(NODE), "v8");
+    // Every 4-byte v8dbg_ symbol nm lists, with the value objdump shows.
+    let nm = run("nm", &["-D", "-S", "--defined-only", NODE]);
+    let mut checked = 0;
+    for line in nm.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [addr, size, _, name] = f[..] else {
+            continue;
+        };
+        let Some(name) = name.strip_prefix("v8dbg_") else {
+            continue;
+        };
+        if size != "0000000000000004" {
+            continue;
+        }
+        let addr = u64::from_str_radix(addr, 16).expect("nm address");
+        // objdump is slow per call: compare every eighth value, and all names.
+        if checked % 8 == 0 {
+            assert_eq!(
+                data.introspection.get(name),
+                Some(&objdump_word(NODE, addr)),
+                "{name}"
+            );
+        } else {
+            assert!(data.introspection.contains_key(name), "{name}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, data.introspection.len());
+    eprintln!("V8 {NODE}: {checked} post-mortem constants");
+    // V8's pointer tagging, the same in every version.
+    assert_eq!(data.introspection.get("HeapObjectTag"), Some(&1));
+    assert_eq!(data.introspection.get("HeapObjectTagMask"), Some(&3));
+    assert_eq!(data.introspection.get("SmiTag"), Some(&0));
 }

@@ -73,12 +73,15 @@ impl<'d> Symbols<'d> {
             .ok_or_else(|| LoaderError::MissingSymbol(name.into()))
     }
 
-    /// Number of symbols whose name starts with `prefix`.
-    pub fn count_prefix(&self, prefix: &str) -> usize {
+    /// The symbols whose name starts with `prefix`, in no order.
+    pub fn with_prefix<'s>(
+        &'s self,
+        prefix: &'s str,
+    ) -> impl Iterator<Item = (&'d [u8], Symbol)> + 's {
         self.by_name
-            .keys()
-            .filter(|k| k.starts_with(prefix.as_bytes()))
-            .count()
+            .iter()
+            .filter(move |(k, _)| k.starts_with(prefix.as_bytes()))
+            .map(|(k, s)| (*k, *s))
     }
 }
 

@@ -4,12 +4,14 @@
 //! patch}_` (native-endian u32 each) with upstream's gate reproduced exactly
 //! (spec erratum W1: it rejects major > 255, minor > 255, build > 65535 and
 //! packed values below 0x080100, i.e. only 0.x), the address of
-//! `Bytecodes::kBytecodeSizes`, how many `v8dbg_` introspection symbols the
-//! file has, and the snapshot code area: the first gap of at least 512 KiB
+//! `Bytecodes::kBytecodeSizes`, V8's post-mortem constants (every 4-byte
+//! `v8dbg_` symbol: the type ids and field offsets the unwinder reads
+//! objects with), and the snapshot code area: the first gap of at least 512 KiB
 //! starting less than 1 KiB after `Snapshot::DefaultSnapshotBlob()`. Only
 //! when that area is found it is asked for in `interpreter_offsets`
 //! (program 7).
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::access::read_u32;
@@ -28,6 +30,9 @@ const SNAPSHOT_BLOB: &str = "_ZN2v88internal8Snapshot19DefaultSnapshotBlobEv";
 const BYTECODE_SIZES: &str = "_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE";
 /// How far after the blob accessor the snapshot gap may start.
 const SNAPSHOT_GAP_DISTANCE: u64 = 1024;
+const INTROSPECTION_PREFIX: &str = "v8dbg_";
+/// Bound on a hostile symbol table (V8 has about 500 constants).
+const MAX_INTROSPECTION: usize = 16_384;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct V8Data {
@@ -36,7 +41,9 @@ pub struct V8Data {
     pub build: u32,
     pub patch: Option<u32>,
     pub bytecode_sizes: Option<u64>,
-    pub introspection_symbols: usize,
+    /// V8's post-mortem constants (`v8dbg_*`, 4-byte ints: type ids,
+    /// class field offsets, frame offsets) by name without the prefix.
+    pub introspection: BTreeMap<String, i32>,
     pub snapshot: Option<Range<u64>>,
 }
 
@@ -89,9 +96,34 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
             build,
             patch,
             bytecode_sizes: syms.get(BYTECODE_SIZES).map(|s| s.address),
-            introspection_symbols: syms.count_prefix("v8dbg_"),
+            introspection: introspection(info)?,
             snapshot,
         },
         offsets,
     )))
+}
+
+/// Every `v8dbg_` constant of the file. Each is a 4-byte int (zero ones
+/// live in `.bss`, which reads as zeros); there are about 500.
+fn introspection(info: &LoaderInfo<'_, '_>) -> Result<BTreeMap<String, i32>, LoaderError> {
+    let mut constants = BTreeMap::new();
+    for (name, sym) in info.symbols().with_prefix(INTROSPECTION_PREFIX) {
+        if constants.len() >= MAX_INTROSPECTION {
+            return Err(LoaderError::Invalid(format!(
+                "more than {MAX_INTROSPECTION} {INTROSPECTION_PREFIX} symbols"
+            )));
+        }
+        let name = String::from_utf8_lossy(&name[INTROSPECTION_PREFIX.len()..]).into_owned();
+        // A constant of another size is not one this loader knows to read.
+        if sym.size != 4 {
+            continue;
+        }
+        let value = read_u32(
+            info.elf,
+            sym.address,
+            &format!("{INTROSPECTION_PREFIX}{name}"),
+        )?;
+        constants.insert(name, value as i32);
+    }
+    Ok(constants)
 }
