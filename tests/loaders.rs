@@ -10,7 +10,7 @@
 
 mod common;
 use common::{
-    assert_hotspot_vm_structs, data_of, first_external_jump, loaded, loaders, matches_of,
+    assert_hotspot_vm_structs, data_of, find_in, first_external_jump, loaded, loaders, matches_of,
     nm_address, nm_range, present, ruby_library, run,
 };
 
@@ -153,31 +153,39 @@ fn python_3_11_tss_key_in_the_executable_and_the_library() {
     }
 }
 
+/// pyenv's CPython 3 installations (`PYENV_ROOT`, else `~/.pyenv`) that
+/// have a shared libpython: (installation directory, library).
+fn pyenv_libpythons() -> Vec<(PathBuf, PathBuf)> {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
+        .unwrap_or_default();
+    std::fs::read_dir(root.join("versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|version| {
+            let dir = version.path();
+            let lib = find_in(dir.join("lib"), |n| {
+                n.starts_with("libpython3.") && n.ends_with(".so.1.0")
+            })?;
+            Some((dir, lib))
+        })
+        .collect()
+}
+
 /// The TSS key on every CPython shared library pyenv built on this machine
 /// (3.6 to 3.13 on the project's machines: the key by value in 3.6, a
 /// `Py_tss_t` from 3.7, checked for existence first from 3.12). Not
 /// installed by `tests/run`: skipped loudly when absent.
 #[test]
 fn python_tss_key_of_every_pyenv_libpython() {
-    let root = std::env::var_os("PYENV_ROOT")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
-        .unwrap_or_default();
-    let libs: Vec<String> = std::fs::read_dir(root.join("versions"))
+    let libs: Vec<String> = pyenv_libpythons()
         .into_iter()
-        .flatten()
-        .flatten()
-        .flat_map(|v| {
-            std::fs::read_dir(v.path().join("lib"))
-                .into_iter()
-                .flatten()
-                .flatten()
-        })
-        .map(|e| e.path().to_string_lossy().into_owned())
-        .filter(|p| p.contains("/libpython3.") && p.ends_with(".so.1.0"))
+        .map(|(_, lib)| lib.to_string_lossy().into_owned())
         .collect();
     if libs.is_empty() {
-        eprintln!("SKIPPED: no pyenv libpython under {}", root.display());
+        eprintln!("SKIPPED: no pyenv libpython (PYENV_ROOT or ~/.pyenv)");
         return;
     }
     for lib in libs {
@@ -715,28 +723,7 @@ fn python_type_layouts_are_what_the_running_interpreter_reports() {
         assert_eq!(layouts_of(lib), want, "{}", lib.display());
     }
     // Every pyenv CPython 3.6+ (shared builds): its library against itself.
-    let root = std::env::var_os("PYENV_ROOT")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
-        .unwrap_or_default();
-    for version in std::fs::read_dir(root.join("versions"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let dir = version.path();
-        let Some(lib) = std::fs::read_dir(dir.join("lib"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                let n = p.file_name().unwrap_or_default().to_string_lossy();
-                n.starts_with("libpython3.") && n.ends_with(".so.1.0")
-            })
-        else {
-            continue;
-        };
+    for (dir, lib) in pyenv_libpythons() {
         let want = running_layouts(&dir.join("bin/python3"));
         eprintln!("PYTHON layouts {}: {want:?}", lib.display());
         assert_eq!(layouts_of(&lib), want, "{}", lib.display());

@@ -175,20 +175,24 @@ pub fn data_of<T: Any + Clone>(matches: &[LoaderMatch], loader: &str) -> T {
         .clone()
 }
 
-/// `libruby-3.1.so.A.B.C` in `dir` (the full name: the loader wants three
-/// numbers), or a path that does not exist.
-pub fn ruby_library(dir: impl AsRef<Path>) -> std::path::PathBuf {
-    let dir = dir.as_ref();
+/// The first entry of `dir` whose file name satisfies `wanted`.
+pub fn find_in(dir: impl AsRef<Path>, wanted: impl Fn(&str) -> bool) -> Option<std::path::PathBuf> {
     std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .find(|p| {
-            let n = p.file_name().unwrap_or_default().to_string_lossy();
-            n.starts_with("libruby-3.1.so.") && n.matches('.').count() == 5
-        })
-        .unwrap_or_else(|| dir.join("libruby-3.1.so.3.1.x"))
+        .find(|p| wanted(&p.file_name().unwrap_or_default().to_string_lossy()))
+}
+
+/// `libruby-3.1.so.A.B.C` in `dir` (the full name: the loader wants three
+/// numbers), or a path that does not exist.
+pub fn ruby_library(dir: impl AsRef<Path>) -> std::path::PathBuf {
+    let dir = dir.as_ref();
+    find_in(dir, |n| {
+        n.starts_with("libruby-3.1.so.") && n.matches('.').count() == 5
+    })
+    .unwrap_or_else(|| dir.join("libruby-3.1.so.3.1.x"))
 }
 
 /// HotSpot's data holds the VM structs its unwinder reads first.
