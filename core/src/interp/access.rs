@@ -120,6 +120,51 @@ pub fn read_cstr(elf: &Elf<'_>, addr: u64, max: usize, what: &str) -> Result<Vec
     Ok(bytes[..end].to_vec())
 }
 
+/// The string a (relocated) pointer at `at` points to, `None` for NULL.
+pub fn string_at(
+    elf: &Elf<'_>,
+    relocations: &Relocations,
+    at: u64,
+    max: usize,
+    what: &str,
+) -> Result<Option<String>, LoaderError> {
+    let ptr = relocations.pointer(elf, at, what)?;
+    if ptr == 0 {
+        return Ok(None);
+    }
+    let bytes = read_cstr(elf, ptr, max, what)?;
+    Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// Walks a C array of `entry_size`-byte entries whose first field points
+/// to a name and which ends at the first NULL name (HotSpot's VM struct
+/// and type tables, CPython's `tp_members`): `each(entry address, name)`
+/// for every entry before the end. A table with no end within
+/// `max_entries` entries is an error naming `table`.
+#[allow(clippy::too_many_arguments)]
+pub fn named_entries(
+    elf: &Elf<'_>,
+    relocations: &Relocations,
+    table: &str,
+    base: u64,
+    entry_size: u64,
+    max_entries: u64,
+    max_name: usize,
+    mut each: impl FnMut(u64, String) -> Result<(), LoaderError>,
+) -> Result<(), LoaderError> {
+    for i in 0..max_entries {
+        let entry = base.saturating_add(i * entry_size);
+        let what = format!("{table}[{i}].name");
+        let Some(name) = string_at(elf, relocations, entry, max_name, &what)? else {
+            return Ok(());
+        };
+        each(entry, name)?;
+    }
+    Err(LoaderError::Invalid(format!(
+        "{table} has no end within {max_entries} entries"
+    )))
+}
+
 /// Where the dynamic loader points the relocated words of a file: the
 /// targets of its `RELATIVE` relocations (`base + addend`, the pointers of a
 /// position-independent file), and of its absolute and GOT relocations

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use super::access::{read_cstr, read_u32, read_u64, Relocations};
+use super::access::{named_entries, read_u32, read_u64, string_at, Relocations};
 use super::names::HOTSPOT;
 use super::{Loaded, LoaderError, LoaderInfo};
 use crate::elf::Elf;
@@ -20,7 +20,7 @@ use crate::info::InterpreterData;
 pub const NAME: &str = "hotspot";
 
 /// Entries read from either table at most.
-const MAX_ENTRIES: usize = 1 << 16;
+const MAX_ENTRIES: u64 = 1 << 16;
 const MAX_NAME: usize = 256;
 /// `VMStructEntry`: typeName, fieldName, typeString, isStatic (int32, padded),
 /// offset, address.
@@ -92,44 +92,41 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
     )))
 }
 
-fn name_at(
-    elf: &Elf<'_>,
-    relocations: &Relocations,
-    at: u64,
-    what: &str,
-) -> Result<Option<String>, LoaderError> {
-    let ptr = relocations.pointer(elf, at, what)?;
-    if ptr == 0 {
-        return Ok(None);
-    }
-    let bytes = read_cstr(elf, ptr, MAX_NAME, what)?;
-    Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
-}
-
 fn read_structs(
     elf: &Elf<'_>,
     relocations: &Relocations,
     base: u64,
 ) -> Result<BTreeMap<String, u64>, LoaderError> {
     let mut out = BTreeMap::new();
-    for i in 0..MAX_ENTRIES as u64 {
-        let entry = base.saturating_add(i * STRUCT_ENTRY);
-        let Some(type_name) = name_at(elf, relocations, entry, "VMStructEntry.typeName")? else {
-            return Ok(out);
-        };
-        let field =
-            name_at(elf, relocations, entry + 8, "VMStructEntry.fieldName")?.unwrap_or_default();
-        let is_static = read_u32(elf, entry + 24, "VMStructEntry.isStatic")? != 0;
-        let value = if is_static {
-            relocations.pointer(elf, entry + 40, "VMStructEntry.address")?
-        } else {
-            read_u64(elf, entry + 32, "VMStructEntry.offset")?
-        };
-        out.insert(format!("{type_name}::{field}"), value);
-    }
-    Err(LoaderError::Invalid(format!(
-        "gHotSpotVMStructs has no end within {MAX_ENTRIES} entries"
-    )))
+    let table = "gHotSpotVMStructs";
+    named_entries(
+        elf,
+        relocations,
+        table,
+        base,
+        STRUCT_ENTRY,
+        MAX_ENTRIES,
+        MAX_NAME,
+        |entry, type_name| {
+            let field = string_at(
+                elf,
+                relocations,
+                entry + 8,
+                MAX_NAME,
+                "VMStructEntry.fieldName",
+            )?
+            .unwrap_or_default();
+            let is_static = read_u32(elf, entry + 24, "VMStructEntry.isStatic")? != 0;
+            let value = if is_static {
+                relocations.pointer(elf, entry + 40, "VMStructEntry.address")?
+            } else {
+                read_u64(elf, entry + 32, "VMStructEntry.offset")?
+            };
+            out.insert(format!("{type_name}::{field}"), value);
+            Ok(())
+        },
+    )?;
+    Ok(out)
 }
 
 fn read_types(
@@ -138,15 +135,19 @@ fn read_types(
     base: u64,
 ) -> Result<BTreeMap<String, u64>, LoaderError> {
     let mut out = BTreeMap::new();
-    for i in 0..MAX_ENTRIES as u64 {
-        let entry = base.saturating_add(i * TYPE_ENTRY);
-        let Some(type_name) = name_at(elf, relocations, entry, "VMTypeEntry.typeName")? else {
-            return Ok(out);
-        };
-        let size = read_u64(elf, entry + 32, "VMTypeEntry.size")?;
-        out.insert(type_name, size);
-    }
-    Err(LoaderError::Invalid(format!(
-        "gHotSpotVMTypes has no end within {MAX_ENTRIES} entries"
-    )))
+    let table = "gHotSpotVMTypes";
+    named_entries(
+        elf,
+        relocations,
+        table,
+        base,
+        TYPE_ENTRY,
+        MAX_ENTRIES,
+        MAX_NAME,
+        |entry, type_name| {
+            out.insert(type_name, read_u64(elf, entry + 32, "VMTypeEntry.size")?);
+            Ok(())
+        },
+    )?;
+    Ok(out)
 }

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use super::super::access::{read_cstr, read_u64, Relocations, Symbols};
+use super::super::access::{named_entries, read_u64, Relocations, Symbols};
 use super::super::LoaderError;
 use crate::elf::Elf;
 
@@ -49,27 +49,29 @@ pub fn layout(
     let basic_size = read_u64(elf, at + TP_BASICSIZE, &format!("{name}.tp_basicsize"))?;
     let mut members = BTreeMap::new();
     let table = relocations.pointer(elf, at + TP_MEMBERS, &format!("{name}.tp_members"))?;
-    if table == 0 {
-        return Ok(TypeLayout {
-            basic_size,
-            members,
-        });
+    if table != 0 {
+        let what = format!("{name}.tp_members");
+        named_entries(
+            elf,
+            relocations,
+            &what,
+            table,
+            MEMBER_SIZE,
+            MAX_MEMBERS,
+            MAX_NAME,
+            |entry, member| {
+                let offset = read_u64(
+                    elf,
+                    entry + MEMBER_OFFSET,
+                    &format!("{what}.{member}.offset"),
+                )?;
+                members.insert(member, offset);
+                Ok(())
+            },
+        )?;
     }
-    for i in 0..MAX_MEMBERS {
-        let entry = table.wrapping_add(i * MEMBER_SIZE);
-        let what = format!("{name}.tp_members[{i}]");
-        let name_at = relocations.pointer(elf, entry, &what)?;
-        if name_at == 0 {
-            return Ok(TypeLayout {
-                basic_size,
-                members,
-            });
-        }
-        let member = read_cstr(elf, name_at, MAX_NAME, &format!("{what}.name"))?;
-        let offset = read_u64(elf, entry + MEMBER_OFFSET, &format!("{what}.offset"))?;
-        members.insert(String::from_utf8_lossy(&member).into_owned(), offset);
-    }
-    Err(LoaderError::Invalid(format!(
-        "{name}.tp_members has no end within {MAX_MEMBERS} entries"
-    )))
+    Ok(TypeLayout {
+        basic_size,
+        members,
+    })
 }
