@@ -425,8 +425,9 @@ fn text_number(text: &str, label: &str) -> u64 {
         .unwrap_or_else(|e| panic!("{line}: {e}"))
 }
 
-#[test]
-fn the_json_summary_parses_and_agrees_with_the_text_one() {
+/// A `sleep` and a Python process, both with libc mapped, and the `eim`
+/// arguments naming them (`--pid A --pid B`). They stop when dropped.
+fn sleep_and_python() -> (Running, Running, [String; 4]) {
     let sleep = spawn(Command::new("sleep").arg("300"));
     let py = spawn_python();
     wait_for_mapping(sleep.pid(), "libc.so.6");
@@ -437,6 +438,12 @@ fn the_json_summary_parses_and_agrees_with_the_text_one() {
         "--pid".to_string(),
         py.pid().to_string(),
     ];
+    (sleep, py, pids)
+}
+
+#[test]
+fn the_json_summary_parses_and_agrees_with_the_text_one() {
+    let (sleep, py, pids) = sleep_and_python();
     let json: Value =
         serde_json::from_str(&run_ok(eim().arg("scan").arg("--json").args(&pids))).expect("JSON");
     let text = run_ok(eim().arg("scan").args(&pids));
@@ -549,16 +556,7 @@ fn kernel_scan_loads_what_the_simulated_scan_loads() {
     if !kernel_ready("kernel scan test") {
         return;
     }
-    let sleep = spawn(Command::new("sleep").arg("300"));
-    let py = spawn_python();
-    wait_for_mapping(sleep.pid(), "libc.so.6");
-    wait_for_mapping(py.pid(), "libc.so.6");
-    let pids = [
-        "--pid".to_string(),
-        sleep.pid().to_string(),
-        "--pid".to_string(),
-        py.pid().to_string(),
-    ];
+    let (_sleep, _py, pids) = sleep_and_python();
     let scan = |backend: &str| -> Value {
         serde_json::from_str(&run_ok(
             eim()
