@@ -53,6 +53,7 @@ pub mod host;
 pub mod loaders;
 pub mod lookup;
 pub mod metrics_http;
+pub mod regular;
 pub mod scan;
 pub mod summary;
 pub mod table;
