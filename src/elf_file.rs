@@ -59,6 +59,8 @@ use eim_core::elf::{Elf, ElfError};
 use eim_core::provider::{ExtractError, ExtractErrorKind};
 use object::Object;
 
+use crate::regular::{check_regular, open_regular};
+
 /// The default size limit: 2 GiB.
 pub const DEFAULT_MAX_SIZE: u64 = 2 << 30;
 
@@ -499,12 +501,19 @@ impl ElfFileRef {
                 file.clone()
             }
             None => {
-                Arc::new(File::open(self.physical(&self.path)).map_err(|e| io("cannot open", e))?)
+                let (file, _) = open_regular(&self.physical(&self.path)).map_err(|e| {
+                    if e.kind() == io::ErrorKind::InvalidInput {
+                        self.error(ExtractErrorKind::Invalid, e.to_string())
+                    } else {
+                        io("cannot open", e)
+                    }
+                })?;
+                Arc::new(file)
             }
         };
         let meta = file.metadata().map_err(|e| io("cannot stat", e))?;
-        if !meta.is_file() {
-            return Err(self.error(ExtractErrorKind::Invalid, "not a regular file"));
+        if let Err(e) = check_regular(&meta) {
+            return Err(self.error(ExtractErrorKind::Invalid, e.to_string()));
         }
         let len = meta.len();
         if len > self.max_size {
@@ -616,11 +625,11 @@ impl ElfFileRef {
         physical: &Path,
         link: &DebugLink,
     ) -> io::Result<Option<FileBytes>> {
-        let file = File::open(physical)?;
-        let meta = file.metadata()?;
-        if !meta.is_file() {
-            return Ok(None);
-        }
+        let (file, meta) = match open_regular(physical) {
+            Ok(opened) => opened,
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => return Ok(None),
+            Err(e) => return Err(e),
+        };
         if meta.len() > self.max_size {
             tracing::warn!(
                 debug = %physical.display(),
@@ -872,7 +881,7 @@ pub(crate) mod tests {
         let e = ElfFileRef::new(dir.path()).get().expect_err("a directory");
         assert_eq!(
             (e.kind, e.message.as_str()),
-            (Invalid, "not a regular file")
+            (Invalid, "not a regular file: a directory")
         );
         let path = dir.path().join("good");
         write(&path, &good);
