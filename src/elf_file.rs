@@ -2,36 +2,36 @@
 //! file's separate debug file (`.gnu_debuglink`).
 //!
 //! [`ElfFileRef`] names a file and opens it on first use: it checks that the
-//! file is a complete 64-bit little-endian ELF file of a supported machine,
-//! maps it (small files are read instead), parses it once and keeps the
-//! result until [`ElfFileRef::close`] or drop. A failed open is not cached:
-//! the next use tries again, as upstream's does.
+//! file is a regular file and a complete 64-bit little-endian ELF file of a
+//! supported machine, parses it once and keeps the result until
+//! [`ElfFileRef::close`] or drop. A failed open is not cached: the next use
+//! tries again, as upstream's does.
 //!
 //! Every error names the file and has a kind ([`ExtractErrorKind`]): a file
 //! (or directory, or process root) that does not exist is `NotFound`, so the
 //! manager neither counts nor defers it; a file that is not a usable ELF
 //! file is `Invalid`; one over the size limit is `TooLarge`; any other
-//! failure to read is `Io`.
+//! failure to read, and a file that changed while it was read, is `Io`.
 //!
-//! # Memory maps
+//! # No memory maps
 //!
-//! Mapping a file is `unsafe` in `memmap2` because the bytes can change
-//! under the map: writes by another process show through the (shared,
-//! read-only) map, and if the file is truncated, a read of a page past its
-//! new end raises `SIGBUS`. eim reads executables that are, or were just,
-//! mapped by running processes. Those are replaced by renaming a new file
-//! over them (package managers, linkers), which leaves the mapped inode
-//! alone, and writing into a running program's executable fails with
-//! `ETXTBSY` (shared libraries have no such protection). What is left is a
-//! file rewritten or truncated in place while eim reads it. To narrow that
-//! window eim maps exactly the length it checked, checks the length again
-//! after mapping, and reads files under [`READ_BELOW`] bytes into memory
-//! instead (a map saves nothing there). Strictly, bytes that change under
-//! a `&[u8]` break Rust's rules; in practice the parsers bounds-check every
-//! offset against the mapped length and copy what they read, so a file
-//! rewritten in place gives a wrong or failed extraction, and one truncated
-//! between the check and a read stops the process with `SIGBUS`. That risk
-//! is accepted here, as in every profiler that maps executables.
+//! Files are never mapped. Any process can map its own copy of an
+//! executable, make eim analyse it, and truncate it: a shared map raises
+//! `SIGBUS` on the next read past the new end, and kills eim (upstream
+//! weakness 24). Instead the file is read with `pread`, range by range as
+//! the analysis asks for them, into memory eim owns
+//! ([`eim_core::elf::LazyFile`]): a truncated file gives a failed read, never
+//! a signal, and only the parts the analysis touches are read (the headers,
+//! `.eh_frame`, the symbol tables: a few percent of a large library).
+//!
+//! A file can still change while it is read (rewritten in place, or
+//! truncated): then its pieces may come from two versions.
+//! [`OpenElf::check_unchanged`] tells: any read that failed, or a size,
+//! modification or change time different from when the file was opened,
+//! makes the whole analysis an error ("changed while being read"), never
+//! tables from a mix of versions. The file id is computed from the same
+//! cached bytes ([`OpenElf::file_id`]), so the provider can refuse tables
+//! for a file whose id is not the one it was asked to load.
 //!
 //! # Debug links
 //!
@@ -49,13 +49,13 @@
 //! extraction error (upstream weakness 13).
 
 use std::fs::File;
-use std::io::{self, Read};
-use std::ops::Deref;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use eim_core::elf::fileid::{file_id_of, FileId128};
-use eim_core::elf::{Elf, ElfError};
+use eim_core::elf::fileid::{self, FileId128};
+use eim_core::elf::{ByteSource, Elf, ElfError, FileView, LazyFile, SourceError};
 use eim_core::provider::{ExtractError, ExtractErrorKind};
 use object::Object;
 
@@ -64,74 +64,107 @@ use crate::regular::{check_regular, open_regular};
 /// The default size limit: 2 GiB.
 pub const DEFAULT_MAX_SIZE: u64 = 2 << 30;
 
-/// Files shorter than this are read into memory rather than mapped.
-pub const READ_BELOW: u64 = 64 * 1024;
-
 /// The size of an ELF64 file header.
 const EHDR64_SIZE: u64 = 64;
 
 /// Where distributions install separate debug files.
 const DEBUG_DIR: &str = "/usr/lib/debug";
 
-/// A file's bytes: read into memory or mapped.
-pub struct FileBytes(Repr);
+/// The buffer a debug file's CRC is computed through.
+const CRC_BUFFER: usize = 1 << 20;
 
-enum Repr {
-    Read(Vec<u8>),
-    Mapped(memmap2::Mmap),
-}
+/// A file read with `pread`.
+struct Pread(Arc<File>);
 
-impl Deref for FileBytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match &self.0 {
-            Repr::Read(v) => v,
-            Repr::Mapped(m) => m,
-        }
-    }
-}
-
-impl AsRef<[u8]> for FileBytes {
-    fn as_ref(&self) -> &[u8] {
-        self
-    }
-}
-
-impl FileBytes {
-    /// Whether the bytes are a memory map (rather than a copy).
-    pub fn is_mapped(&self) -> bool {
-        matches!(self.0, Repr::Mapped(_))
-    }
-
-    /// Loads exactly `len` bytes of `file`, which its metadata said it has.
-    fn load(file: &File, len: u64) -> io::Result<Self> {
-        let changed = || io::Error::other("the file changed size while it was being read");
-        if len < READ_BELOW {
-            let mut v = Vec::with_capacity(len as usize);
-            file.take(len + 1).read_to_end(&mut v)?;
-            if v.len() as u64 != len {
-                return Err(changed());
+impl ByteSource for Pread {
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), SourceError> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.0.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => {
+                    return Err(SourceError::Truncated {
+                        offset,
+                        len: buf.len() as u64,
+                        got: done as u64,
+                    })
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(SourceError::Io {
+                        offset,
+                        len: buf.len() as u64,
+                        message: e.to_string(),
+                    })
+                }
             }
-            return Ok(Self(Repr::Read(v)));
         }
-        let map_len = usize::try_from(len).map_err(|_| io::Error::other("too large to map"))?;
-        // SAFETY: a mapped file changed or truncated by another process
-        // changes these bytes or raises SIGBUS on access; see the module
-        // documentation for why that risk is accepted and how it is
-        // narrowed (exact length, checked again right below).
-        let map = unsafe { memmap2::MmapOptions::new().len(map_len).map(file)? };
-        if file.metadata()?.len() < len {
-            return Err(changed());
+        Ok(())
+    }
+}
+
+/// What changes when a file's contents change: compared after an analysis
+/// with what it was when the file was opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
         }
-        Ok(Self(Repr::Mapped(map)))
+    }
+}
+
+/// A file opened for reading on demand, and its stamp at the open.
+struct Opened {
+    file: Arc<File>,
+    lazy: LazyFile,
+    stamp: Stamp,
+}
+
+impl Opened {
+    fn new(file: Arc<File>, meta: &std::fs::Metadata) -> Self {
+        let stamp = Stamp::of(meta);
+        Self {
+            lazy: LazyFile::new(Box::new(Pread(file.clone())), stamp.len),
+            file,
+            stamp,
+        }
+    }
+
+    /// Why what was read may not be the file as it was opened, if it may not.
+    fn changed(&self) -> Option<String> {
+        if let Some(e) = self.lazy.failure() {
+            return Some(format!("changed while being read: {e}"));
+        }
+        match self.file.metadata() {
+            Ok(meta) if Stamp::of(&meta) == self.stamp => None,
+            Ok(meta) => Some(format!(
+                "changed while being read: {} bytes and modified at {}.{:09} when opened, \
+                 {} bytes and modified at {}.{:09} after",
+                self.stamp.len,
+                self.stamp.mtime.0,
+                self.stamp.mtime.1,
+                meta.len(),
+                meta.mtime(),
+                meta.mtime_nsec()
+            )),
+            Err(e) => Some(format!("cannot stat after reading: {e}")),
+        }
     }
 }
 
 self_cell::self_cell!(
-    /// The bytes of a file and the ELF view parsed from them.
+    /// A file read on demand and the ELF view parsed from it.
     struct ParsedElf {
-        owner: FileBytes,
+        owner: Opened,
         #[covariant]
         dependent: Elf,
     }
@@ -147,7 +180,7 @@ impl std::fmt::Debug for OpenElf {
         f.debug_struct("OpenElf")
             .field("len", &self.len())
             .field("arch", &self.elf().arch)
-            .field("mapped", &self.is_mapped())
+            .field("read", &self.bytes_read())
             .finish()
     }
 }
@@ -156,61 +189,101 @@ impl std::fmt::Debug for DebugFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DebugFile")
             .field("path", &self.path)
-            .field("len", &self.bytes.len())
+            .field("len", &self.opened.lazy.len())
+            .field("crc", &self.crc)
             .finish()
     }
 }
 
 impl OpenElf {
-    /// The whole file.
-    pub fn bytes(&self) -> &[u8] {
-        self.parsed.borrow_owner()
-    }
-
-    /// Whether the bytes are a memory map.
-    pub fn is_mapped(&self) -> bool {
-        self.parsed.borrow_owner().is_mapped()
-    }
-
     /// The parsed file.
     pub fn elf(&self) -> &Elf<'_> {
         self.parsed.borrow_dependent()
     }
 
-    /// The file's size in bytes.
+    /// The file's size in bytes (when it was opened).
     pub fn len(&self) -> u64 {
-        self.bytes().len() as u64
+        self.parsed.borrow_owner().lazy.len()
     }
 
     /// Always false: an ELF file has at least its header.
     pub fn is_empty(&self) -> bool {
-        self.bytes().is_empty()
+        self.len() == 0
     }
 
-    /// The file's 128-bit id (its host id is `.host()`).
-    pub fn file_id(&self) -> FileId128 {
-        file_id_of(self.bytes())
+    /// Bytes of the file read into memory so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.parsed.borrow_owner().lazy.held()
+    }
+
+    /// The file's 128-bit id (its host id is `.host()`), from the same
+    /// cached bytes the analysis reads; `Err` (why) if they cannot be read:
+    /// the file was truncated.
+    pub fn file_id(&self) -> Result<FileId128, String> {
+        let view = self.elf().data;
+        let size = view.size();
+        let (head, tail) = (fileid::head_range(size), fileid::tail_range(size));
+        let read = |r: std::ops::Range<u64>| view.bytes_at(r.start, r.end - r.start);
+        match read(head).zip(read(tail)) {
+            Some((head, tail)) => Ok(fileid::file_id(head, tail, size)),
+            None => Err(self
+                .check_unchanged()
+                .err()
+                .unwrap_or_else(|| "cannot read the bytes of its file id".into())),
+        }
+    }
+
+    /// `Err` with the reason if anything read may not be the file as it was
+    /// when opened (a failed read, or its size or times changed): then no
+    /// conclusion drawn from it may be used.
+    pub fn check_unchanged(&self) -> Result<(), String> {
+        match self.parsed.borrow_owner().changed() {
+            None => Ok(()),
+            Some(why) => Err(why),
+        }
     }
 }
 
-/// A separate debug file found through `.gnu_debuglink`.
+/// A separate debug file found through `.gnu_debuglink`: read on demand,
+/// like the file itself; its CRC-32 was computed through a bounded buffer.
 pub struct DebugFile {
     /// Where it was found (inside the root, if the reference has one).
     pub path: PathBuf,
-    bytes: FileBytes,
+    opened: Opened,
+    crc: u32,
 }
 
-impl Deref for DebugFile {
-    type Target = [u8];
+impl eim_core::elf::extract::DebugFileBytes for DebugFile {
+    fn view(&self) -> FileView<'_> {
+        self.opened.lazy.view()
+    }
 
-    fn deref(&self) -> &[u8] {
-        &self.bytes
+    fn crc(&self) -> u32 {
+        self.crc
     }
 }
 
-impl AsRef<[u8]> for DebugFile {
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes
+impl DebugFile {
+    /// The debug file's size in bytes.
+    pub fn len(&self) -> u64 {
+        self.opened.lazy.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes at `offset..offset + len` (for tests and reports).
+    pub fn bytes_at(&self, offset: u64, len: u64) -> Option<&[u8]> {
+        self.opened.lazy.view().bytes_at(offset, len)
+    }
+
+    /// Why what was read may not be the debug file as it was opened.
+    pub fn check_unchanged(&self) -> Result<(), String> {
+        match self.opened.changed() {
+            None => Ok(()),
+            Some(why) => Err(why),
+        }
     }
 }
 
@@ -268,10 +341,11 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 /// Checks what `Elf::parse` takes for granted or reports tersely: the
 /// identification bytes, the header's length, and that the program and
-/// section header tables lie inside the file. Messages say what is wrong in
-/// a user's terms.
-pub fn check_header(b: &[u8]) -> Result<(), String> {
-    let len = b.len() as u64;
+/// section header tables lie inside the file. `head` is the file's first
+/// bytes (its first 64, or all of a shorter file), `len` its length.
+/// Messages say what is wrong in a user's terms.
+pub fn check_header(head: &[u8], len: u64) -> Result<(), String> {
+    let b = head;
     if b.len() < 4 || &b[..4] != b"\x7fELF" {
         return Err("not an ELF file".into());
     }
@@ -298,7 +372,7 @@ pub fn check_header(b: &[u8]) -> Result<(), String> {
         }
         Some(d) => return Err(format!("not a valid ELF file: unknown data encoding {d}")),
     }
-    if len < EHDR64_SIZE {
+    if len < EHDR64_SIZE || (b.len() as u64) < EHDR64_SIZE {
         return Err(truncated_header());
     }
     let tables = [
@@ -329,21 +403,26 @@ pub fn check_header(b: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks and parses a whole file's bytes.
-fn parse(bytes: FileBytes) -> Result<ParsedElf, String> {
-    check_header(&bytes)?;
-    let parsed = ParsedElf::try_new(bytes, |b| {
-        Elf::parse(b).map_err(|e| match e {
+/// Checks and parses a file read on demand.
+fn parse(opened: Opened) -> Result<ParsedElf, String> {
+    let len = opened.lazy.len();
+    let view = opened.lazy.view();
+    let head = view.bytes_at(0, len.min(EHDR64_SIZE)).ok_or_else(|| {
+        opened
+            .changed()
+            .unwrap_or_else(|| "cannot read the header".into())
+    })?;
+    check_header(head, len)?;
+    let parsed = ParsedElf::try_new(opened, |o| {
+        Elf::parse_lazy(&o.lazy).map_err(|e| match e {
             ElfError::UnsupportedMachine(m) => {
                 format!("unsupported machine {m:#x}: only x86-64 and arm64 ELF files are supported")
             }
-            other => other.to_string(),
+            // A read that failed says more than the parser's complaint.
+            other => o.changed().unwrap_or_else(|| other.to_string()),
         })
     })?;
-    let (elf, len) = (
-        parsed.borrow_dependent(),
-        parsed.borrow_owner().len() as u64,
-    );
+    let elf = parsed.borrow_dependent();
     for section in elf.file.sections() {
         use object::ObjectSection;
         let index = section.index().0;
@@ -488,18 +567,16 @@ impl ElfFileRef {
 
     /// The file's 128-bit id.
     pub fn file_id(&self) -> Result<FileId128, ExtractError> {
-        Ok(self.get()?.file_id())
+        self.get()?
+            .file_id()
+            .map_err(|why| self.error(ExtractErrorKind::Io, why))
     }
 
     fn open(&self) -> Result<OpenElf, ExtractError> {
         let io = |what: &str, e: io::Error| self.error(io_kind(&e), format!("{what}: {e}"));
         let file = match &self.preopened {
-            Some(file) => {
-                // Small files are read from the current position: an earlier
-                // open (before a `close`) left it at the end.
-                io::Seek::rewind(&mut &**file).map_err(|e| io("cannot rewind", e))?;
-                file.clone()
-            }
+            // Read at offsets (`pread`): the file position does not matter.
+            Some(file) => file.clone(),
             None => {
                 let (file, _) = open_regular(&self.physical(&self.path)).map_err(|e| {
                     if e.kind() == io::ErrorKind::InvalidInput {
@@ -525,8 +602,15 @@ impl ElfFileRef {
                 ),
             ));
         }
-        let bytes = FileBytes::load(&file, len).map_err(|e| io("cannot read", e))?;
-        let parsed = parse(bytes).map_err(|m| self.error(ExtractErrorKind::Invalid, m))?;
+        let parsed = parse(Opened::new(file, &meta)).map_err(|m| {
+            // A file that changed under the parser is not an invalid file.
+            let kind = if m.starts_with("changed while being read") {
+                ExtractErrorKind::Io
+            } else {
+                ExtractErrorKind::Invalid
+            };
+            self.error(kind, m)
+        })?;
         tracing::trace!(path = %self.name(), len, "opened");
         Ok(OpenElf { parsed })
     }
@@ -582,11 +666,12 @@ impl ElfFileRef {
         for candidate in self.debug_candidates(&link, build_id) {
             let physical = self.physical(&candidate);
             match self.try_debug_candidate(&physical, &link) {
-                Ok(Some(bytes)) => {
+                Ok(Some((opened, crc))) => {
                     tracing::debug!(path = %self.name(), debug = %physical.display(), "found the debug file");
                     return Ok(Some(DebugFile {
                         path: physical,
-                        bytes,
+                        opened,
+                        crc,
                     }));
                 }
                 Ok(None) => {}
@@ -624,7 +709,7 @@ impl ElfFileRef {
         &self,
         physical: &Path,
         link: &DebugLink,
-    ) -> io::Result<Option<FileBytes>> {
+    ) -> io::Result<Option<(Opened, u32)>> {
         let (file, meta) = match open_regular(physical) {
             Ok(opened) => opened,
             Err(e) if e.kind() == io::ErrorKind::InvalidInput => return Ok(None),
@@ -639,18 +724,38 @@ impl ElfFileRef {
             );
             return Ok(None);
         }
-        let bytes = FileBytes::load(&file, meta.len())?;
-        let crc = crc32fast::hash(&bytes);
+        let crc = crc_of(&file, meta.len())?;
         if crc != link.crc {
             tracing::debug!(debug = %physical.display(), "CRC-32 {crc:08x}, expected {:08x}", link.crc);
             return Ok(None);
         }
-        if let Err(e) = check_header(&bytes) {
+        let opened = Opened::new(Arc::new(file), &meta);
+        let head = opened.lazy.view().bytes_at(0, meta.len().min(EHDR64_SIZE));
+        if let Err(e) = head.map_or(Err("cannot read the header".into()), |h| {
+            check_header(h, meta.len())
+        }) {
             tracing::debug!(debug = %physical.display(), "not usable: {e}");
             return Ok(None);
         }
-        Ok(Some(bytes))
+        Ok(Some((opened, crc)))
     }
+}
+
+/// The CRC-32 of the first `len` bytes of `file`, read through a bounded
+/// buffer; an error if the file is shorter.
+fn crc_of(file: &File, len: u64) -> io::Result<u32> {
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; CRC_BUFFER.min(usize::try_from(len).unwrap_or(CRC_BUFFER))];
+    let mut at = 0u64;
+    while at < len {
+        let n = buf
+            .len()
+            .min(usize::try_from(len - at).unwrap_or(buf.len()));
+        file.read_exact_at(&mut buf[..n], at)?;
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(hasher.finalize())
 }
 
 #[cfg(test)]
@@ -784,9 +889,12 @@ pub(crate) mod tests {
         let b = r.get().expect("cached");
         assert!(Arc::ptr_eq(&a, &b), "opened once");
         assert_eq!(a.len(), 6136);
-        assert!(!a.is_mapped(), "a small file is read");
+        assert_eq!(a.bytes_read(), 6136, "a small file is one read");
         assert_eq!(a.elf().entry(), 0x9f0);
-        assert_eq!(a.file_id().to_string(), "9bb76b8b80cc90a1afc778507ac1d64c");
+        assert_eq!(
+            a.file_id().expect("id").to_string(),
+            "9bb76b8b80cc90a1afc778507ac1d64c"
+        );
         r.close();
         assert!(!r.is_open());
         let c = r.get().expect("opens again");
@@ -794,8 +902,19 @@ pub(crate) mod tests {
 
         let big = ElfFileRef::new(testdata().join("upstream/schrodinger-libpython3.8.so.1.0"));
         let open = big.get().expect("libpython opens");
-        assert!(open.is_mapped(), "a large file is mapped");
-        assert_eq!(open.file_id().host().to_string(), "ea4fa5c64744b2ef");
+        assert_eq!(
+            open.file_id().expect("id").host().to_string(),
+            "ea4fa5c64744b2ef"
+        );
+        // Opening and the file id read the headers, the section table and
+        // the last 4 KiB: a small part of a large file.
+        assert!(
+            open.bytes_read() * 4 < open.len(),
+            "{} of {} bytes read",
+            open.bytes_read(),
+            open.len()
+        );
+        open.check_unchanged().expect("nothing changed");
     }
 
     #[test]
@@ -946,7 +1065,7 @@ pub(crate) mod tests {
             let open = r.get().expect("exe");
             let found = r.find_debug_file(&open).expect("no error").expect(place);
             assert_eq!(found.path, root.path().join(place));
-            assert_eq!(&*found, &debug[..]);
+            assert_eq!(found.bytes_at(0, found.len()), Some(&debug[..]));
         }
         // Only wrong candidates, or none: nothing, and no error.
         let root = tempdir();

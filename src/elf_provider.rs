@@ -22,7 +22,22 @@ use eim_core::{FileId, Tracers};
 
 /// The debug-file callback the extraction calls (at most when it needs
 /// one): the bytes of the file's separate debug file, or `None`.
-pub type DebugLinkFn<'a> = dyn FnMut() -> Option<DebugFile> + 'a;
+pub type DebugLinkFn<'a> = dyn FnMut() -> Option<SharedDebugFile> + 'a;
+
+/// A debug file the extraction reads while the provider keeps a handle to
+/// check afterwards that it did not change.
+#[derive(Clone, Debug)]
+pub struct SharedDebugFile(pub Arc<DebugFile>);
+
+impl eim_core::elf::extract::DebugFileBytes for SharedDebugFile {
+    fn view(&self) -> eim_core::elf::FileView<'_> {
+        self.0.view()
+    }
+
+    fn crc(&self) -> u32 {
+        self.0.crc()
+    }
+}
 
 /// An extraction: a parsed ELF file and its debug-file callback in, its
 /// stack deltas or a message out.
@@ -188,9 +203,14 @@ impl ElfProvider {
         // A debug-file lookup that finds the file gone ends the extraction
         // with its NotFound, whatever the extraction makes of the `None`.
         let mut gone = None;
+        let mut debug_file = None;
         let result = {
             let mut debuglink = || match file.find_debug_file(&open) {
-                Ok(found) => found,
+                Ok(found) => {
+                    let shared = found.map(Arc::new);
+                    debug_file.clone_from(&shared);
+                    shared.map(SharedDebugFile)
+                }
                 Err(e) => {
                     gone = Some(e);
                     None
@@ -200,6 +220,14 @@ impl ElfProvider {
         };
         if let Some(e) = gone {
             return Err(e);
+        }
+        // The debug file is checked here, while its handle is at hand; the
+        // file itself once everything is read from it (`check_read`).
+        if let Some(debug) = &debug_file {
+            if let Err(why) = debug.check_unchanged() {
+                let why = format!("debug file {}: {why}", debug.path.display());
+                return Err(ExtractError::new(ExtractErrorKind::Io, name, why));
+            }
         }
         let data = result.map_err(|message| {
             ExtractError::new(
@@ -216,21 +244,26 @@ impl ElfProvider {
         file: &ElfFileRef,
         loaders: Option<(FileId, Tracers)>,
     ) -> Result<Extraction, ExtractError> {
-        match self.extract_deltas(file) {
-            Ok((data, open)) => {
+        let extracted = self.extract_deltas(file).and_then(|(data, open)| {
+            let interpreters = match loaders {
+                Some((file_id, tracers)) => {
+                    let name = file.path().to_string_lossy();
+                    crate::loaders::detect(file_id, &name, open.elf(), &data, tracers)
+                }
+                None => Vec::new(),
+            };
+            let libc = libc_of(file.path(), open.elf());
+            check_read(file, &open, loaders.map(|(id, _)| id))?;
+            Ok(Extraction {
+                data,
+                libc,
+                interpreters,
+            })
+        });
+        match extracted {
+            Ok(extraction) => {
                 self.success.fetch_add(1, Ordering::Relaxed);
-                let interpreters = match loaders {
-                    Some((file_id, tracers)) => {
-                        let name = file.path().to_string_lossy();
-                        crate::loaders::detect(file_id, &name, open.elf(), &data, tracers)
-                    }
-                    None => Vec::new(),
-                };
-                Ok(Extraction {
-                    data,
-                    libc: libc_of(file.path(), open.elf()),
-                    interpreters,
-                })
+                Ok(extraction)
             }
             Err(e) => {
                 if !e.is_not_found() {
@@ -239,6 +272,29 @@ impl ElfProvider {
                 Err(e)
             }
         }
+    }
+}
+
+/// Whatever the analysis of `open` concluded, it is void if the file changed
+/// under the reads, or if it is not the file `wanted` names: never tables
+/// from a mix of two versions of a file, nor under another file's id. The
+/// id is computed again from the bytes the analysis read.
+fn check_read(
+    file: &ElfFileRef,
+    open: &OpenElf,
+    wanted: Option<FileId>,
+) -> Result<(), ExtractError> {
+    let error = |why: String| {
+        ExtractError::new(ExtractErrorKind::Io, file.path().display().to_string(), why)
+    };
+    let id = open.file_id().map_err(error)?;
+    open.check_unchanged().map_err(error)?;
+    match wanted {
+        Some(wanted) if id.host() != wanted => Err(error(format!(
+            "changed while being read: its file id is now {} ({id}), not {wanted}",
+            id.host()
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -335,7 +391,7 @@ mod tests {
             counter.fetch_add(1, Ordering::Relaxed);
             match debuglink() {
                 Some(d) => Ok(IntervalData::from_deltas(vec![StackDelta::new(
-                    d.len() as u64,
+                    d.0.len(),
                     0,
                     info::STOP,
                 )])),

@@ -198,9 +198,12 @@ impl Report {
 pub fn inspect(path: &Path, force_libc: bool, max_size: u64) -> Result<Report, Failure> {
     let file = ElfFileRef::new(path).with_max_size(max_size);
     let open = file.get().map_err(|e| Failure::message(e.message))?;
-    let id = open.file_id();
+    let id = open.file_id().map_err(Failure::message)?;
     let elf = open.elf();
-    let mut debuglink = || file.find_debug_file(&open).ok().flatten();
+    let mut debuglink = || {
+        let found = file.find_debug_file(&open).ok().flatten();
+        found.map(|d| eim::elf_provider::SharedDebugFile(std::sync::Arc::new(d)))
+    };
     let (data, deltas_error) = match eim::elf_provider::extract(elf, &mut debuglink) {
         Ok(data) => (Some(data), None),
         Err(e) => (None, Some(e)),
@@ -235,6 +238,9 @@ pub fn inspect(path: &Path, force_libc: bool, max_size: u64) -> Result<Report, F
     } else {
         DtvReport::NotALibcDso
     };
+    let loaders = loaders(id.host(), path, elf, &data.unwrap_or_default());
+    // Conclusions drawn from a file that changed under the reads are void.
+    open.check_unchanged().map_err(Failure::message)?;
     Ok(Report {
         file: path.display().to_string(),
         fileid: id.to_string(),
@@ -243,7 +249,7 @@ pub fn inspect(path: &Path, force_libc: bool, max_size: u64) -> Result<Report, F
         deltas_error,
         tsd,
         dtv,
-        loaders: loaders(id.host(), path, elf, &data.unwrap_or_default()),
+        loaders,
     })
 }
 

@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use super::ehframe::{self, CfiError, FdeFilter, ForkFilter, Parallelism};
 use super::gopclntab::{self, GoError};
-use super::{entry, Elf};
+use super::{entry, Elf, FileView};
 use crate::deltas::{hint, info, DeltaSink, IntervalData, StackDelta};
 use crate::provider::ExtractErrorKind;
 
@@ -41,7 +41,26 @@ impl DebugFileError {
 
 /// The contents of a debug-link file, however the caller holds them
 /// (a `Vec<u8>`, a memory map).
-pub type DebugBytes = Box<dyn AsRef<[u8]>>;
+pub type DebugBytes = Box<dyn DebugFileBytes>;
+
+/// A debug file's bytes as the extraction reads them: in memory, or read on
+/// demand (so a debug file, too, is never mapped).
+pub trait DebugFileBytes {
+    /// The whole file.
+    fn view(&self) -> FileView<'_>;
+    /// The CRC-32 of the whole file, as `.gnu_debuglink` records it.
+    fn crc(&self) -> u32;
+}
+
+impl DebugFileBytes for Vec<u8> {
+    fn view(&self) -> FileView<'_> {
+        FileView::Slice(self)
+    }
+
+    fn crc(&self) -> u32 {
+        debuglink_crc(self)
+    }
+}
 
 /// Opens the debug-link file named `name` (the `.gnu_debuglink` name) with
 /// link CRC `crc`: `Ok(None)` if there is no such file (not an error, as
@@ -264,11 +283,10 @@ fn debug_link_stage(
     else {
         return Ok(());
     };
-    let bytes = (*file).as_ref();
-    if debuglink_crc(bytes) != link.crc {
+    if file.crc() != link.crc {
         return Ok(());
     }
-    let Ok(debug) = Elf::parse(bytes) else {
+    let Ok(debug) = Elf::parse_view(file.view()) else {
         return Ok(());
     };
     ehframe::parse_debug_frame(&debug, elf, allow_generic_regs, filter, deltas)

@@ -1,9 +1,11 @@
 //! ELF analysis: from the bytes of an executable to its stack deltas,
 //! exactly as upstream's SEED revision extracts them.
 //!
-//! Everything here works on a byte slice the caller provides (a memory map,
-//! usually): no file is opened here. The file handle, debug-link lookup and
-//! file reading live in the `eim` package.
+//! Everything here works on bytes the caller provides: a slice, or a
+//! [`source::LazyFile`] that reads ranges on demand through a
+//! [`source::ByteSource`] (never a shared memory map: see [`source`]). No
+//! file is opened here. The file handle, debug-link lookup and file reading
+//! live in the `eim` package.
 //!
 //! * [`extract`]: the stage order, the FDE filter, the final sort.
 //! * [`ehframe`]: `.eh_frame` / `.eh_frame_hdr` / `.debug_frame` CFI.
@@ -21,6 +23,7 @@ pub mod entry;
 pub mod extract;
 pub mod fileid;
 pub mod gopclntab;
+pub mod source;
 pub mod vdso;
 
 #[cfg(test)]
@@ -33,6 +36,7 @@ use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
 use object::{LittleEndian, Object, ObjectSection};
 
 pub use extract::{extract, extract_with, DebugFileError, DebugLinkOpener, ExtractError, Stage};
+pub use source::{ByteSource, FileView, LazyFile, SourceError};
 
 /// The architectures eim extracts for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,8 +60,8 @@ pub enum ElfError {
 
 /// A parsed 64-bit little-endian ELF file over borrowed bytes.
 pub struct Elf<'d> {
-    pub data: &'d [u8],
-    pub file: ElfFile64<'d, LittleEndian>,
+    pub data: FileView<'d>,
+    pub file: ElfFile64<'d, LittleEndian, FileView<'d>>,
     pub arch: Arch,
 }
 
@@ -96,14 +100,24 @@ pub struct Section<'d> {
 
 impl<'d> Elf<'d> {
     pub fn parse(data: &'d [u8]) -> Result<Self, ElfError> {
-        if data.get(..4) != Some(b"\x7fELF") {
+        Self::parse_view(FileView::Slice(data))
+    }
+
+    /// Parses a file read on demand (see [`source`]).
+    pub fn parse_lazy(file: &'d LazyFile) -> Result<Self, ElfError> {
+        Self::parse_view(file.view())
+    }
+
+    pub fn parse_view(data: FileView<'d>) -> Result<Self, ElfError> {
+        let ident = data.bytes_at(0, 6).or_else(|| data.bytes_at(0, 4));
+        if ident.and_then(|i| i.get(..4)) != Some(b"\x7fELF") {
             return Err(ElfError::NotElf);
         }
         // EI_CLASS 2 = 64-bit, EI_DATA 1 = little-endian.
-        if data.get(4) != Some(&2) || data.get(5) != Some(&1) {
+        if ident.and_then(|i| i.get(4..6)) != Some(&[2, 1]) {
             return Err(ElfError::WrongClass);
         }
-        let file = ElfFile64::<LittleEndian>::parse(data)
+        let file = ElfFile64::<LittleEndian, FileView<'d>>::parse(data)
             .map_err(|e| ElfError::Malformed(e.to_string()))?;
         let machine = file.elf_header().e_machine(LittleEndian);
         let arch = match machine {
@@ -131,10 +145,18 @@ impl<'d> Elf<'d> {
     }
 
     /// The file bytes at `offset..offset + len`, if the file has them.
-    fn bytes_at(&self, offset: u64, len: u64) -> Option<&'d [u8]> {
-        let start = usize::try_from(offset).ok()?;
-        let end = start.checked_add(usize::try_from(len).ok()?)?;
-        self.data.get(start..end)
+    pub fn bytes_at(&self, offset: u64, len: u64) -> Option<&'d [u8]> {
+        self.data.bytes_at(offset, len)
+    }
+
+    /// The file's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.data.size()
+    }
+
+    /// Always false for a parsed file (it has at least its header).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Upstream's `elfRegionFromSection`: the first section called `name`,

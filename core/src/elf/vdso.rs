@@ -157,9 +157,7 @@ fn read_virtual<'d>(elf: &Elf<'d>, addr: u64, size: u64) -> Option<&'d [u8]> {
         if rel.checked_add(size)? > filesz {
             continue;
         }
-        let start = usize::try_from(ph.p_offset(endian).checked_add(rel)?).ok()?;
-        let len = usize::try_from(size).ok()?;
-        return elf.data.get(start..start.checked_add(len)?);
+        return elf.bytes_at(ph.p_offset(endian).checked_add(rel)?, size);
     }
     None
 }
@@ -173,7 +171,7 @@ fn soname(elf: &Elf<'_>) -> Option<Vec<u8>> {
     dynamic
         .iter()
         .find(|d| d.tag32(endian) == Some(object::elf::DT_SONAME))
-        .and_then(|d| d.string(endian, strings).ok())
+        .and_then(|d| strings.get(u32::try_from(d.d_val(endian)).ok()?).ok())
         .map(<[u8]>::to_vec)
 }
 

@@ -226,11 +226,7 @@ impl Relocations {
             {
                 continue;
             }
-            let Some(bytes) = usize::try_from(s.sh_offset(e))
-                .ok()
-                .zip(usize::try_from(s.sh_size(e)).ok())
-                .and_then(|(at, len)| elf.data.get(at..at.checked_add(len)?))
-            else {
+            let Some(bytes) = elf.bytes_at(s.sh_offset(e), s.sh_size(e)) else {
                 continue;
             };
             // The symbols the section's relocations name (`sh_link`); a

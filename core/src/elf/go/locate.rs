@@ -101,17 +101,11 @@ pub(crate) fn read_virtual<'d>(elf: &Elf<'d>, addr: u64, size: u64) -> Result<&'
     if size > MAX_PCLNTAB_BYTES {
         return Err(format!("virtual memory area too large ({size}) to copy"));
     }
-    let start = ph
-        .p_offset(endian)
-        .checked_add(offset)
-        .and_then(|s| usize::try_from(s).ok());
-    let end = start.and_then(|s| s.checked_add(usize::try_from(size).ok()?));
-    match (start, end) {
-        (Some(s), Some(e)) => elf
-            .data
-            .get(s..e)
+    match ph.p_offset(endian).checked_add(offset) {
+        Some(start) => elf
+            .bytes_at(start, size)
             .ok_or_else(|| "segment data beyond the end of the file".to_string()),
-        _ => Err("segment offset overflows".to_string()),
+        None => Err("segment offset overflows".to_string()),
     }
 }
 

@@ -1,0 +1,446 @@
+//! Where an ELF file's bytes come from: a slice the caller owns, or a file
+//! read on demand into memory eim owns.
+//!
+//! A shared memory map of a file that another process can truncate raises
+//! `SIGBUS` on the next read of a page past the new end (upstream weakness
+//! 24): any unprivileged process that maps its own copy of an executable
+//! can kill a profiler that maps it too. So the file is never mapped: the
+//! analysis reads it through [`FileView`], `object`'s [`ReadRef`] over a
+//! [`LazyFile`] that reads each range it is asked for with `pread`
+//! ([`ByteSource`], implemented outside the core) into chunks it keeps for
+//! its own lifetime, so the slices it hands out stay valid. Only what the
+//! analysis touches is read: for librustc_driver (150 MB) that is its
+//! headers, `.eh_frame` and `.eh_frame_hdr`, and the symbol tables the
+//! loaders look names up in.
+//!
+//! A read that fails (the file was truncated under it, or an I/O error) is
+//! remembered: [`LazyFile::failure`] tells the caller that the analysis may
+//! have seen less than the file, whatever it concluded.
+//!
+//! Chunks start at [`BLOCK`]-aligned offsets and cover whole blocks, so the
+//! many small reads of a walk (symbol names, headers) fall into a few
+//! chunks. Chunks may overlap (a read spanning two cached chunks gets a new
+//! one covering both); the bytes held are bounded by the file's length
+//! times [`BUDGET_FACTOR`] plus a block, so no access pattern of a hostile
+//! file can make the cache grow past that.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use object::ReadRef;
+
+/// The granularity of reads and of the cache.
+pub const BLOCK: u64 = 64 * 1024;
+
+/// The cache holds at most this many times the file's length (plus a
+/// block): overlapping chunks are the only way past 1.
+pub const BUDGET_FACTOR: u64 = 2;
+
+/// Candidate chunks examined per lookup before reading a new one: bounds
+/// the work of a lookup whatever the access pattern.
+const LOOKUP_CANDIDATES: usize = 16;
+
+/// Why a read of the file failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    /// Fewer bytes than the file's length said: it was truncated.
+    #[error("the file ended at {got} bytes while reading {len} bytes at offset {offset}: it was truncated while being read")]
+    Truncated { offset: u64, len: u64, got: u64 },
+    /// The read failed.
+    #[error("reading {len} bytes at offset {offset} failed: {message}")]
+    Io {
+        offset: u64,
+        len: u64,
+        message: String,
+    },
+    /// Reading more would pass the cache's byte budget.
+    #[error("reading {len} bytes at offset {offset} would hold more than {budget} bytes of the file in memory")]
+    OverBudget { offset: u64, len: u64, budget: u64 },
+}
+
+/// A file's bytes, read by range. Implemented outside the core (with
+/// `pread`), and by tests.
+pub trait ByteSource: Send + Sync {
+    /// Fills `buf` with the bytes at `offset`.
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), SourceError>;
+}
+
+impl ByteSource for Vec<u8> {
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), SourceError> {
+        let at = usize::try_from(offset).unwrap_or(usize::MAX);
+        match self.get(at..).and_then(|rest| rest.get(..buf.len())) {
+            Some(bytes) => {
+                buf.copy_from_slice(bytes);
+                Ok(())
+            }
+            None => Err(SourceError::Truncated {
+                offset,
+                len: buf.len() as u64,
+                got: self.len().saturating_sub(at) as u64,
+            }),
+        }
+    }
+}
+
+/// A file of a known length, read on demand and cached (see the module
+/// documentation).
+pub struct LazyFile {
+    source: Box<dyn ByteSource>,
+    len: u64,
+    budget: u64,
+    /// The chunks, never moved or dropped before `self`: the slices handed
+    /// out borrow from them.
+    chunks: elsa::sync::FrozenVec<Box<[u8]>>,
+    /// (start, end) of every chunk, to its index in `chunks`.
+    index: Mutex<BTreeMap<(u64, u64), usize>>,
+    held: AtomicU64,
+    reads: AtomicU64,
+    failure: Mutex<Option<SourceError>>,
+}
+
+impl fmt::Debug for LazyFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazyFile")
+            .field("len", &self.len)
+            .field("held", &self.held())
+            .field("reads", &self.reads())
+            .finish_non_exhaustive()
+    }
+}
+
+fn align_down(x: u64) -> u64 {
+    x - x % BLOCK
+}
+
+impl LazyFile {
+    /// A file of `len` bytes read from `source`.
+    pub fn new(source: Box<dyn ByteSource>, len: u64) -> Self {
+        Self {
+            source,
+            len,
+            budget: len.saturating_mul(BUDGET_FACTOR).saturating_add(BLOCK),
+            chunks: elsa::sync::FrozenVec::new(),
+            index: Mutex::new(BTreeMap::new()),
+            held: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// A view of the whole file for the parsers.
+    pub fn view(&self) -> FileView<'_> {
+        FileView::Lazy(self)
+    }
+
+    /// The file's length, as given when it was opened.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes held in memory.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Reads made from the source.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    /// The first read that failed, if any: the analysis may then have seen
+    /// less than the file, whatever it concluded.
+    pub fn failure(&self) -> Option<SourceError> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn fail(&self, e: SourceError) {
+        let mut first = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if first.is_none() {
+            *first = Some(e);
+        }
+    }
+
+    /// A cached chunk holding all of `range`, as (its start, its bytes).
+    fn cached(&self, range: &Range<u64>) -> Option<(u64, &[u8])> {
+        let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let (&(start, _), &i) = index
+            .range(..=(range.start, u64::MAX))
+            .rev()
+            .take(LOOKUP_CANDIDATES)
+            .find(|(&(_, end), _)| end >= range.end)?;
+        drop(index);
+        Some((start, self.chunks.get(i)?))
+    }
+
+    /// Reads the blocks covering `range` (inside the file) into a new chunk.
+    fn fetch(&self, range: &Range<u64>) -> Result<(u64, &[u8]), SourceError> {
+        let start = align_down(range.start);
+        let end = range
+            .end
+            .checked_next_multiple_of(BLOCK)
+            .unwrap_or(u64::MAX)
+            .min(self.len);
+        let size = end - start;
+        let held = self.held.fetch_add(size, Ordering::Relaxed);
+        if held.saturating_add(size) > self.budget {
+            self.held.fetch_sub(size, Ordering::Relaxed);
+            return Err(SourceError::OverBudget {
+                offset: start,
+                len: size,
+                budget: self.budget,
+            });
+        }
+        let mut buf = vec![0u8; size as usize].into_boxed_slice();
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.source.read_exact_at(start, &mut buf) {
+            self.held.fetch_sub(size, Ordering::Relaxed);
+            return Err(e);
+        }
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let i = self.chunks.len();
+        let bytes = self.chunks.push_get(buf);
+        index.insert((start, end), i);
+        Ok((start, bytes))
+    }
+
+    /// The bytes of `range`, from the cache or read now. `None` if the range
+    /// is not inside the file, or the read failed (remembered).
+    fn bytes(&self, range: Range<u64>) -> Option<&[u8]> {
+        if range.start > range.end || range.end > self.len {
+            return None;
+        }
+        if range.is_empty() {
+            return Some(&[]);
+        }
+        let (start, chunk) = match self.cached(&range) {
+            Some(hit) => hit,
+            None => match self.fetch(&range) {
+                Ok(read) => read,
+                Err(e) => {
+                    self.fail(e);
+                    return None;
+                }
+            },
+        };
+        chunk.get((range.start - start) as usize..(range.end - start) as usize)
+    }
+
+    /// The bytes from `range.start` up to (not including) the first
+    /// `delimiter` before `range.end`. Reads a block, then twice as much
+    /// each time the delimiter is not in what was read.
+    fn bytes_until(&self, range: Range<u64>, delimiter: u8) -> Option<&[u8]> {
+        let end = range.end.min(self.len);
+        if range.start >= end {
+            return None;
+        }
+        let mut want = BLOCK;
+        loop {
+            let stop = range.start.saturating_add(want).min(end);
+            let (from, chunk) = match self.cached(&(range.start..range.start + 1)) {
+                // A cached chunk reaching far enough serves as it is.
+                Some((from, chunk)) if from + chunk.len() as u64 >= stop => (from, chunk),
+                _ => {
+                    let b = self.bytes(range.start..stop)?;
+                    (range.start, b)
+                }
+            };
+            let avail = &chunk[(range.start - from) as usize..];
+            let avail = &avail[..avail.len().min((end - range.start) as usize)];
+            if let Some(at) = avail.iter().position(|&b| b == delimiter) {
+                return Some(&avail[..at]);
+            }
+            if range.start + avail.len() as u64 >= end {
+                return None;
+            }
+            want = want.saturating_mul(2);
+        }
+    }
+}
+
+/// The bytes an [`Elf`](super::Elf) is parsed from: `object`'s [`ReadRef`]
+/// over a slice or over a [`LazyFile`].
+#[derive(Clone, Copy, Debug)]
+pub enum FileView<'d> {
+    Slice(&'d [u8]),
+    Lazy(&'d LazyFile),
+}
+
+impl<'d> FileView<'d> {
+    /// The file's length.
+    pub fn size(self) -> u64 {
+        match self {
+            FileView::Slice(s) => s.len() as u64,
+            FileView::Lazy(f) => f.len,
+        }
+    }
+
+    /// The bytes at `offset..offset + len`, if the file has them (and, for
+    /// a lazy file, they could be read).
+    pub fn bytes_at(self, offset: u64, len: u64) -> Option<&'d [u8]> {
+        match self {
+            FileView::Slice(s) => {
+                let start = usize::try_from(offset).ok()?;
+                let end = start.checked_add(usize::try_from(len).ok()?)?;
+                s.get(start..end)
+            }
+            FileView::Lazy(f) => f.bytes(offset..offset.checked_add(len)?),
+        }
+    }
+}
+
+impl<'d> ReadRef<'d> for FileView<'d> {
+    fn len(self) -> Result<u64, ()> {
+        Ok(self.size())
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'d [u8], ()> {
+        self.bytes_at(offset, size).ok_or(())
+    }
+
+    fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'d [u8], ()> {
+        match self {
+            FileView::Slice(s) => s.read_bytes_at_until(range, delimiter),
+            FileView::Lazy(f) => f.bytes_until(range, delimiter).ok_or(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source counting its reads, over bytes that can be cut short.
+    struct Cut {
+        bytes: Vec<u8>,
+        cut_at: AtomicU64,
+    }
+
+    impl ByteSource for Cut {
+        fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), SourceError> {
+            let cut = self.cut_at.load(Ordering::Relaxed) as usize;
+            self.bytes[..cut.min(self.bytes.len())]
+                .to_vec()
+                .read_exact_at(offset, buf)
+        }
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    #[test]
+    fn reads_match_the_bytes_and_are_cached_by_block() {
+        let bytes = pattern(5 * BLOCK as usize + 123);
+        let lazy = LazyFile::new(Box::new(bytes.clone()), bytes.len() as u64);
+        let view = lazy.view();
+        for (offset, len) in [(0u64, 64u64), (10, 100), (BLOCK - 3, 10), (0, 0)] {
+            assert_eq!(
+                view.read_bytes_at(offset, len),
+                Ok(&bytes[offset as usize..(offset + len) as usize]),
+                "{offset}+{len}"
+            );
+        }
+        // The first read took block 0, the third blocks 0 and 1 (one chunk).
+        assert_eq!(lazy.reads(), 2);
+        assert_eq!(lazy.held(), 3 * BLOCK);
+        // Inside cached chunks: no new read.
+        view.read_bytes_at(BLOCK + 5, 100).expect("cached");
+        assert_eq!(lazy.reads(), 2);
+        // Past the end, or overflowing: refused, and not a read failure.
+        let len = bytes.len() as u64;
+        assert!(view.read_bytes_at(len - 1, 2).is_err());
+        assert!(view.read_bytes_at(u64::MAX, 2).is_err());
+        assert_eq!(view.read_bytes_at(len, 0), Ok(&[][..]));
+        assert_eq!(
+            view.read_bytes_at(len - 123, 123),
+            Ok(&bytes[bytes.len() - 123..])
+        );
+        assert_eq!(lazy.failure(), None);
+    }
+
+    #[test]
+    fn strings_are_found_across_blocks() {
+        let mut bytes = vec![b'a'; 3 * BLOCK as usize];
+        bytes[2 * BLOCK as usize + 10] = 0;
+        bytes[5] = 0;
+        let lazy = LazyFile::new(Box::new(bytes.clone()), bytes.len() as u64);
+        let view = lazy.view();
+        let len = bytes.len() as u64;
+        assert_eq!(view.read_bytes_at_until(0..len, 0), Ok(&bytes[..5]));
+        let long = view.read_bytes_at_until(6..len, 0).expect("found");
+        assert_eq!(long.len(), 2 * BLOCK as usize + 4);
+        // No delimiter before the end of the range.
+        assert!(view.read_bytes_at_until(6..100, 0).is_err());
+        assert!(view.read_bytes_at_until(2 * BLOCK + 11..len, 0).is_err());
+        // The same answers as a slice gives.
+        for range in [0..len, 6..len, 6..100, 2 * BLOCK..len] {
+            assert_eq!(
+                view.read_bytes_at_until(range.clone(), 0),
+                bytes.as_slice().read_bytes_at_until(range, 0)
+            );
+        }
+    }
+
+    #[test]
+    fn a_truncated_file_is_a_remembered_failure_never_stale_bytes() {
+        let bytes = pattern(4 * BLOCK as usize);
+        let len = bytes.len() as u64;
+        // The file had `len` bytes when it was opened, one block now.
+        let cut = LazyFile::new(
+            Box::new(Cut {
+                bytes,
+                cut_at: AtomicU64::new(BLOCK),
+            }),
+            len,
+        );
+        let view = cut.view();
+        view.read_bytes_at(0, 10).expect("before the cut");
+        assert_eq!(cut.failure(), None);
+        assert!(view.read_bytes_at(2 * BLOCK, 10).is_err());
+        assert!(matches!(
+            cut.failure(),
+            Some(SourceError::Truncated { offset, .. }) if offset == 2 * BLOCK
+        ));
+        // The first failure stays the one reported.
+        assert!(view.read_bytes_at_until(3 * BLOCK..len, 0).is_err());
+        assert!(matches!(
+            cut.failure(),
+            Some(SourceError::Truncated { offset, .. }) if offset == 2 * BLOCK
+        ));
+    }
+
+    #[test]
+    fn the_cache_never_holds_more_than_its_budget() {
+        let bytes = pattern(8 * BLOCK as usize);
+        let len = bytes.len() as u64;
+        let lazy = LazyFile::new(Box::new(bytes), len);
+        let view = lazy.view();
+        // Reads that each straddle two blocks make overlapping chunks,
+        // then a read of the whole file would pass the budget.
+        for b in 1..8 {
+            view.read_bytes_at(b * BLOCK - 1, 2)
+                .expect("within the budget");
+        }
+        assert_eq!(lazy.held(), 14 * BLOCK);
+        assert!(view.read_bytes_at(0, len).is_err());
+        assert!(
+            lazy.held() <= len * BUDGET_FACTOR + BLOCK,
+            "{}",
+            lazy.held()
+        );
+        assert!(matches!(
+            lazy.failure(),
+            Some(SourceError::OverBudget { .. })
+        ));
+    }
+}
