@@ -236,6 +236,34 @@ fn the_accept_loop_outlives_accept_errors() {
     assert!(serves_metrics(&server));
 }
 
+/// A listener whose first accept panics, as a bug in the loop would.
+struct PanicsOnce {
+    inner: TcpListener,
+    panicked: std::sync::atomic::AtomicBool,
+}
+
+impl Listener for PanicsOnce {
+    async fn accept(&self) -> io::Result<TcpStream> {
+        if !self.panicked.swap(true, Ordering::SeqCst) {
+            panic!("a bug in the accept loop (expected by this test)");
+        }
+        Listener::accept(&self.inner).await
+    }
+}
+
+#[test]
+fn the_accept_loop_is_restarted_after_a_panic() {
+    let rt = runtime().expect("runtime");
+    let inner = rt.block_on(TcpListener::bind("127.0.0.1:0")).expect("bind");
+    let addr = inner.local_addr().expect("address");
+    let listener = PanicsOnce {
+        inner,
+        panicked: false.into(),
+    };
+    let (server, _) = serve_on(rt, listener, addr, quick());
+    assert!(serves_metrics(&server));
+}
+
 #[test]
 fn reports_are_rate_limited_and_count_what_they_left_out() {
     let mut r = Reports::new(Duration::from_secs(10));
