@@ -271,11 +271,19 @@ fn watch_on<B: Inspect>(backend: B, args: &WatchArgs) -> anyhow::Result<ExitCode
     config.unload_delay = (!args.unload_delay.is_zero()).then_some(args.unload_delay);
     let mut host = Host::new(backend, config);
     let metrics = Arc::new(Metrics::new());
-    let _server = match args.metrics_addr {
-        Some(addr) => {
-            let server = MetricsServer::start(addr, metrics.clone())?;
+    // Without its metrics a watch still does its work: a port taken by
+    // someone else must not keep eim from loading tables.
+    let _server = match args
+        .metrics_addr
+        .map(|a| MetricsServer::start(a, metrics.clone()))
+    {
+        Some(Ok(server)) => {
             eprintln!("eim: metrics at http://{}/metrics", server.addr());
             Some(server)
+        }
+        Some(Err(e)) => {
+            tracing::error!("{e}; watching without metrics");
+            None
         }
         None => None,
     };

@@ -4,12 +4,17 @@
 //!
 //! Exposed: upstream's five manager metrics (gauges for what is loaded,
 //! counters for the provider), and eim's own: extraction and kernel time,
-//! extraction calls, deferred and failed files, processes tracked.
+//! extraction calls, deferred and failed files, processes tracked. The
+//! server ([`MetricsServer`]) is in `server`, what it answers in `routes`,
+//! its bound on connections in `slots`.
 
-use std::net::SocketAddr;
+mod routes;
+mod server;
+mod slots;
+
+pub use server::{MetricsServer, ServeError};
+
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -168,83 +173,5 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
-    }
-}
-
-/// Why the metrics server could not start.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot serve metrics on {addr}: {message}")]
-pub struct ServeError {
-    pub addr: SocketAddr,
-    pub message: String,
-}
-
-/// An HTTP server answering `GET /metrics`; stopped when dropped.
-pub struct MetricsServer {
-    server: Arc<tiny_http::Server>,
-    thread: Option<JoinHandle<()>>,
-    addr: SocketAddr,
-}
-
-impl MetricsServer {
-    /// Serves `metrics` on `addr` (port 0 picks a free port: see [`Self::addr`]).
-    pub fn start(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<Self, ServeError> {
-        let server = tiny_http::Server::http(addr).map_err(|e| ServeError {
-            addr,
-            message: e.to_string(),
-        })?;
-        let bound = server.server_addr().to_ip().ok_or_else(|| ServeError {
-            addr,
-            message: "not an IP address".into(),
-        })?;
-        let server = Arc::new(server);
-        let serving = server.clone();
-        let thread = std::thread::Builder::new()
-            .name("eim-metrics".into())
-            .spawn(move || {
-                for request in serving.incoming_requests() {
-                    let response = if request.url() == "/metrics" {
-                        let header = tiny_http::Header::from_bytes(
-                            &b"Content-Type"[..],
-                            &b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..],
-                        );
-                        let mut r = tiny_http::Response::from_string(metrics.render());
-                        if let Ok(h) = header {
-                            r.add_header(h);
-                        }
-                        r
-                    } else {
-                        tiny_http::Response::from_string("eim: metrics are at /metrics\n")
-                            .with_status_code(404)
-                    };
-                    if let Err(e) = request.respond(response) {
-                        tracing::debug!("metrics: answering a request: {e}");
-                    }
-                }
-            })
-            .map_err(|e| ServeError {
-                addr,
-                message: e.to_string(),
-            })?;
-        tracing::info!(%bound, "serving metrics at /metrics");
-        Ok(Self {
-            server,
-            thread: Some(thread),
-            addr: bound,
-        })
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.server.unblock();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
