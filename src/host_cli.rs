@@ -23,6 +23,8 @@ use eim::sim::{SimConfig, SimMaps};
 use eim::summary::Summary;
 use eim::watch::{self, WatchConfig};
 
+use crate::out::{self, note};
+
 /// Which maps to load into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {
@@ -190,10 +192,10 @@ fn stop_on_ctrl_c() -> Arc<AtomicBool> {
     let flag = stop.clone();
     let installed = ctrlc::set_handler(move || {
         if flag.swap(true, Ordering::SeqCst) {
-            eprintln!("eim: interrupted again; exiting without finishing the step");
+            note!("eim: interrupted again; exiting without finishing the step");
             std::process::exit(130);
         }
-        eprintln!("eim: interrupted; finishing the current file batch (Ctrl-C again to quit now)");
+        note!("eim: interrupted; finishing the current file batch (Ctrl-C again to quit now)");
     });
     if let Err(e) = installed {
         tracing::warn!("cannot handle Ctrl-C: {e}");
@@ -242,11 +244,11 @@ fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         summary.render_text()
     };
-    let code = crate::print(&text);
+    out::print(&text)?;
     Ok(if summary.interrupted {
         ExitCode::from(130)
     } else {
-        code
+        ExitCode::SUCCESS
     })
 }
 
@@ -274,7 +276,7 @@ fn watch_on<B: Inspect>(backend: B, args: &WatchArgs) -> anyhow::Result<ExitCode
     let _server = match args.metrics_addr {
         Some(addr) => {
             let server = MetricsServer::start(addr, metrics.clone())?;
-            eprintln!("eim: metrics at http://{}/metrics", server.addr());
+            note!("eim: metrics at http://{}/metrics", server.addr());
             Some(server)
         }
         None => None,
@@ -351,7 +353,8 @@ fn lookup_on<B: Inspect>(backend: B, args: &LookupArgs) -> anyhow::Result<ExitCo
             .map(|a| lookup::render_line(a) + "\n")
             .collect()
     };
-    Ok(crate::print(&text))
+    out::print(&text)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn lookup(args: &LookupArgs) -> anyhow::Result<ExitCode> {
