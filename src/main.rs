@@ -19,6 +19,7 @@ mod input;
 mod inspect;
 mod loaders_cmd;
 mod out;
+mod stop;
 mod synth;
 mod tables;
 
