@@ -1,13 +1,13 @@
 //! `eim`: the command line of the executable-info manager.
 //!
 //! Logs go to stderr (`-v`, `-vv`, `-vvv`, or `RUST_LOG` for full control);
-//! results go to stdout, so they can be piped and diffed.
+//! results go to stdout, so they can be piped and diffed. Both go through
+//! [`out`]: a failing stdout or stderr never panics.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-
 use clap::{Parser, Subcommand};
 
 mod deltas;
