@@ -5,6 +5,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::out::note;
+
 /// A file that could not be handled.
 pub struct Failure {
     /// What to write to stdout instead of the file's text, if anything
@@ -65,7 +67,7 @@ pub fn run(
             Ok(text) => Some(text),
             Err(failure) => {
                 failed = true;
-                eprintln!("eim: {}: {}", path.display(), failure.message);
+                note!("eim: {}: {}", path.display(), failure.message);
                 failure.stdout
             }
         };

@@ -1,12 +1,12 @@
 //! `eim scan`, `eim watch` and `eim lookup`: the command-line side of
-//! [`eim::scan::Host`] (arguments, the backend, the progress bar, Ctrl-C,
-//! printing). The work is done in the library.
+//! [`eim::scan::Host`] (arguments, the backend, the progress bar, the stop
+//! signals, printing). The work is done in the library.
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,9 @@ use eim::scan::{Host, HostConfig, Progress, Quiet};
 use eim::sim::{SimConfig, SimMaps};
 use eim::summary::Summary;
 use eim::watch::{self, WatchConfig};
+
+use crate::out::{self, note};
+use crate::stop::{self, Maps};
 
 /// Which maps to load into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -184,23 +187,6 @@ fn kernel_maps(args: &BackendArgs, pin: bool) -> anyhow::Result<KernelMaps> {
     Ok(maps)
 }
 
-/// Sets `stop` on Ctrl-C (the second one exits at once).
-fn stop_on_ctrl_c() -> Arc<AtomicBool> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let installed = ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::SeqCst) {
-            eprintln!("eim: interrupted again; exiting without finishing the step");
-            std::process::exit(130);
-        }
-        eprintln!("eim: interrupted; finishing the current file batch (Ctrl-C again to quit now)");
-    });
-    if let Err(e) = installed {
-        tracing::warn!("cannot handle Ctrl-C: {e}");
-    }
-    stop
-}
-
 /// The progress bar on stderr, hidden when stderr is not a terminal.
 struct Bar(ProgressBar);
 
@@ -236,37 +222,52 @@ impl Progress for Bar {
     }
 }
 
+/// Prints the summary. A stopped run is a success: what it loaded is whole
+/// and consistent, and the summary says if the walk was cut short.
 fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<ExitCode> {
     let text = if json {
         serde_json::to_string_pretty(summary).context("encoding the summary")? + "\n"
     } else {
         summary.render_text()
     };
-    let code = crate::print(&text);
-    Ok(if summary.interrupted {
-        ExitCode::from(130)
-    } else {
-        code
-    })
+    out::print(&text)?;
+    Ok(ExitCode::SUCCESS)
 }
 
-fn scan_on<B: Inspect>(backend: B, args: &ScanArgs) -> anyhow::Result<ExitCode> {
-    let stop = stop_on_ctrl_c();
+/// What a second stop signal may cut short with these arguments.
+fn maps_kind(args: &BackendArgs) -> Maps {
+    if args.backend == BackendKind::Kernel && !args.no_pin {
+        Maps::Pinned
+    } else {
+        Maps::Private
+    }
+}
+
+fn scan_on<B: Inspect>(backend: B, args: &ScanArgs, stop: &AtomicBool) -> anyhow::Result<ExitCode> {
     let mut host = Host::new(backend, host_config(&args.backend, &args.pids));
-    host.step(&stop, &mut Bar::new())?;
+    host.step(stop, &mut Bar::new())?;
     let summary = Summary::of(&mut host)?;
     print_summary(&summary, args.json)
 }
 
 pub fn scan(args: &ScanArgs) -> anyhow::Result<ExitCode> {
+    // Before the maps are made: a signal while they are would kill eim.
+    let stop = stop::on_signals(maps_kind(&args.backend));
     match args.backend.backend {
-        BackendKind::Sim => scan_on(sim_maps()?, args),
-        BackendKind::Kernel => scan_on(kernel_maps(&args.backend, !args.backend.no_pin)?, args),
+        BackendKind::Sim => scan_on(sim_maps()?, args, &stop),
+        BackendKind::Kernel => scan_on(
+            kernel_maps(&args.backend, !args.backend.no_pin)?,
+            args,
+            &stop,
+        ),
     }
 }
 
-fn watch_on<B: Inspect>(backend: B, args: &WatchArgs) -> anyhow::Result<ExitCode> {
-    let stop = stop_on_ctrl_c();
+fn watch_on<B: Inspect>(
+    backend: B,
+    args: &WatchArgs,
+    stop: &AtomicBool,
+) -> anyhow::Result<ExitCode> {
     let mut config = host_config(&args.backend, &args.pids);
     config.unload_delay = (!args.unload_delay.is_zero()).then_some(args.unload_delay);
     let mut host = Host::new(backend, config);
@@ -278,7 +279,7 @@ fn watch_on<B: Inspect>(backend: B, args: &WatchArgs) -> anyhow::Result<ExitCode
         .map(|a| MetricsServer::start(a, metrics.clone()))
     {
         Some(Ok(server)) => {
-            eprintln!("eim: metrics at http://{}/metrics", server.addr());
+            note!("eim: metrics at http://{}/metrics", server.addr());
             Some(server)
         }
         Some(Err(e)) => {
@@ -293,27 +294,32 @@ fn watch_on<B: Inspect>(backend: B, args: &WatchArgs) -> anyhow::Result<ExitCode
             interval: args.interval,
             steps: args.steps,
         },
-        &stop,
+        stop,
         Some(&metrics),
         &mut Quiet,
         &mut |_| {},
     )?;
-    // Ctrl-C ends a watch normally: the maps are consistent, and pinned
-    // ones stay for the next run.
-    let code = print_summary(
+    // A stop signal is how a watch ends: its last step may stop between two
+    // processes, but what it loaded is whole, and pinned maps stay for the
+    // next run.
+    print_summary(
         &Summary {
             interrupted: false,
             ..summary
         },
         args.json,
-    )?;
-    Ok(code)
+    )
 }
 
 pub fn watch(args: &WatchArgs) -> anyhow::Result<ExitCode> {
+    let stop = stop::on_signals(maps_kind(&args.backend));
     match args.backend.backend {
-        BackendKind::Sim => watch_on(sim_maps()?, args),
-        BackendKind::Kernel => watch_on(kernel_maps(&args.backend, !args.backend.no_pin)?, args),
+        BackendKind::Sim => watch_on(sim_maps()?, args, &stop),
+        BackendKind::Kernel => watch_on(
+            kernel_maps(&args.backend, !args.backend.no_pin)?,
+            args,
+            &stop,
+        ),
     }
 }
 
@@ -359,7 +365,8 @@ fn lookup_on<B: Inspect>(backend: B, args: &LookupArgs) -> anyhow::Result<ExitCo
             .map(|a| lookup::render_line(a) + "\n")
             .collect()
     };
-    Ok(crate::print(&text))
+    out::print(&text)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn lookup(args: &LookupArgs) -> anyhow::Result<ExitCode> {

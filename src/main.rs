@@ -1,11 +1,13 @@
 //! `eim`: the command line of the executable-info manager.
 //!
 //! Logs go to stderr (`-v`, `-vv`, `-vvv`, or `RUST_LOG` for full control);
-//! results go to stdout, so they can be piped and diffed.
+//! results go to stdout, so they can be piped and diffed. Both go through
+//! [`out`]: a failing stdout or stderr never panics.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 mod deltas;
@@ -16,6 +18,8 @@ mod host_cli;
 mod input;
 mod inspect;
 mod loaders_cmd;
+mod out;
+mod stop;
 mod synth;
 mod tables;
 
@@ -80,50 +84,26 @@ fn init_logging(verbose: u8) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| out::LogWriter)
+        .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
-/// Writes a report to stdout; a closed pipe is not an error.
-fn print(text: &str) -> ExitCode {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("eim: stdout: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn demo(args: &demo::DemoArgs) -> ExitCode {
-    let report = match demo::run(args) {
-        Ok(report) => report,
-        Err(e) => {
-            eprintln!("eim: demo: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
+fn demo(args: &demo::DemoArgs) -> anyhow::Result<ExitCode> {
+    let report = demo::run(args)?;
     let text = if args.json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(json) => json + "\n",
-            Err(e) => {
-                eprintln!("eim: demo: cannot encode the report: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
+        serde_json::to_string_pretty(&report).context("cannot encode the report")? + "\n"
     } else {
         demo::render_text(&report)
     };
-    let code = print(&text);
+    out::print(&text)?;
     if report.book_matches_kernel {
-        code
+        Ok(ExitCode::SUCCESS)
     } else {
         // The report says so too; a disagreement is a bug in eim.
-        eprintln!("eim: demo: the manager's book and the kernel maps disagree");
-        ExitCode::FAILURE
+        out::note!("eim: demo: the manager's book and the kernel maps disagree");
+        Ok(ExitCode::FAILURE)
     }
 }
 
@@ -132,39 +112,27 @@ fn each(
     run: impl FnOnce(
         &mut std::io::BufWriter<std::io::StdoutLock<'static>>,
     ) -> std::io::Result<each::Outcome>,
-) -> ExitCode {
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    match run(&mut out) {
-        Ok(outcome) => outcome.exit_code(),
-        Err(e) => {
-            eprintln!("eim: stdout: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// The exit code of a host command, its error printed.
-fn host_command(name: &str, result: anyhow::Result<ExitCode>) -> ExitCode {
-    result.unwrap_or_else(|e| {
-        eprintln!("eim: {name}: {e:#}");
-        ExitCode::FAILURE
-    })
+) -> anyhow::Result<ExitCode> {
+    let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+    let outcome = run(&mut stdout).map_err(out::StdoutError)?;
+    Ok(outcome.exit_code())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
-    match &cli.command {
-        Command::Demo(args) => demo(args),
-        Command::Tables(args) => each(|out| tables::run(args, out)),
-        Command::Deltas(args) => each(|out| deltas::run(args, out)),
-        Command::Fileid(args) => each(|out| fileid::run(args, out)),
-        Command::Scan(args) => host_command("scan", host_cli::scan(args)),
-        Command::Watch(args) => host_command("watch", host_cli::watch(args)),
-        Command::Lookup(args) => host_command("lookup", host_cli::lookup(args)),
-        Command::Inspect(args) => each(|out| inspect::run(args, out)),
-        Command::Loaders(args) => each(|out| loaders_cmd::run(args, out)),
-    }
+    let (name, result) = match &cli.command {
+        Command::Demo(args) => ("demo", demo(args)),
+        Command::Tables(args) => ("tables", each(|out| tables::run(args, out))),
+        Command::Deltas(args) => ("deltas", each(|out| deltas::run(args, out))),
+        Command::Fileid(args) => ("fileid", each(|out| fileid::run(args, out))),
+        Command::Scan(args) => ("scan", host_cli::scan(args)),
+        Command::Watch(args) => ("watch", host_cli::watch(args)),
+        Command::Lookup(args) => ("lookup", host_cli::lookup(args)),
+        Command::Inspect(args) => ("inspect", each(|out| inspect::run(args, out))),
+        Command::Loaders(args) => ("loaders", each(|out| loaders_cmd::run(args, out))),
+    };
+    out::exit_code(name, result)
 }
 
 #[cfg(test)]
