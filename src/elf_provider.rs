@@ -230,6 +230,11 @@ impl ElfProvider {
             }
         }
         let data = result.map_err(|message| {
+            // An extraction that failed on a file that changed under it
+            // failed because it changed.
+            if let Err(why) = open.check_unchanged() {
+                return ExtractError::new(ExtractErrorKind::Io, name.clone(), why);
+            }
             ExtractError::new(
                 ExtractErrorKind::Invalid,
                 name,
