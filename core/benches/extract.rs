@@ -13,7 +13,13 @@
 //!   (collected once; unreadable and non-ELF files skipped, hard links
 //!   counted once), one pass = open + map + parse + extract of each, the
 //!   files shared out to two threads (and on one, for the scaling), each
-//!   file extracted on its worker's thread.
+//!   file extracted on its worker's thread;
+//! * `usr_walk/2_threads_pread`: the same walk with every file read on
+//!   demand through a `LazyFile` (`pread` into owned chunks, as `eim`
+//!   reads files since weakness 24) instead of mapped;
+//! * `from_file/librustc_driver_{mapped,pread}`: open + map (or `LazyFile`)
+//!   + parse + extract of librustc_driver per iteration, page cache warm:
+//!   what reading on demand costs against a map.
 //!
 //! Test data: `$EIM_TESTDATA`, else `../../shared/testdata` from this
 //! crate. `EIM_BENCH_USR=0` skips the `/usr` walk.
@@ -27,7 +33,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use eim_core::elf::ehframe::Parallelism;
-use eim_core::elf::{extract, extract_with, Elf};
+use eim_core::elf::{extract, extract_with, ByteSource, Elf, LazyFile, SourceError};
 
 fn testdata() -> PathBuf {
     match std::env::var_os("EIM_TESTDATA") {
@@ -220,29 +226,64 @@ fn elf_files(root: &Path) -> Vec<PathBuf> {
     files.into_iter().map(|(_, p)| p).collect()
 }
 
-/// Open, map, parse and extract one file on this thread (the walk runs
-/// files side by side): its delta count.
-fn extract_path(path: &Path) -> usize {
+/// How a file's bytes reach the parser.
+#[derive(Clone, Copy)]
+enum Reading {
+    /// A shared read-only map (what eim did before weakness 24).
+    Mapped,
+    /// `pread` on demand into a `LazyFile` (what eim does).
+    Pread,
+}
+
+/// A file read with `pread`, as `eim::elf_file` reads one.
+struct Pread(File);
+
+impl ByteSource for Pread {
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), SourceError> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, offset).map_err(|e| {
+            SourceError::Io {
+                offset,
+                len: buf.len() as u64,
+                message: e.to_string(),
+            }
+        })
+    }
+}
+
+/// Open, read (as `how` says), parse and extract one file: its delta count.
+fn extract_path(path: &Path, how: Reading, parallelism: Parallelism) -> usize {
     let Ok(file) = File::open(path) else {
         return 0;
     };
-    // SAFETY: read-only mapping of a file nobody writes during the bench.
-    let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
-        return 0;
-    };
-    match Elf::parse(&map) {
-        Ok(elf) => extract_with(&elf, None, Parallelism::SEQUENTIAL).map_or(0, |d| d.len()),
+    let count = |elf: Result<Elf<'_>, _>| match elf {
+        Ok(elf) => extract_with(&elf, None, parallelism).map_or(0, |d| d.len()),
         Err(_) => 0,
+    };
+    match how {
+        Reading::Mapped => {
+            // SAFETY: read-only mapping of a file nobody writes during the bench.
+            let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
+                return 0;
+            };
+            count(Elf::parse(&map))
+        }
+        Reading::Pread => {
+            let Ok(len) = file.metadata().map(|m| m.len()) else {
+                return 0;
+            };
+            let lazy = LazyFile::new(Box::new(Pread(file)), len);
+            count(Elf::parse_lazy(&lazy))
+        }
     }
 }
 
 /// One pass over `files` on `threads` threads: the total delta count.
-fn walk(files: &[PathBuf], threads: usize) -> usize {
+fn walk(files: &[PathBuf], threads: usize, how: Reading) -> usize {
     let next = AtomicUsize::new(0);
     let work = || {
         let mut deltas = 0;
         while let Some(path) = files.get(next.fetch_add(1, Ordering::Relaxed)) {
-            deltas += extract_path(path);
+            deltas += extract_path(path, how, Parallelism::SEQUENTIAL);
         }
         deltas
     };
@@ -279,17 +320,44 @@ fn usr_walk(c: &mut Criterion) {
         "usr_walk: {} 64-bit ELF files ({parsed} x86-64/arm64), {:.1} MB, {} deltas in all",
         files.len(),
         bytes as f64 / 1e6,
-        walk(&files, 2)
+        walk(&files, 2, Reading::Mapped)
     );
     let mut group = c.benchmark_group("usr_walk");
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(20))
         .warm_up_time(Duration::from_secs(1));
-    group.bench_function("2_threads", |b| b.iter(|| walk(&files, 2)));
-    group.bench_function("1_thread", |b| b.iter(|| walk(&files, 1)));
+    group.bench_function("2_threads", |b| b.iter(|| walk(&files, 2, Reading::Mapped)));
+    group.bench_function("1_thread", |b| b.iter(|| walk(&files, 1, Reading::Mapped)));
+    group.bench_function("2_threads_pread", |b| {
+        b.iter(|| walk(&files, 2, Reading::Pread))
+    });
     group.finish();
 }
 
-criterion_group!(benches, per_file, usr_walk);
+fn from_file(c: &mut Criterion) {
+    let Some(path) = rustc_driver() else {
+        eprintln!("no librustc_driver: from_file skipped");
+        return;
+    };
+    let mut group = c.benchmark_group("from_file");
+    group
+        .sample_size(30)
+        .measurement_time(Duration::from_secs(10));
+    for (name, how) in [
+        ("librustc_driver_mapped", Reading::Mapped),
+        ("librustc_driver_pread", Reading::Pread),
+    ] {
+        eprintln!(
+            "from_file {name}: {} deltas",
+            extract_path(&path, how, Parallelism::available())
+        );
+        group.bench_function(name, |b| {
+            b.iter(|| extract_path(black_box(&path), how, Parallelism::available()))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, per_file, from_file, usr_walk);
 criterion_main!(benches);
