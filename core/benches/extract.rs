@@ -17,9 +17,9 @@
 //! * `usr_walk/2_threads_pread`: the same walk with every file read on
 //!   demand through a `LazyFile` (`pread` into owned chunks, as `eim`
 //!   reads files since weakness 24) instead of mapped;
-//! * `from_file/librustc_driver_{mapped,pread}`: open + map (or `LazyFile`)
-//!   + parse + extract of librustc_driver per iteration, page cache warm:
-//!   what reading on demand costs against a map.
+//! * `from_file/librustc_driver_{mapped,pread}`: librustc_driver opened,
+//!   mapped (or read through a `LazyFile`), parsed and extracted per
+//!   iteration, page cache warm: what reading on demand costs against a map.
 //!
 //! Test data: `$EIM_TESTDATA`, else `../../shared/testdata` from this
 //! crate. `EIM_BENCH_USR=0` skips the `/usr` walk.
