@@ -4,9 +4,13 @@
 
 use std::path::PathBuf;
 
-/// The `eim` binary cargo built for these tests.
+/// The `eim` binary cargo built for these tests, or `$EIM_HOSTILE_BIN`:
+/// another build to run the cases against (an older one, to see them
+/// reproduce the failures they guard against).
 pub fn eim_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_eim"))
+    std::env::var_os("EIM_HOSTILE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_eim")))
 }
 
 /// Whether the test runs as root; otherwise says `SKIPPED` loudly, or
