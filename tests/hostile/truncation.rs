@@ -68,7 +68,7 @@ fn wait_for_mapping(pid: u32, lib: &Path) {
 }
 
 /// A thread that truncates `path` to 4 KiB and writes `bytes` back, again
-/// and again, until dropped.
+/// and again, until dropped, pausing `pause(round)` between rounds.
 struct Truncator {
     stop: Arc<AtomicBool>,
     rounds: Arc<AtomicU64>,
@@ -76,7 +76,7 @@ struct Truncator {
 }
 
 impl Truncator {
-    fn start(path: &Path, bytes: Vec<u8>) -> Self {
+    fn start(path: &Path, bytes: Vec<u8>, pause: fn(u64) -> Duration) -> Self {
         let file = OpenOptions::new()
             .write(true)
             .open(path)
@@ -88,10 +88,7 @@ impl Truncator {
             while !s.load(Ordering::Relaxed) {
                 file.set_len(4096).expect("truncate");
                 file.write_all_at(&bytes, 0).expect("rewrite");
-                let round = r.fetch_add(1, Ordering::Relaxed);
-                // Pauses of 0 to 21 ms: some scans read the file whole
-                // between two rewrites, some while it changes.
-                std::thread::sleep(Duration::from_millis(round % 8 * 3));
+                std::thread::sleep(pause(r.fetch_add(1, Ordering::Relaxed)));
             }
         });
         Self {
@@ -168,7 +165,9 @@ fn scans_of_a_library_truncated_in_a_loop_never_crash_and_never_load_part_of_it(
     let calm_deltas = number(&calm, &["extraction", "deltas"]);
     assert_eq!(calm["problems"], Value::Array(vec![]), "calm scan: {calm}");
 
-    let truncator = Truncator::start(&copy, bytes);
+    // Pauses of 0 to 21 ms: some scans read the copy whole between two
+    // rewrites, some while it changes.
+    let truncator = Truncator::start(&copy, bytes, |round| Duration::from_millis(round % 8 * 3));
     let (mut whole, mut changed) = (0, 0);
     for run in 0..RUNS {
         let (status, json, stderr) = scan_json(mapper.id());
@@ -259,7 +258,8 @@ fn a_kernel_watch_survives_processes_mapping_a_library_truncated_in_a_loop() {
             .spawn()
             .expect("start eim watch"),
     );
-    let truncator = Truncator::start(&copy, bytes);
+    // As fast as it goes: every process meets the copy changing.
+    let truncator = Truncator::start(&copy, bytes, |_| Duration::from_micros(200));
     // One short-lived mapper after another: each is a new process whose
     // copy watch has to open and extract (nothing else maps it).
     for run in 0..RUNS {
