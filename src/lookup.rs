@@ -22,6 +22,7 @@ use crate::counting::HostFile;
 use crate::host::fileids;
 use crate::host::open;
 use crate::host::procs::{ExecMapping, ListError, ProcessError};
+use crate::regular::open_regular;
 use crate::scan::{Host, Quiet};
 use crate::ElfFileRef;
 
@@ -172,11 +173,8 @@ pub fn lookup_file<B: Inspect>(
         path: path.to_path_buf(),
         message,
     };
-    let file = std::fs::File::open(path).map_err(|e| file_error(e.to_string()))?;
-    let size = file
-        .metadata()
-        .map_err(|e| file_error(e.to_string()))?
-        .len();
+    let (file, meta) = open_regular(path).map_err(|e| file_error(e.to_string()))?;
+    let size = meta.len();
     let id128 = fileids::compute(&file, size).map_err(|e| file_error(e.to_string()))?;
     let id = id128.host();
     let host_file = HostFile {
