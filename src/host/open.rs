@@ -73,7 +73,9 @@ pub enum OpenError {
         found: (u32, u32),
         found_inode: u64,
     },
-    #[error("process {pid}: permission denied opening {}", path.display())]
+    /// Through the process's root, the kernel checks ptrace read access
+    /// to the process first, then the file's own permissions.
+    #[error("process {pid}: permission denied opening {}: it needs CAP_SYS_PTRACE or running as the process's user, and read permission on the file", path.display())]
     PermissionDenied { pid: i32, path: PathBuf },
     #[error("process {pid}: cannot open {}: {source}", path.display())]
     Io {
