@@ -586,6 +586,18 @@ fn lookup_of_an_unreadable_process_says_permission_denied() {
     );
     assert!(stderr.contains("(uid 0)"), "{stderr}");
     assert!(!stderr.contains("does not exist"), "{stderr}");
+    // A scan counts such a process and goes on; its log says the same.
+    let run = as_nobody(&["-vv", "scan", "--pid", "1", "--json"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr());
+    let summary: serde_json::Value = serde_json::from_slice(&run.stdout).expect("JSON summary");
+    let denied = summary.pointer("/counters/permission_denied");
+    assert_eq!(denied.and_then(|v| v.as_u64()), Some(1), "{summary}");
+    assert!(
+        run.stderr()
+            .contains("process 1: permission denied reading /proc/1/maps: it needs CAP_SYS_PTRACE"),
+        "{}",
+        run.stderr()
+    );
     // A process that does not exist still says so.
     let run = eim_in(
         Path::new("/"),
