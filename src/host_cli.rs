@@ -2,6 +2,7 @@
 //! [`eim::scan::Host`] (arguments, the backend, the progress bar, the stop
 //! signals, printing). The work is done in the library.
 
+use std::ffi::{OsStr, OsString};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -72,8 +73,8 @@ pub struct ScanArgs {
 pub struct WatchArgs {
     #[command(flatten)]
     pub backend: BackendArgs,
-    /// Time between two steps.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    /// Time between two steps (at least 10ms).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
     /// Keep a file loaded this long after its last process exits (`0s`:
     /// unload at once). Processes that come and go within the delay reuse
@@ -94,6 +95,21 @@ pub struct WatchArgs {
     pub json: bool,
 }
 
+/// The shortest `--interval`: below it, watch is a busy loop re-reading
+/// `/proc` (`0s` took 80% of a core).
+pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let interval = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if interval < MIN_INTERVAL {
+        return Err(format!(
+            "{s} is shorter than the minimum of {}",
+            humantime::format_duration(MIN_INTERVAL)
+        ));
+    }
+    Ok(interval)
+}
+
 /// Options of `eim lookup`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct LookupArgs {
@@ -104,8 +120,9 @@ pub struct LookupArgs {
     #[arg(long)]
     pub pid: Option<i32>,
     /// `ADDR...` with `--pid`, else `FILE ADDR...`; addresses in hex (0x...) or decimal.
+    /// (A file name need not be UTF-8.)
     #[arg(required = true)]
-    pub args: Vec<String>,
+    pub args: Vec<OsString>,
     /// Print the answers as one JSON document.
     #[arg(long)]
     pub json: bool,
@@ -323,7 +340,10 @@ pub fn watch(args: &WatchArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn parse_address(s: &str) -> anyhow::Result<u64> {
+fn parse_address(arg: &OsStr) -> anyhow::Result<u64> {
+    let s = arg
+        .to_str()
+        .with_context(|| format!("not an address: {arg:?}"))?;
     let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16),
         None => s.parse(),
@@ -347,7 +367,7 @@ fn lookup_on<B: Inspect>(backend: B, args: &LookupArgs) -> anyhow::Result<ExitCo
         None => {
             let (file, rest) = args.args.split_first().context("FILE ADDR... expected")?;
             if rest.is_empty() {
-                bail!("no address given for {file}");
+                bail!("no address given for {}", file.to_string_lossy());
             }
             let addresses: Vec<u64> = rest
                 .iter()

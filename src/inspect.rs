@@ -253,15 +253,26 @@ pub fn inspect(path: &Path, force_libc: bool, max_size: u64) -> Result<Report, F
     })
 }
 
+/// Prints every file's report; a file whose stack deltas could not be
+/// extracted fails the run as it fails `eim deltas` (its report is still
+/// printed, with the error in it). A C-library analysis that finds no
+/// layout does not: the oracle records such results as `# error` lines.
 pub fn run(args: &InspectArgs, out: &mut impl Write) -> std::io::Result<Outcome> {
     each::run(&args.files, out, |path| {
         let report = inspect(path, args.force_libc, args.max_size)?;
-        if args.json {
+        let text = if args.json {
             serde_json::to_string(&report)
                 .map(|json| json + "\n")
-                .map_err(|e| Failure::message(format!("cannot encode the report: {e}")))
+                .map_err(|e| Failure::message(format!("cannot encode the report: {e}")))?
         } else {
-            Ok(report.text())
+            report.text()
+        };
+        match &report.deltas_error {
+            Some(e) => Err(Failure {
+                stdout: Some(text),
+                message: format!("failed to extract stack deltas: {e}"),
+            }),
+            None => Ok(text),
         }
     })
 }

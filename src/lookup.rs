@@ -21,7 +21,8 @@ use crate::backend::{Inspect, LookupAnswer};
 use crate::counting::HostFile;
 use crate::host::fileids;
 use crate::host::open;
-use crate::host::procs::{ExecMapping, ListError, ProcessError};
+use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
+use crate::regular::open_regular;
 use crate::scan::{Host, Quiet};
 use crate::ElfFileRef;
 
@@ -96,6 +97,13 @@ pub fn lookup_pid<B: Inspect>(
     pid: i32,
     addresses: &[u64],
 ) -> Result<Vec<AddressAnswer>, LookupError> {
+    // The scan step counts a process it may not read and goes on; a lookup
+    // must say why it has no answer.
+    match procs::exec_mappings(pid) {
+        Err(ProcessError::Vanished { .. }) => return Err(LookupError::NoProcess { pid }),
+        Err(e) => return Err(e.into()),
+        Ok(_) => {}
+    }
     host.step(&AtomicBool::new(false), &mut Quiet)?;
     if host.processes().get(pid).is_none() {
         return Err(LookupError::NoProcess { pid });
@@ -172,11 +180,8 @@ pub fn lookup_file<B: Inspect>(
         path: path.to_path_buf(),
         message,
     };
-    let file = std::fs::File::open(path).map_err(|e| file_error(e.to_string()))?;
-    let size = file
-        .metadata()
-        .map_err(|e| file_error(e.to_string()))?
-        .len();
+    let (file, meta) = open_regular(path).map_err(|e| file_error(e.to_string()))?;
+    let size = meta.len();
     let id128 = fileids::compute(&file, size).map_err(|e| file_error(e.to_string()))?;
     let id = id128.host();
     let host_file = HostFile {

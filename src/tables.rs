@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use eim::elf_file::DEFAULT_MAX_SIZE;
 use eim::machine::{Capacities, KernelBook};
 use eim::text::Tables;
 use eim::FileId;
@@ -15,6 +16,10 @@ use crate::input::read_input;
 /// Options of `eim tables`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct TablesArgs {
+    /// Refuse files larger than this many bytes (a deltas file's bytes are
+    /// also counted after decompression).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_SIZE)]
+    pub max_size: u64,
     /// ELF executables (their deltas are extracted), or deltas files in the
     /// oracle's text format (`.xz`-compressed or plain).
     #[arg(required = true, value_name = "FILE")]
@@ -22,8 +27,8 @@ pub struct TablesArgs {
 }
 
 /// The `.encoded` text for one input, as a fresh manager would write it.
-pub fn encode(path: &Path) -> anyhow::Result<String> {
-    let input = read_input(path)?;
+pub fn encode(path: &Path, max_size: u64) -> anyhow::Result<String> {
+    let input = read_input(path, max_size)?;
     // A fresh book per file: the oracle records each file loaded alone. The
     // file id does not appear in the output (page keys print only the page).
     let mut book = KernelBook::new(Capacities::default());
@@ -35,7 +40,7 @@ pub fn encode(path: &Path) -> anyhow::Result<String> {
 /// with the rest.
 pub fn run(args: &TablesArgs, out: &mut impl Write) -> std::io::Result<Outcome> {
     each::run(&args.files, out, |path| {
-        encode(path).map_err(|e| {
+        encode(path, args.max_size).map_err(|e| {
             tracing::debug!(path = %path.display(), "failed: {e:?}");
             Failure::message(format!("{e:#}"))
         })

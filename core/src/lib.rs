@@ -28,6 +28,7 @@ pub mod ops;
 pub mod provider;
 mod sync;
 pub mod text;
+pub mod text_input;
 pub mod tsd;
 
 pub use error::Error;

@@ -10,12 +10,29 @@ use crate::deltas::{IntervalData, StackDelta};
 use crate::machine::LoadPlan;
 use crate::ops::MapOp;
 
-/// A malformed line in a deltas file.
+/// A malformed line in a deltas file. The message quotes at most
+/// [`QUOTE_MAX`] bytes of the input (see [`quote`]): a bad line may be
+/// gigabytes long, and an error that echoes it whole is itself an attack.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {message}")]
 pub struct TextError {
     pub line: usize,
     pub message: String,
+}
+
+/// The most bytes of the input an error message quotes.
+pub const QUOTE_MAX: usize = 80;
+
+/// `bytes` quoted for an error message: whole if short, else its first
+/// [`QUOTE_MAX`] bytes (cut at a character boundary), `...` and its length.
+pub fn quote(bytes: &[u8]) -> String {
+    if bytes.len() <= QUOTE_MAX {
+        return format!("{:?}", String::from_utf8_lossy(bytes));
+    }
+    let head = String::from_utf8_lossy(&bytes[..QUOTE_MAX]);
+    // A character cut in two shows as U+FFFD at the end; drop it.
+    let head = head.trim_end_matches('\u{fffd}');
+    format!("{head:?}... ({} bytes)", bytes.len())
 }
 
 /// Renders extracted deltas in the oracle's format.
@@ -58,44 +75,78 @@ fn field<T: std::str::FromStr>(
     })?;
     raw.parse().map_err(|_| TextError {
         line,
-        message: format!("bad {name} {raw:?}"),
+        message: format!("bad {name} {}", quote(raw.as_bytes())),
     })
 }
 
 /// Parses a deltas file. The declared count must match the rows.
 pub fn parse_deltas(text: &str) -> Result<DeltasFile, TextError> {
-    let mut path = None;
-    let mut declared = None;
-    let mut deltas = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line_no = n + 1;
+    let mut parser = DeltasParser::new();
+    for line in text.lines() {
+        parser.line(line)?;
+    }
+    parser.finish()
+}
+
+/// A deltas file parsed one line at a time, so that a reader never needs
+/// the whole text in memory ([`parse_deltas`] feeds it the lines of a
+/// string; `text_input` the lines of a stream).
+#[derive(Debug, Default)]
+pub struct DeltasParser {
+    path: Option<String>,
+    declared: Option<usize>,
+    deltas: Vec<StackDelta>,
+    /// The number of the last line fed (1-based).
+    line_no: usize,
+}
+
+impl DeltasParser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The number of lines fed so far.
+    pub fn lines(&self) -> usize {
+        self.line_no
+    }
+
+    /// Takes the next line, without its line feed.
+    pub fn line(&mut self, line: &str) -> Result<(), TextError> {
+        self.line_no += 1;
+        let line_no = self.line_no;
         // Carriage returns are line-ending noise, never part of a field.
         let line = line.trim_end_matches('\r');
         if let Some(rest) = line.strip_prefix("# file: ") {
-            path = Some(rest.to_string());
-            continue;
+            self.path = Some(rest.to_string());
+            return Ok(());
         }
         if let Some(rest) = line.strip_prefix("# deltas: ") {
-            declared = Some(rest.trim().parse::<usize>().map_err(|_| TextError {
+            self.declared = Some(rest.trim().parse::<usize>().map_err(|_| TextError {
                 line: line_no,
-                message: format!("bad delta count {rest:?}"),
+                message: format!("bad delta count {}", quote(rest.as_bytes())),
             })?);
-            continue;
+            return Ok(());
         }
         if let Some(rest) = line.strip_prefix("# error: ") {
             return Err(TextError {
                 line: line_no,
-                message: format!("the file records an extraction error: {rest}"),
+                message: format!(
+                    "the file records an extraction error: {}",
+                    quote(rest.as_bytes())
+                ),
             });
         }
         if line.starts_with('#') || line.trim().is_empty() {
-            continue;
+            return Ok(());
         }
         let mut it = line.split_ascii_whitespace();
-        let addr: String = field(&mut it, line_no, "address")?;
-        let address = u64::from_str_radix(&addr, 16).map_err(|_| TextError {
+        let addr: &str = it.next().ok_or_else(|| TextError {
             line: line_no,
-            message: format!("bad address {addr:?}"),
+            message: "missing address".to_string(),
+        })?;
+        let address = u64::from_str_radix(addr, 16).map_err(|_| TextError {
+            line: line_no,
+            message: format!("bad address {}", quote(addr.as_bytes())),
         })?;
         let hints = field(&mut it, line_no, "hints")?;
         let opcode = field(&mut it, line_no, "opcode")?;
@@ -103,7 +154,7 @@ pub fn parse_deltas(text: &str) -> Result<DeltasFile, TextError> {
         let fp_opcode = field(&mut it, line_no, "fp opcode")?;
         let fp_param = field(&mut it, line_no, "fp param")?;
         let merge_opcode = field(&mut it, line_no, "merge opcode")?;
-        deltas.push(StackDelta {
+        self.deltas.push(StackDelta {
             address,
             hints,
             info: UnwindInfo {
@@ -115,19 +166,24 @@ pub fn parse_deltas(text: &str) -> Result<DeltasFile, TextError> {
                 fp_param,
             },
         });
+        Ok(())
     }
-    if let Some(declared) = declared {
-        if declared != deltas.len() {
-            return Err(TextError {
-                line: 0,
-                message: format!("declares {declared} deltas but has {}", deltas.len()),
-            });
+
+    /// The file, once every line was fed: its declared count must match.
+    pub fn finish(self) -> Result<DeltasFile, TextError> {
+        if let Some(declared) = self.declared {
+            if declared != self.deltas.len() {
+                return Err(TextError {
+                    line: 0,
+                    message: format!("declares {declared} deltas but has {}", self.deltas.len()),
+                });
+            }
         }
+        Ok(DeltasFile {
+            path: self.path.unwrap_or_default(),
+            data: IntervalData::from_deltas(self.deltas),
+        })
     }
-    Ok(DeltasFile {
-        path: path.unwrap_or_default(),
-        data: IntervalData::from_deltas(deltas),
-    })
 }
 
 /// What a fresh manager writes for one file, in the oracle's `encoded` form.
@@ -233,5 +289,20 @@ mod tests {
             parse_deltas("850 1 999 16 0 0 0\n").is_err(),
             "opcode is a u8"
         );
+    }
+
+    #[test]
+    fn errors_quote_at_most_80_bytes_of_the_input() {
+        assert_eq!(quote(b"zz"), "\"zz\"");
+        let long = "é".repeat(1000);
+        let q = quote(long.as_bytes());
+        // 40 two-byte characters, then the length: never a cut character.
+        assert_eq!(q, format!("{:?}... (2000 bytes)", "é".repeat(40)));
+        let bad = format!("# file: /x\n{} 1 2 3 4 5 6\n", "z".repeat(10 << 20));
+        let e = parse_deltas(&bad).expect_err("bad address");
+        assert!(e.to_string().len() < 200, "{e}");
+        assert!(e.to_string().ends_with("... (10485760 bytes)"), "{e}");
+        let e = parse_deltas(&format!("# error: {}\n", "x".repeat(1 << 20))).expect_err("error");
+        assert!(e.to_string().len() < 200, "{e}");
     }
 }

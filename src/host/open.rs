@@ -21,6 +21,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::procs::ExecMapping;
+use crate::regular::open_regular;
 
 /// How a file was reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -72,7 +73,9 @@ pub enum OpenError {
         found: (u32, u32),
         found_inode: u64,
     },
-    #[error("process {pid}: permission denied opening {}", path.display())]
+    /// Through the process's root, the kernel checks ptrace read access
+    /// to the process first, then the file's own permissions.
+    #[error("process {pid}: permission denied opening {}: it needs CAP_SYS_PTRACE or running as the process's user, and read permission on the file", path.display())]
     PermissionDenied { pid: i32, path: PathBuf },
     #[error("process {pid}: cannot open {}: {source}", path.display())]
     Io {
@@ -130,8 +133,9 @@ fn dev_pair(dev: u64) -> (u32, u32) {
 /// Opens `at` and checks that it is the file `mapping` maps.
 fn open_checked(pid: i32, mapping: &ExecMapping, at: &Path, via: Via) -> Result<Opened, OpenError> {
     let name = &mapping.path;
-    let file = File::open(at).map_err(|e| classify(pid, name, e))?;
-    let meta = file.metadata().map_err(|e| classify(pid, name, e))?;
+    // A process may map a device (`/dev/zero` with PROT_EXEC): opening one
+    // can block or have side effects, so only regular files are opened.
+    let (file, meta) = open_regular(at).map_err(|e| classify(pid, name, e))?;
     let found = dev_pair(meta.dev());
     if found != mapping.dev || meta.ino() != mapping.inode {
         return Err(OpenError::NotTheMappedFile {

@@ -23,8 +23,17 @@ pub const MAX_EXEC_MAPPINGS: usize = 65_530;
 pub enum ProcessError {
     #[error("process {pid} exited while it was being read")]
     Vanished { pid: i32 },
-    #[error("process {pid}: permission denied reading {what} (reading another user's processes needs root or CAP_SYS_PTRACE)")]
-    PermissionDenied { pid: i32, what: &'static str },
+    /// The kernel lets a process read another's `maps` only with
+    /// CAP_SYS_PTRACE, or as the same user (real, effective and saved ids)
+    /// when the other is dumpable (ptrace's PTRACE_MODE_READ_FSCREDS
+    /// check; Yama does not restrict reads).
+    #[error("process {pid}: permission denied reading /proc/{pid}/{what}: it needs CAP_SYS_PTRACE (as root has), or running as the process's user{} while the process is dumpable", owner_text(*owner))]
+    PermissionDenied {
+        pid: i32,
+        what: &'static str,
+        /// The process's effective user id, if its status was readable.
+        owner: Option<u32>,
+    },
     #[error("process {pid}: cannot read {what}: {message}")]
     Io {
         pid: i32,
@@ -37,7 +46,11 @@ impl ProcessError {
     fn from_proc(pid: i32, what: &'static str, e: ProcError) -> Self {
         match e {
             ProcError::NotFound(_) => Self::Vanished { pid },
-            ProcError::PermissionDenied(_) => Self::PermissionDenied { pid, what },
+            ProcError::PermissionDenied(_) => Self::PermissionDenied {
+                pid,
+                what,
+                owner: owner_of(pid),
+            },
             // A process that exits while its file is read gives ESRCH or an
             // empty read; it is gone either way.
             ProcError::Io(ref io, _) if io.raw_os_error() == Some(libc::ESRCH) => {
@@ -51,6 +64,16 @@ impl ProcessError {
             },
         }
     }
+}
+
+/// The effective user id of process `pid` (`/proc/PID/status` is readable
+/// by everyone).
+fn owner_of(pid: i32) -> Option<u32> {
+    Some(Process::new(pid).ok()?.status().ok()?.euid)
+}
+
+fn owner_text(owner: Option<u32>) -> String {
+    owner.map(|uid| format!(" (uid {uid})")).unwrap_or_default()
 }
 
 /// Why `/proc` itself could not be listed.
