@@ -216,6 +216,11 @@ impl OpenElf {
         self.parsed.borrow_owner().lazy.held()
     }
 
+    /// Reads made from the file so far.
+    pub fn reads(&self) -> u64 {
+        self.parsed.borrow_owner().lazy.reads()
+    }
+
     /// The file's 128-bit id (its host id is `.host()`), from the same
     /// cached bytes the analysis reads; `Err` (why) if they cannot be read:
     /// the file was truncated.

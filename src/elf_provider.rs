@@ -259,6 +259,13 @@ impl ElfProvider {
             };
             let libc = libc_of(file.path(), open.elf());
             check_read(file, &open, loaders.map(|(id, _)| id))?;
+            tracing::debug!(
+                path = %file.path().display(),
+                len = open.len(),
+                read = open.bytes_read(),
+                reads = open.reads(),
+                "analysed"
+            );
             Ok(Extraction {
                 data,
                 libc,
