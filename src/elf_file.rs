@@ -140,24 +140,69 @@ impl Opened {
     }
 
     /// Why what was read may not be the file as it was opened, if it may not.
-    fn changed(&self) -> Option<String> {
+    fn changed(&self) -> Option<Unreliable> {
         if let Some(e) = self.lazy.failure() {
-            return Some(format!("changed while being read: {e}"));
+            return Some(Unreliable::from(e));
         }
         match self.file.metadata() {
             Ok(meta) if Stamp::of(&meta) == self.stamp => None,
-            Ok(meta) => Some(format!(
-                "changed while being read: {} bytes and modified at {}.{:09} when opened, \
-                 {} bytes and modified at {}.{:09} after",
+            Ok(meta) => Some(Unreliable::changed(format!(
+                "{} bytes and modified at {}.{:09} when opened, {} bytes and modified at \
+                 {}.{:09} after",
                 self.stamp.len,
                 self.stamp.mtime.0,
                 self.stamp.mtime.1,
                 meta.len(),
                 meta.mtime(),
                 meta.mtime_nsec()
-            )),
-            Err(e) => Some(format!("cannot stat after reading: {e}")),
+            ))),
+            Err(e) => Some(Unreliable {
+                kind: ExtractErrorKind::Io,
+                message: format!("cannot stat after reading: {e}"),
+            }),
         }
+    }
+}
+
+/// Why what an analysis read of a file cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Unreliable {
+    /// `Io` for a file that changed or could not be read, `TooLarge` for
+    /// one whose reads would pass the memory budget.
+    pub kind: ExtractErrorKind,
+    pub message: String,
+}
+
+impl Unreliable {
+    /// The file changed under the reads (`why` says how).
+    pub fn changed(why: impl std::fmt::Display) -> Self {
+        Self {
+            kind: ExtractErrorKind::Io,
+            message: format!("changed while being read: {why}"),
+        }
+    }
+}
+
+impl From<SourceError> for Unreliable {
+    fn from(e: SourceError) -> Self {
+        match e {
+            SourceError::Truncated { .. } => Self::changed(e),
+            SourceError::Io { .. } => Self {
+                kind: ExtractErrorKind::Io,
+                message: format!("cannot read: {e}"),
+            },
+            SourceError::OverBudget { .. } => Self {
+                kind: ExtractErrorKind::TooLarge,
+                message: format!("refused: {e}"),
+            },
+        }
+    }
+}
+
+impl From<Unreliable> for String {
+    fn from(u: Unreliable) -> Self {
+        u.message
     }
 }
 
@@ -224,24 +269,24 @@ impl OpenElf {
     /// The file's 128-bit id (its host id is `.host()`), from the same
     /// cached bytes the analysis reads; `Err` (why) if they cannot be read:
     /// the file was truncated.
-    pub fn file_id(&self) -> Result<FileId128, String> {
+    pub fn file_id(&self) -> Result<FileId128, Unreliable> {
         let view = self.elf().data;
         let size = view.size();
         let (head, tail) = (fileid::head_range(size), fileid::tail_range(size));
         let read = |r: std::ops::Range<u64>| view.bytes_at(r.start, r.end - r.start);
         match read(head).zip(read(tail)) {
             Some((head, tail)) => Ok(fileid::file_id(head, tail, size)),
-            None => Err(self
-                .check_unchanged()
-                .err()
-                .unwrap_or_else(|| "cannot read the bytes of its file id".into())),
+            None => Err(self.check_unchanged().err().unwrap_or(Unreliable {
+                kind: ExtractErrorKind::Io,
+                message: "cannot read the bytes of its file id".into(),
+            })),
         }
     }
 
     /// `Err` with the reason if anything read may not be the file as it was
     /// when opened (a failed read, or its size or times changed): then no
     /// conclusion drawn from it may be used.
-    pub fn check_unchanged(&self) -> Result<(), String> {
+    pub fn check_unchanged(&self) -> Result<(), Unreliable> {
         match self.parsed.borrow_owner().changed() {
             None => Ok(()),
             Some(why) => Err(why),
@@ -284,7 +329,7 @@ impl DebugFile {
     }
 
     /// Why what was read may not be the debug file as it was opened.
-    pub fn check_unchanged(&self) -> Result<(), String> {
+    pub fn check_unchanged(&self) -> Result<(), Unreliable> {
         match self.opened.changed() {
             None => Ok(()),
             Some(why) => Err(why),
@@ -408,23 +453,28 @@ pub fn check_header(head: &[u8], len: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks and parses a file read on demand.
-fn parse(opened: Opened) -> Result<ParsedElf, String> {
+/// Checks and parses a file read on demand; the error's kind is `Invalid`
+/// unless the reads failed.
+fn parse(opened: Opened) -> Result<ParsedElf, Unreliable> {
+    let invalid = |message: String| Unreliable {
+        kind: ExtractErrorKind::Invalid,
+        message,
+    };
     let len = opened.lazy.len();
     let view = opened.lazy.view();
     let head = view.bytes_at(0, len.min(EHDR64_SIZE)).ok_or_else(|| {
         opened
             .changed()
-            .unwrap_or_else(|| "cannot read the header".into())
+            .unwrap_or(invalid("cannot read the header".into()))
     })?;
-    check_header(head, len)?;
+    check_header(head, len).map_err(invalid)?;
     let parsed = ParsedElf::try_new(opened, |o| {
         Elf::parse_lazy(&o.lazy).map_err(|e| match e {
-            ElfError::UnsupportedMachine(m) => {
-                format!("unsupported machine {m:#x}: only x86-64 and arm64 ELF files are supported")
-            }
+            ElfError::UnsupportedMachine(m) => invalid(format!(
+                "unsupported machine {m:#x}: only x86-64 and arm64 ELF files are supported"
+            )),
             // A read that failed says more than the parser's complaint.
-            other => o.changed().unwrap_or_else(|| other.to_string()),
+            other => o.changed().unwrap_or_else(|| invalid(other.to_string())),
         })
     })?;
     let elf = parsed.borrow_dependent();
@@ -433,11 +483,11 @@ fn parse(opened: Opened) -> Result<ParsedElf, String> {
         let index = section.index().0;
         if let Some((offset, size)) = section.file_range() {
             if offset.checked_add(size).is_none_or(|end| end > len) {
-                return Err(format!(
+                return Err(invalid(format!(
                     "truncated ELF file: section {index} ({}) ends past the end of the file \
                      ({len} bytes)",
                     section.name().unwrap_or("?")
-                ));
+                )));
             }
         }
     }
@@ -574,7 +624,7 @@ impl ElfFileRef {
     pub fn file_id(&self) -> Result<FileId128, ExtractError> {
         self.get()?
             .file_id()
-            .map_err(|why| self.error(ExtractErrorKind::Io, why))
+            .map_err(|u| self.error(u.kind, u.message))
     }
 
     fn open(&self) -> Result<OpenElf, ExtractError> {
@@ -607,15 +657,7 @@ impl ElfFileRef {
                 ),
             ));
         }
-        let parsed = parse(Opened::new(file, &meta)).map_err(|m| {
-            // A file that changed under the parser is not an invalid file.
-            let kind = if m.starts_with("changed while being read") {
-                ExtractErrorKind::Io
-            } else {
-                ExtractErrorKind::Invalid
-            };
-            self.error(kind, m)
-        })?;
+        let parsed = parse(Opened::new(file, &meta)).map_err(|u| self.error(u.kind, u.message))?;
         tracing::trace!(path = %self.name(), len, "opened");
         Ok(OpenElf { parsed })
     }

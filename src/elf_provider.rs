@@ -16,7 +16,7 @@ use eim_core::elf::Elf;
 use eim_core::info::{DtvInfo, LibcInfo, TsdInfo};
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
 
-use crate::elf_file::{DebugFile, ElfFileRef, OpenElf, DEFAULT_MAX_SIZE};
+use crate::elf_file::{DebugFile, ElfFileRef, OpenElf, Unreliable, DEFAULT_MAX_SIZE};
 use eim_core::elf::extract::{DebugBytes, DebugFileError};
 use eim_core::{FileId, Tracers};
 
@@ -224,16 +224,16 @@ impl ElfProvider {
         // The debug file is checked here, while its handle is at hand; the
         // file itself once everything is read from it (`check_read`).
         if let Some(debug) = &debug_file {
-            if let Err(why) = debug.check_unchanged() {
-                let why = format!("debug file {}: {why}", debug.path.display());
-                return Err(ExtractError::new(ExtractErrorKind::Io, name, why));
+            if let Err(u) = debug.check_unchanged() {
+                let why = format!("debug file {}: {u}", debug.path.display());
+                return Err(ExtractError::new(u.kind, name, why));
             }
         }
         let data = result.map_err(|message| {
             // An extraction that failed on a file that changed under it
             // failed because it changed.
-            if let Err(why) = open.check_unchanged() {
-                return ExtractError::new(ExtractErrorKind::Io, name.clone(), why);
+            if let Err(u) = open.check_unchanged() {
+                return ExtractError::new(u.kind, name.clone(), u.message);
             }
             ExtractError::new(
                 ExtractErrorKind::Invalid,
@@ -296,16 +296,15 @@ fn check_read(
     open: &OpenElf,
     wanted: Option<FileId>,
 ) -> Result<(), ExtractError> {
-    let error = |why: String| {
-        ExtractError::new(ExtractErrorKind::Io, file.path().display().to_string(), why)
-    };
+    let error =
+        |u: Unreliable| ExtractError::new(u.kind, file.path().display().to_string(), u.message);
     let id = open.file_id().map_err(error)?;
     open.check_unchanged().map_err(error)?;
     match wanted {
-        Some(wanted) if id.host() != wanted => Err(error(format!(
-            "changed while being read: its file id is now {} ({id}), not {wanted}",
+        Some(wanted) if id.host() != wanted => Err(error(Unreliable::changed(format!(
+            "its file id is now {} ({id}), not {wanted}",
             id.host()
-        ))),
+        )))),
         _ => Ok(()),
     }
 }

@@ -166,6 +166,18 @@ impl Watch {
         }
     }
 
+    /// After an abuse: still serving `loaded` files, its RSS grown by less
+    /// than `growth` bytes since `rss_before`, and a clean stop.
+    fn assert_unharmed(mut self, loaded: u64, rss_before: u64, growth: u64) {
+        self.assert_serves(loaded);
+        let rss_after = self.rss();
+        assert!(
+            rss_after < rss_before + growth,
+            "RSS grew from {rss_before} to {rss_after}"
+        );
+        self.stop_cleanly();
+    }
+
     /// SIGINT: the watch ends normally, exit 0, with its JSON summary.
     fn stop_cleanly(mut self) {
         self.assert_running();
@@ -299,13 +311,7 @@ fn an_oversized_content_length_is_answered_without_reading_the_body() {
         assert!(answer.starts_with("HTTP/1.1 "), "{answer:?}");
         assert!(answer.contains("connection: close\r\n"), "{answer:?}");
     }
-    watch.assert_serves(loaded);
-    let rss_after = watch.rss();
-    assert!(
-        rss_after < rss_before + (16 << 20),
-        "RSS grew from {rss_before} to {rss_after}"
-    );
-    watch.stop_cleanly();
+    watch.assert_unharmed(loaded, rss_before, 16 << 20);
 }
 
 #[test]
@@ -411,18 +417,12 @@ fn garbage_requests_get_an_error_or_a_close_and_watch_keeps_serving() {
         );
         watch.assert_running();
     }
-    watch.assert_serves(loaded);
-    let rss_after = watch.rss();
-    assert!(
-        rss_after < rss_before + (16 << 20),
-        "RSS grew from {rss_before} to {rss_after}"
-    );
-    watch.stop_cleanly();
+    watch.assert_unharmed(loaded, rss_before, 16 << 20);
 }
 
 #[test]
 fn a_one_megabyte_header_is_refused_without_growing_watch() {
-    let mut watch = Watch::start();
+    let watch = Watch::start();
     let loaded = watch.loaded().expect("scrape");
     let rss_before = watch.rss();
     let mut raw = b"GET /metrics HTTP/1.1\r\nHost: eim\r\nX-Big: ".to_vec();
@@ -443,13 +443,7 @@ fn a_one_megabyte_header_is_refused_without_growing_watch() {
             "{answer:?}"
         );
     }
-    watch.assert_serves(loaded);
-    let rss_after = watch.rss();
-    assert!(
-        rss_after < rss_before + (4 << 20),
-        "RSS grew from {rss_before} to {rss_after}"
-    );
-    watch.stop_cleanly();
+    watch.assert_unharmed(loaded, rss_before, 4 << 20);
 }
 
 #[test]

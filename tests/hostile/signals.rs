@@ -274,17 +274,22 @@ fn watch_stops_on(signal: libc::c_int, backend: &[&str]) {
     err.wait_for(" step=1 ");
     watch.signal(signal);
     let status = watch.wait();
-    let (out, err) = (out.text(), err.rest());
+    let got = stopped_cleanly(status, signal, &out.text(), &err.rest());
+    assert_eq!(got["interrupted"], false, "a stopped watch ends normally");
+    assert_same_maps(&got, &want);
+}
+
+/// What `signal` must end in: exit 0, the note on stderr, and the JSON
+/// summary on stdout (returned).
+fn stopped_cleanly(status: ExitStatus, signal: libc::c_int, out: &str, err: &str) -> Value {
     let name = signal_name(signal);
     assert_eq!(status.code(), Some(0), "{status} after {name}:\n{err}");
     assert!(
         err.contains(&format!("eim: {name}: stopping")),
         "no note of {name}:\n{err}"
     );
-    let got: Value = serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("no JSON summary after {name} ({e}):\n{out}\n{err}"));
-    assert_eq!(got["interrupted"], false, "a stopped watch ends normally");
-    assert_same_maps(&got, &want);
+    serde_json::from_str(out)
+        .unwrap_or_else(|e| panic!("no JSON summary after {name} ({e}):\n{out}\n{err}"))
 }
 
 #[test]
@@ -320,15 +325,7 @@ fn scan_stops_on(signal: libc::c_int) {
     scan.wait_for_handler(signal);
     scan.signal(signal);
     let status = scan.wait();
-    let (out, err) = (out.text(), err.text());
-    let name = signal_name(signal);
-    assert_eq!(status.code(), Some(0), "{status} after {name}:\n{err}");
-    assert!(
-        err.contains(&format!("eim: {name}: stopping")),
-        "no note of {name}:\n{err}"
-    );
-    let got: Value = serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("no JSON summary after {name} ({e}):\n{out}\n{err}"));
+    let got = stopped_cleanly(status, signal, &out.text(), &err.text());
     assert!(got["interrupted"].is_boolean(), "{got}");
     assert!(got["processes"]["listed"].is_u64(), "{got}");
 }

@@ -179,14 +179,17 @@ impl LazyFile {
         }
     }
 
-    /// A cached chunk holding all of `range`, as (its start, its bytes).
+    /// A cached chunk holding all of `range`, as (its start, its bytes): of
+    /// those found, the one reaching furthest (a string read goes on from
+    /// there).
     fn cached(&self, range: &Range<u64>) -> Option<(u64, &[u8])> {
         let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
         let (&(start, _), &i) = index
             .range(..=(range.start, u64::MAX))
             .rev()
             .take(LOOKUP_CANDIDATES)
-            .find(|(&(_, end), _)| end >= range.end)?;
+            .filter(|(&(_, end), _)| end >= range.end)
+            .max_by_key(|(&(_, end), _)| end)?;
         drop(index);
         Some((start, self.chunks.get(i)?))
     }
@@ -246,30 +249,40 @@ impl LazyFile {
     }
 
     /// The bytes from `range.start` up to (not including) the first
-    /// `delimiter` before `range.end`. Reads a block, then twice as much
-    /// each time the delimiter is not in what was read.
+    /// `delimiter` before `range.end`. A string usually ends inside what is
+    /// cached already; otherwise [`STRING_WINDOW`] is read from its start,
+    /// then twice as much each time the delimiter is not in it.
     fn bytes_until(&self, range: Range<u64>, delimiter: u8) -> Option<&[u8]> {
         let end = range.end.min(self.len);
         if range.start >= end {
             return None;
         }
+        let find = |from: u64, chunk: &'_ [u8]| -> (Option<usize>, u64) {
+            let avail = chunk.get((range.start - from) as usize..).unwrap_or(&[]);
+            let avail = &avail[..avail.len().min((end - range.start) as usize)];
+            (
+                avail.iter().position(|&b| b == delimiter),
+                range.start + avail.len() as u64,
+            )
+        };
+        if let Some((from, chunk)) = self.cached(&(range.start..range.start + 1)) {
+            match find(from, chunk) {
+                (Some(at), _) => {
+                    let at_start = (range.start - from) as usize;
+                    return chunk.get(at_start..at_start + at);
+                }
+                (None, reached) if reached >= end => return None,
+                (None, _) => {}
+            }
+        }
         let mut want = STRING_WINDOW;
         loop {
             let stop = range.start.saturating_add(want).min(end);
-            let (from, chunk) = match self.cached(&(range.start..range.start + 1)) {
-                // A cached chunk reaching far enough serves as it is.
-                Some((from, chunk)) if from + chunk.len() as u64 >= stop => (from, chunk),
-                _ => {
-                    let b = self.bytes(range.start..stop)?;
-                    (range.start, b)
-                }
-            };
-            let avail = &chunk[(range.start - from) as usize..];
-            let avail = &avail[..avail.len().min((end - range.start) as usize)];
-            if let Some(at) = avail.iter().position(|&b| b == delimiter) {
-                return Some(&avail[..at]);
+            let bytes = self.bytes(range.start..stop)?;
+            if let (Some(at), _) = find(range.start, bytes) {
+                return Some(&bytes[..at]);
             }
-            if range.start + avail.len() as u64 >= end {
+            if stop >= end {
                 return None;
             }
             want = want.saturating_mul(2);
@@ -399,6 +412,48 @@ mod tests {
                 bytes.as_slice().read_bytes_at_until(range, 0)
             );
         }
+    }
+
+    #[test]
+    fn reading_every_string_of_a_table_holds_it_about_once() {
+        // A string table of 1 MiB: names of 1 to 40 bytes, each ended by a
+        // NUL, some pages read first (as symbol lookups do).
+        let mut bytes = Vec::new();
+        let mut starts = Vec::new();
+        while bytes.len() < 1 << 20 {
+            starts.push(bytes.len() as u64);
+            let n = starts.len() % 40 + 1;
+            bytes.extend(std::iter::repeat_n(b'a' + (n % 26) as u8, n));
+            bytes.push(0);
+        }
+        let len = bytes.len() as u64;
+        let lazy = LazyFile::new(Box::new(bytes.clone()), len);
+        let view = lazy.view();
+        for page in (0..len).step_by(7 * BLOCK as usize) {
+            view.read_bytes_at(page, 1).expect("a page");
+        }
+        for &start in &starts {
+            let name = view
+                .read_bytes_at_until(start..len, 0)
+                .unwrap_or_else(|()| panic!("{start}: {:?}, {} held", lazy.failure(), lazy.held()));
+            assert_eq!(
+                name,
+                bytes
+                    .as_slice()
+                    .read_bytes_at_until(start..len, 0)
+                    .expect("name")
+            );
+        }
+        assert_eq!(lazy.failure(), None);
+        // The pages read first are held twice (in their own chunks and in
+        // the string windows), and windows overlap by a page at most.
+        let pages = len.div_ceil(7 * BLOCK) * BLOCK;
+        let windows = len.div_ceil(STRING_WINDOW) * BLOCK;
+        assert!(
+            lazy.held() <= len + pages + windows + BLOCK,
+            "{} bytes held for a {len}-byte table",
+            lazy.held()
+        );
     }
 
     #[test]
