@@ -233,7 +233,7 @@ impl LazyFile {
             return None;
         }
         if range.is_empty() {
-            return Some(&[]);
+            return self.empty_at(range.start);
         }
         let (start, chunk) = match self.cached(&range) {
             Some(hit) => hit,
@@ -246,6 +246,30 @@ impl LazyFile {
             },
         };
         chunk.get((range.start - start) as usize..(range.end - start) as usize)
+    }
+
+    /// An empty slice at `offset` of the file, as a slice of the whole file
+    /// gives it: its address has the alignment of the offset (`object`
+    /// checks the alignment of a table it reads even when the table is
+    /// empty, so a dangling `&[]` made an empty symbol table an error).
+    fn empty_at(&self, offset: u64) -> Option<&[u8]> {
+        let Some(last) = self.len.checked_sub(1) else {
+            return Some(&[]);
+        };
+        let probe = offset.min(last);
+        let page = probe..probe + 1;
+        let (start, chunk) = match self.cached(&page) {
+            Some(hit) => hit,
+            None => match self.fetch(&page) {
+                Ok(read) => read,
+                Err(e) => {
+                    self.fail(e);
+                    return None;
+                }
+            },
+        };
+        let at = (offset - start) as usize;
+        chunk.get(at..at)
     }
 
     /// The bytes from `range.start` up to (not including) the first
@@ -389,6 +413,29 @@ mod tests {
             Ok(&bytes[bytes.len() - 123..])
         );
         assert_eq!(lazy.failure(), None);
+    }
+
+    #[test]
+    fn empty_reads_are_aligned_like_the_offset() {
+        let bytes = pattern(3 * BLOCK as usize);
+        let len = bytes.len() as u64;
+        let lazy = LazyFile::new(Box::new(bytes), len);
+        let view = lazy.view();
+        let base = view.read_bytes_at(0, 1).expect("a byte").as_ptr() as usize;
+        for offset in [0, 8, 24, 4096 + 16, len] {
+            let empty = view.read_bytes_at(offset, 0).expect("empty");
+            assert!(empty.is_empty());
+            // Where the file's bytes are, as a slice of the file would be:
+            // an empty table at an aligned offset is aligned.
+            assert_eq!(
+                (empty.as_ptr() as usize).wrapping_sub(base) % 8,
+                offset as usize % 8,
+                "{offset}"
+            );
+        }
+        assert!(view.read_bytes_at(len + 1, 0).is_err());
+        let nothing = LazyFile::new(Box::new(Vec::new()), 0);
+        assert_eq!(nothing.view().read_bytes_at(0, 0), Ok(&[][..]));
     }
 
     #[test]
