@@ -10,6 +10,9 @@ use eim_core::elf::extract::extract;
 use eim_core::elf::Elf;
 use libfuzzer_sys::fuzz_target;
 
+#[path = "common/on_demand.rs"]
+mod on_demand;
+
 const FILES: &[&[u8]] = &[
     include_bytes!("../../../shared/testdata/upstream/volname"),
     include_bytes!("../../../shared/testdata/oracle/bin/ccorpus-x86_64-O2"),
@@ -82,9 +85,14 @@ fuzz_target!(|input: Input| {
             Edit::Truncate { at } => b.truncate(place(at, n, input.aim_high)),
         }
     }
-    if let Ok(elf) = Elf::parse(&b) {
-        if let Ok(deltas) = extract(&elf, None) {
-            assert!(deltas.len() <= b.len(), "{} deltas from {} bytes", deltas.len(), b.len());
-        }
+    let Ok(elf) = Elf::parse(&b) else {
+        on_demand::check(&b, None);
+        return;
+    };
+    let extracted = extract(&elf, None);
+    if let Ok(deltas) = &extracted {
+        assert!(deltas.len() <= b.len(), "{} deltas from {} bytes", deltas.len(), b.len());
     }
+    // Read the way eim reads files, the same answer.
+    on_demand::check(&b, Some(&extracted));
 });

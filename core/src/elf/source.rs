@@ -277,8 +277,10 @@ impl LazyFile {
     /// cached already; otherwise [`STRING_WINDOW`] is read from its start,
     /// then twice as much each time the delimiter is not in it.
     fn bytes_until(&self, range: Range<u64>, delimiter: u8) -> Option<&[u8]> {
-        let end = range.end.min(self.len);
-        if range.start >= end {
+        // As a slice answers: a range that does not lie inside the file is
+        // refused, even if the delimiter comes before its end.
+        let end = range.end;
+        if range.start >= end || end > self.len {
             return None;
         }
         let find = |from: u64, chunk: &'_ [u8]| -> (Option<usize>, u64) {
@@ -452,8 +454,9 @@ mod tests {
         // No delimiter before the end of the range.
         assert!(view.read_bytes_at_until(6..100, 0).is_err());
         assert!(view.read_bytes_at_until(2 * BLOCK + 11..len, 0).is_err());
-        // The same answers as a slice gives.
-        for range in [0..len, 6..len, 6..100, 2 * BLOCK..len] {
+        // The same answers as a slice gives, also for ranges that pass the
+        // end of the file (refused, even with a delimiter before it).
+        for range in [0..len, 6..len, 6..100, 2 * BLOCK..len, 0..len + 1, 6..u64::MAX] {
             assert_eq!(
                 view.read_bytes_at_until(range.clone(), 0),
                 bytes.as_slice().read_bytes_at_until(range, 0)
