@@ -456,7 +456,14 @@ mod tests {
         assert!(view.read_bytes_at_until(2 * BLOCK + 11..len, 0).is_err());
         // The same answers as a slice gives, also for ranges that pass the
         // end of the file (refused, even with a delimiter before it).
-        for range in [0..len, 6..len, 6..100, 2 * BLOCK..len, 0..len + 1, 6..u64::MAX] {
+        for range in [
+            0..len,
+            6..len,
+            6..100,
+            2 * BLOCK..len,
+            0..len + 1,
+            6..u64::MAX,
+        ] {
             assert_eq!(
                 view.read_bytes_at_until(range.clone(), 0),
                 bytes.as_slice().read_bytes_at_until(range, 0)
