@@ -26,16 +26,11 @@ pub struct Input {
 /// file's position stays where it is).
 fn is_elf(file: &std::fs::File) -> std::io::Result<bool> {
     let mut magic = [0u8; ELF_MAGIC.len()];
-    let mut filled = 0;
-    while filled < magic.len() {
-        match file.read_at(&mut magic[filled..], filled as u64) {
-            Ok(0) => return Ok(false),
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
+    match file.read_exact_at(&mut magic, 0) {
+        Ok(()) => Ok(magic == ELF_MAGIC),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
     }
-    Ok(magic == ELF_MAGIC)
 }
 
 /// Extracts the stack deltas of an ELF file; the error is the provider's
