@@ -42,6 +42,7 @@ use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
 
 /// Where the lock files live.
@@ -251,7 +252,13 @@ fn c_path(path: &Path) -> Result<CString, LockError> {
 /// Creates the lock directory (0755) if needed and opens it, refusing a
 /// symlink or a directory another user could write into.
 fn open_lock_dir(path: &Path) -> Result<OwnedFd, LockError> {
-    match std::fs::create_dir_all(path) {
+    // 0755 whatever the umask allows beyond it: a group- or
+    // world-writable lock directory is refused below.
+    let made = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(path);
+    match made {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(io_error("creating the lock directory", path)(e)),
