@@ -13,7 +13,7 @@ use eim_core::FileId;
 use eim_sim::{LookupError, Resolved, SimMaps, SimReader};
 
 use eim_bpf::lookup::{self as klookup, KernelResolved};
-use eim_bpf::{KernelError, KernelMaps};
+use eim_bpf::{KernelError, KernelMaps, PinReport};
 
 /// How many entries the maps hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -103,6 +103,11 @@ pub trait Inspect: Backend {
     /// The unwinder's lookup of `address` (an ELF virtual address) of
     /// `file_id`, as its reader performs it.
     fn lookup(&self, file_id: FileId, address: u64) -> Result<LookupAnswer, InspectError>;
+
+    /// What the start found in the pin directory, for pinned maps.
+    fn pin_report(&self) -> Option<&PinReport> {
+        None
+    }
 }
 
 impl Inspect for SimMaps {
@@ -166,6 +171,10 @@ fn kernel_error(e: KernelError) -> InspectError {
 
 impl Inspect for KernelMaps {
     const NAME: &'static str = "kernel";
+
+    fn pin_report(&self) -> Option<&PinReport> {
+        KernelMaps::pin_report(self)
+    }
 
     fn usage(&self) -> Result<Usage, InspectError> {
         let stats = self.stats().map_err(kernel_error)?;

@@ -42,10 +42,21 @@ pub struct BackendArgs {
     /// Where to load the tables: the simulated kernel or real BPF maps.
     #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
     pub backend: BackendKind,
-    /// With `--backend kernel`: pin the maps here (a bpffs is mounted on it
-    /// if needed), so they outlive eim and the next run reuses them.
+    /// With `--backend kernel`: pin the maps here, so they outlive eim and
+    /// the next run reuses them. One eim at a time owns a pin directory. It
+    /// must be on a bpffs: eim mounts one itself only under /sys/fs/bpf, or
+    /// with --mount-bpffs.
     #[arg(long, default_value = "/sys/fs/bpf/eim")]
     pub pin_dir: PathBuf,
+    /// With `--backend kernel`: mount a bpffs on the pin directory if it is
+    /// not on one (an empty directory only, created if missing).
+    #[arg(long)]
+    pub mount_bpffs: bool,
+    /// With `--backend kernel`: replace pinned maps whose type, key size,
+    /// value size or capacity differ from eim's (without it, eim refuses to
+    /// start and names them).
+    #[arg(long)]
+    pub recreate_mismatched: bool,
     /// With `--backend kernel`: do not pin; the maps go when eim exits.
     #[arg(long)]
     pub no_pin: bool,
@@ -177,6 +188,8 @@ fn kernel_maps(args: &BackendArgs, pin: bool) -> anyhow::Result<KernelMaps> {
     }
     let config = KernelConfig {
         pin_dir: pin.then(|| args.pin_dir.clone()),
+        mount_bpffs: args.mount_bpffs,
+        recreate_mismatched: args.recreate_mismatched,
         ..KernelConfig::default()
     };
     let maps = match KernelMaps::with_config(config) {
@@ -199,6 +212,19 @@ fn kernel_maps(args: &BackendArgs, pin: bool) -> anyhow::Result<KernelMaps> {
         Err(e) => return Err(e).context("creating the kernel maps"),
     };
     if let Some(report) = maps.pin_report() {
+        // Both change what other processes see: said at the default level.
+        if let Some(at) = &report.mounted {
+            note!(
+                "eim: mounted a bpffs on {} for the pinned maps (mount -t bpf bpf {0})",
+                at.display()
+            );
+        }
+        for (name, why) in report.replaced() {
+            note!(
+                "eim: replaced the pinned map {name} in {}: {why}",
+                report.dir.display()
+            );
+        }
         tracing::info!(?report, "pinned maps");
     }
     Ok(maps)

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use eim_bpf::{PinReport, PinState};
 use eim_core::abi;
 use eim_core::info::LibcInfo;
 use eim_core::metrics::{self, MetricId};
@@ -65,6 +66,9 @@ pub struct Summary {
     pub files: Files,
     pub extraction: Extraction,
     pub kernel: Kernel,
+    /// With pinned kernel maps: what the start found in the pin directory
+    /// (`null` otherwise).
+    pub pins: Option<Pins>,
     /// Files (or mappings) not loaded, with the reason.
     pub problems: Vec<Problem>,
     /// The loaded files that are C libraries (their TSD and DTV layouts) or
@@ -146,6 +150,66 @@ pub struct Kernel {
     pub bytes: Bytes,
     /// Time spent applying map ops (syscalls on the real kernel).
     pub seconds: f64,
+}
+
+/// What a start found in the pin directory it owns.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Pins {
+    pub dir: PathBuf,
+    /// The lock file that makes this eim the directory's only owner.
+    pub lock_file: PathBuf,
+    /// Where this start mounted a bpffs for the pins, if it did.
+    pub mounted: Option<PathBuf>,
+    /// Maps pinned afresh (nothing was pinned under their names).
+    pub created: usize,
+    /// Maps re-opened from an earlier run.
+    pub reopened: usize,
+    /// Maps whose pins had another shape, replaced as asked.
+    pub replaced: Vec<Replaced>,
+    /// What the re-opened maps held and the start removed (`null` when
+    /// nothing was re-opened).
+    pub cleaned: Option<Cleaned>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Replaced {
+    pub map: String,
+    pub why: String,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Cleaned {
+    pub page_entries: usize,
+    /// Delta tables by size class.
+    pub tables: BTreeMap<u16, usize>,
+    pub unwind_infos: usize,
+    pub interpreter_offsets: usize,
+}
+
+impl Pins {
+    fn of(report: &PinReport) -> Self {
+        let count = |state: fn(&PinState) -> bool| report.count(state);
+        Self {
+            dir: report.dir.clone(),
+            lock_file: report.lock_file.clone(),
+            mounted: report.mounted.clone(),
+            created: count(|s| matches!(s, PinState::Created)),
+            reopened: count(|s| matches!(s, PinState::Reopened)),
+            replaced: report
+                .replaced()
+                .map(|(map, why)| Replaced {
+                    map: map.to_string(),
+                    why: why.to_string(),
+                })
+                .collect(),
+            cleaned: report.cleaned.as_ref().map(|c| Cleaned {
+                page_entries: c.pages,
+                tables: c.tables.clone(),
+                unwind_infos: c.unwind_slots,
+                interpreter_offsets: c.interpreter_offsets,
+            }),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -273,6 +337,7 @@ impl Summary {
                 },
                 seconds: secs(kernel_time),
             },
+            pins: host.with_backend(|b| b.pin_report().map(Pins::of)),
             problems,
             found,
             metrics: METRIC_NAMES
@@ -402,6 +467,28 @@ impl Summary {
             "time: {:.3} s for the scan; {:.3} s extracting, {:.3} s in the {} maps\n",
             self.seconds.last_step, self.seconds.extraction, self.seconds.kernel, self.backend
         ));
+        if let Some(p) = &self.pins {
+            out.push_str(&format!(
+                "pins: {} ({} created, {} re-opened, {} replaced{}{})\n",
+                p.dir.display(),
+                p.created,
+                p.reopened,
+                p.replaced.len(),
+                match &p.cleaned {
+                    Some(c) => format!(
+                        "; cleaned {} page entries, {} tables, {} unwind infos",
+                        c.page_entries,
+                        c.tables.values().sum::<usize>(),
+                        c.unwind_infos
+                    ),
+                    None => String::new(),
+                },
+                match &p.mounted {
+                    Some(at) => format!("; mounted a bpffs on {}", at.display()),
+                    None => String::new(),
+                }
+            ));
+        }
         if !self.found.is_empty() {
             out.push_str("\nC libraries and interpreters:\n");
             for f in &self.found {

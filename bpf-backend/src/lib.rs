@@ -7,14 +7,22 @@
 //!   ops to them with batch syscalls, exactly as `eim_sim::SimMaps` models.
 //! * [`elements`]: a run of elements written with one batch call, or
 //!   with one call per element (the measured baseline).
-//! * [`pin`]: the bpffs directory the maps can be pinned in, and the
-//!   check of every re-opened pin.
+//! * [`lock`]: one owner per pin directory (an exclusive `flock` on a lock
+//!   file named after it, outside it).
+//! * [`bpffs`]: when a bpffs is mounted for the pins, and when that is
+//!   refused.
+//! * [`pin`]: the check of every pin found against the expected shape
+//!   (refused, or replaced when asked).
+//! * [`pinned`]: the pinned maps read without owning them.
 //! * [`lookup`]: the lookup program's codes and result record.
 
+pub mod bpffs;
 pub mod elements;
+pub mod lock;
 pub mod lookup;
 pub mod maps;
 pub mod pin;
+pub mod pinned;
 pub mod probe;
 pub mod sys;
 

@@ -48,17 +48,24 @@
 //! With [`KernelConfig::pin_dir`] set, the 19 maps eim owns (the page map,
 //! the unwind-info array, the interpreter offsets and the 16 outer maps;
 //! not the lookup program's private result map) live pinned by name in that
-//! directory, on a bpffs that is mounted there if needed
-//! ([`crate::pin::ensure_bpffs`]). Each pin found there is checked against
-//! the expected type, key size, value size and max_entries and unpinned if
-//! it differs ([`crate::pin::check_pin`]); the pin paths are then given to
-//! aya with `EbpfLoader::map_pin_path`, which re-opens a pin that exists and
-//! otherwise creates the map and pins it. Loading the object that way (rather
-//! than loading it and then swapping in maps opened with
+//! directory. The pin directory has one owner: before anything in it is
+//! created, mounted or read, the start takes an exclusive lock
+//! ([`crate::lock`]) that the [`KernelMaps`] hold until they are dropped; a
+//! second start is refused with the owner's pid. The directory must be on
+//! a bpffs; eim mounts one only under `/sys/fs/bpf` or when
+//! [`KernelConfig::mount_bpffs`] asks, and only on an empty directory
+//! ([`crate::bpffs`]). Each pin found there is checked against the expected
+//! type, key size, value size and max_entries, and a start over a pin of
+//! another shape is refused unless [`KernelConfig::recreate_mismatched`]
+//! asks to replace it ([`crate::pin::check_pins`]); the pin paths are then
+//! given to aya with `EbpfLoader::map_pin_path`, which re-opens a pin that
+//! exists and otherwise creates the map and pins it. Loading the object
+//! that way (rather than loading it and then swapping in maps opened with
 //! `MapData::from_pin`) is what makes the lookup program itself read the
-//! pinned maps: aya relocates the program's map references to whatever maps
-//! it loaded. [`KernelMaps::pin_report`] says, per map, whether it was
-//! created, re-opened or recreated (and why).
+//! pinned maps: aya relocates the program's map references to whatever
+//! maps it loaded. [`KernelMaps::pin_report`] says where a bpffs was
+//! mounted and, per map, whether it was created, re-opened or replaced
+//! (and why).
 //!
 //! # Crash recovery
 //!
@@ -81,9 +88,9 @@
 //! The counts removed are in [`PinReport::cleaned`]. Adopting the entries
 //! instead (rebuilding a book from the maps) is out of scope: it would need
 //! the files' identities and deltas, which the maps alone do not hold in a
-//! form the book can trust after a half-applied plan. Two live processes
-//! must not share one pin directory: the second one's start cleans the
-//! first one's entries.
+//! form the book can trust after a half-applied plan. Cleaning is safe
+//! only because no other live process owns the directory: the lock makes
+//! a second start fail before it reads a pin.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -99,9 +106,11 @@ use eim_core::abi::{
 use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::FileId;
 
+use crate::bpffs::{self, MountError};
 use crate::elements::{self, WriteMode};
+use crate::lock::{self, LockError, PinLock};
 use crate::lookup::{LookupResult, RESULT_SIZE};
-use crate::pin::{self, MapShape, PinReport};
+use crate::pin::{self, MapShape, PinReport, ShapeMismatch};
 use crate::sys::{self, SysError};
 
 /// The compiled lookup program and map definitions (`bpf/build.sh`).
@@ -122,6 +131,13 @@ pub struct KernelConfig {
     /// `None` for maps that live only as long as this process holds them.
     /// See the module documentation.
     pub pin_dir: Option<PathBuf>,
+    /// With `pin_dir`: mount a bpffs on it if it is not on one (an empty
+    /// directory only). Without this, eim mounts only under `/sys/fs/bpf`
+    /// (see [`crate::bpffs`]).
+    pub mount_bpffs: bool,
+    /// With `pin_dir`: replace pins whose shape differs from the expected
+    /// one, instead of refusing to start ([`crate::pin::check_pins`]).
+    pub recreate_mismatched: bool,
     /// Batch calls (the default), or one call per element: the baseline
     /// the batches are measured against, and what a kernel older than 5.6
     /// supports for writes.
@@ -136,6 +152,8 @@ impl Default for KernelConfig {
             pages: capacity::PAGES,
             outer: capacity::OUTER,
             pin_dir: None,
+            mount_bpffs: false,
+            recreate_mismatched: false,
             write_mode: WriteMode::Batch,
         }
     }
@@ -213,6 +231,12 @@ pub enum KernelError {
     },
     #[error("the lookup result could not be decoded")]
     Result,
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(transparent)]
+    Shape(#[from] ShapeMismatch),
     #[error("{what} {}: {source}", path.display())]
     Pin {
         path: PathBuf,
@@ -301,6 +325,9 @@ pub struct KernelMaps {
     /// Update calls (single or batch) issued on outer maps: each one waits
     /// for an RCU grace period.
     outer_updates: u64,
+    /// The pin directory's lock: this process owns it until the maps are
+    /// dropped. Last, so it is released after every map's fd is closed.
+    _owner: Option<PinLock>,
 }
 
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<MapData, KernelError> {
@@ -335,26 +362,32 @@ impl KernelMaps {
 
     /// Creates the maps with the given capacities (fresh ones, or the ones
     /// pinned in `config.pin_dir`, see the module documentation).
-    pub fn with_config(config: KernelConfig) -> Result<Self, KernelError> {
+    pub fn with_config(mut config: KernelConfig) -> Result<Self, KernelError> {
         let owned = config.owned_maps();
-        let pin_report = match &config.pin_dir {
-            None => None,
-            Some(dir) => {
-                let mounted = pin::ensure_bpffs(dir)?;
-                let maps = owned
-                    .iter()
-                    .map(|(name, shape)| {
-                        Ok((name.clone(), pin::check_pin(&dir.join(name), shape)?))
-                    })
-                    .collect::<Result<Vec<_>, KernelError>>()?;
-                Some(PinReport {
-                    dir: dir.clone(),
-                    mounted,
-                    maps,
-                    cleaned: None,
-                })
-            }
-        };
+        // Locked before the directory is created, mounted or read (see
+        // [`crate::lock`]); on any error below, released only after a bpffs
+        // this start mounted is unmounted (locals drop in reverse order).
+        let mut owner: Option<PinLock> = None;
+        let mut mounted = None;
+        let mut pin_report = None;
+        if let Some(given) = &config.pin_dir {
+            let dir = lock::resolve(given).map_err(|e| KernelError::Pin {
+                path: given.clone(),
+                what: "resolving the pin directory",
+                source: e,
+            })?;
+            let lock_file = owner.insert(PinLock::exclusive(&dir)?).path().to_path_buf();
+            mounted = bpffs::prepare(&dir, config.mount_bpffs)?;
+            let maps = pin::check_pins(&dir, &owned, config.recreate_mismatched)?;
+            pin_report = Some(PinReport {
+                dir: dir.clone(),
+                mounted: None,
+                lock_file,
+                maps,
+                cleaned: None,
+            });
+            config.pin_dir = Some(dir);
+        }
         let mut loader = EbpfLoader::new();
         for (name, shape) in &owned {
             loader.map_max_entries(name, shape.max_entries);
@@ -390,12 +423,17 @@ impl KernelMaps {
             page_keys: BTreeSet::new(),
             pin_report,
             outer_updates: 0,
+            _owner: owner,
         };
         if clean {
             let cleaned = maps.clean()?;
             if let Some(report) = &mut maps.pin_report {
                 report.cleaned = Some(cleaned);
             }
+        }
+        // Started: a bpffs mounted for the pins stays.
+        if let (Some(report), Some(mounted)) = (&mut maps.pin_report, mounted) {
+            report.mounted = Some(mounted.keep());
         }
         Ok(maps)
     }
@@ -677,73 +715,24 @@ impl KernelMaps {
 
     /// Reads every map (several batch lookups per map).
     pub fn dump(&self) -> Result<Dump, KernelError> {
-        let mut dump = Dump {
-            live_inner_maps: self.inner.len(),
-            ..Dump::default()
+        let source = DumpSource {
+            pages: fd(&self.pages),
+            unwind_info: fd(&self.unwind_info),
+            unwind_entries: self.config.unwind_info,
+            interpreter_offsets: fd(&self.interpreter_offsets),
+            outers: self.outers.iter().map(fd).collect(),
         };
-        let (k, v) = sys::lookup_all(
-            fd(&self.pages),
-            StackDeltaPageKey::SIZE,
-            StackDeltaPageInfo::SIZE,
-            1024,
-        )?;
-        for (k, v) in k
-            .chunks(StackDeltaPageKey::SIZE)
-            .zip(v.chunks(StackDeltaPageInfo::SIZE))
-        {
-            if let (Some(k), Some(v)) = (StackDeltaPageKey::read(k), StackDeltaPageInfo::read(v)) {
-                dump.pages.insert(k, v);
-            }
-        }
-        let (_, v) = sys::lookup_all(
-            fd(&self.unwind_info),
-            u32::SIZE,
-            UnwindInfo::SIZE,
-            self.config.unwind_info as usize,
-        )?;
-        dump.unwind_infos = v
-            .chunks(UnwindInfo::SIZE)
-            .filter_map(UnwindInfo::read)
-            .collect();
-        let (k, v) = sys::lookup_all(
-            fd(&self.interpreter_offsets),
-            u64::SIZE,
-            OffsetRange::SIZE,
-            64,
-        )?;
-        for (k, v) in k.chunks(u64::SIZE).zip(v.chunks(OffsetRange::SIZE)) {
-            if let (Some(k), Some(v)) = (u64::read(k), OffsetRange::read(v)) {
-                dump.interpreter_offsets.insert(FileId(k), v);
-            }
-        }
-        for (class, outer) in (SIZE_CLASS_MIN..=SIZE_CLASS_MAX).zip(&self.outers) {
-            let (k, v) = sys::lookup_all(fd(outer), u64::SIZE, u32::SIZE, 1024)?;
-            for (k, v) in k.chunks(u64::SIZE).zip(v.chunks(u32::SIZE)) {
-                let (Some(file), Some(id)) = (u64::read(k), u32::read(v)) else {
-                    continue;
-                };
-                let file_id = FileId(file);
-                // The outer map reads back map ids: the table must be the
-                // one this backend holds.
-                let inner = self
-                    .inner
-                    .get(&(class, file_id))
-                    .filter(|inner| sys::map_info(inner.as_fd()).is_ok_and(|info| info.id == id))
-                    .ok_or(KernelError::Untracked { class, file_id, id })?;
-                let entries = abi::class_entries(class).unwrap_or(0);
-                let (_, values) =
-                    sys::lookup_all(inner.as_fd(), u32::SIZE, StackDelta::SIZE, entries as usize)?;
-                let mut deltas: Vec<StackDelta> = values
-                    .chunks(StackDelta::SIZE)
-                    .filter_map(StackDelta::read)
-                    .collect();
-                while deltas.last() == Some(&StackDelta::default()) {
-                    deltas.pop();
-                }
-                dump.delta_tables
-                    .insert((class, file_id), (entries, deltas));
-            }
-        }
+        let mut dump = dump_from(&source, |class, file_id, id| {
+            // The outer map reads back map ids: the table must be the one
+            // this backend holds.
+            let inner = self
+                .inner
+                .get(&(class, file_id))
+                .filter(|inner| sys::map_info(inner.as_fd()).is_ok_and(|info| info.id == id))
+                .ok_or(KernelError::Untracked { class, file_id, id })?;
+            read_deltas(inner.as_fd(), class)
+        })?;
+        dump.live_inner_maps = self.inner.len();
         Ok(dump)
     }
 
@@ -763,6 +752,88 @@ impl KernelMaps {
             .ok_or(KernelError::Result)?;
         LookupResult::decode(run.return_value, &bytes).ok_or(KernelError::Result)
     }
+}
+
+/// The maps a [`Dump`] reads.
+pub(crate) struct DumpSource<'a> {
+    pub pages: BorrowedFd<'a>,
+    pub unwind_info: BorrowedFd<'a>,
+    pub unwind_entries: u32,
+    pub interpreter_offsets: BorrowedFd<'a>,
+    /// The outer maps, smallest size class first.
+    pub outers: Vec<BorrowedFd<'a>>,
+}
+
+/// Reads every map of `source`; `deltas_of(class, file_id, map_id)` reads
+/// the inner array an outer map holds under `file_id`. `live_inner_maps`
+/// is left 0 for the caller to say.
+pub(crate) fn dump_from(
+    source: &DumpSource<'_>,
+    mut deltas_of: impl FnMut(u16, FileId, u32) -> Result<Vec<StackDelta>, KernelError>,
+) -> Result<Dump, KernelError> {
+    let mut dump = Dump::default();
+    let (k, v) = sys::lookup_all(
+        source.pages,
+        StackDeltaPageKey::SIZE,
+        StackDeltaPageInfo::SIZE,
+        1024,
+    )?;
+    for (k, v) in k
+        .chunks(StackDeltaPageKey::SIZE)
+        .zip(v.chunks(StackDeltaPageInfo::SIZE))
+    {
+        if let (Some(k), Some(v)) = (StackDeltaPageKey::read(k), StackDeltaPageInfo::read(v)) {
+            dump.pages.insert(k, v);
+        }
+    }
+    let (_, v) = sys::lookup_all(
+        source.unwind_info,
+        u32::SIZE,
+        UnwindInfo::SIZE,
+        source.unwind_entries as usize,
+    )?;
+    dump.unwind_infos = v
+        .chunks(UnwindInfo::SIZE)
+        .filter_map(UnwindInfo::read)
+        .collect();
+    let (k, v) = sys::lookup_all(source.interpreter_offsets, u64::SIZE, OffsetRange::SIZE, 64)?;
+    for (k, v) in k.chunks(u64::SIZE).zip(v.chunks(OffsetRange::SIZE)) {
+        if let (Some(k), Some(v)) = (u64::read(k), OffsetRange::read(v)) {
+            dump.interpreter_offsets.insert(FileId(k), v);
+        }
+    }
+    for (class, outer) in (SIZE_CLASS_MIN..=SIZE_CLASS_MAX).zip(&source.outers) {
+        let (k, v) = sys::lookup_all(*outer, u64::SIZE, u32::SIZE, 1024)?;
+        for (k, v) in k.chunks(u64::SIZE).zip(v.chunks(u32::SIZE)) {
+            let (Some(file), Some(id)) = (u64::read(k), u32::read(v)) else {
+                continue;
+            };
+            let file_id = FileId(file);
+            let deltas = deltas_of(class, file_id, id)?;
+            let entries = abi::class_entries(class).unwrap_or(0);
+            dump.delta_tables
+                .insert((class, file_id), (entries, deltas));
+        }
+    }
+    Ok(dump)
+}
+
+/// The entries of an inner delta array of size class `class`, up to the
+/// last non-zero one (what `InnerTable::entries` gives).
+pub(crate) fn read_deltas(
+    inner: BorrowedFd<'_>,
+    class: u16,
+) -> Result<Vec<StackDelta>, KernelError> {
+    let entries = abi::class_entries(class).unwrap_or(0);
+    let (_, values) = sys::lookup_all(inner, u32::SIZE, StackDelta::SIZE, entries as usize)?;
+    let mut deltas: Vec<StackDelta> = values
+        .chunks(StackDelta::SIZE)
+        .filter_map(StackDelta::read)
+        .collect();
+    while deltas.last() == Some(&StackDelta::default()) {
+        deltas.pop();
+    }
+    Ok(deltas)
 }
 
 impl Backend for KernelMaps {

@@ -1,25 +1,24 @@
 //! Pinned maps: the bpffs directory eim pins its maps in, and the check of
 //! every pin found there against the map eim expects.
 //!
-//! [`crate::KernelMaps`] calls [`ensure_bpffs`] on the configured directory
-//! (mounting a bpffs there when the directory is on another file system),
-//! then [`check_pin`] for each map it owns before handing the pin paths to
-//! aya (`EbpfLoader::map_pin_path`). aya re-uses whatever is pinned under a
-//! path without looking at it, so a pin whose type, key size, value size or
-//! max_entries differ from the expected ones is unpinned here; aya then
-//! creates a fresh map and pins it under the same name.
+//! [`crate::KernelMaps`] locks the directory ([`crate::lock`]), sets up its
+//! bpffs ([`crate::bpffs`]), then calls [`check_pins`] on the maps it owns
+//! before handing the pin paths to aya (`EbpfLoader::map_pin_path`). aya
+//! re-uses whatever is pinned under a path without looking at it, so every
+//! pin's type, key size, value size and max_entries are checked here first.
+//! A pin of another shape is refused, not repaired: it may be another
+//! program's, or an older eim's with other capacities, and whatever reads
+//! it would lose it if it were replaced. Only when the operator asks
+//! ([`crate::KernelConfig::recreate_mismatched`], the CLI's
+//! `--recreate-mismatched`) is it unpinned, and aya creates a fresh map and
+//! pins it under the same name; the report says which and why.
 
-use std::ffi::CString;
 use std::io;
 use std::os::fd::AsFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::maps::{KernelError, MapStats};
 use crate::sys::{self, MapInfo};
-
-/// `BPF_FS_MAGIC`: the `f_type` of a bpffs in `statfs`.
-pub const BPF_FS_MAGIC: u32 = 0xcafe_4a11;
 
 /// The shape a pinned map must have to be re-used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,8 +54,8 @@ pub enum PinState {
     Created,
     /// The pin had the expected shape and is used as it is.
     Reopened,
-    /// The pin did not fit (`why`): it was unpinned, and a fresh map was
-    /// created and pinned in its place.
+    /// The pin did not fit (`why`) and replacing it was asked for: it was
+    /// unpinned, and a fresh map was created and pinned in its place.
     Recreated { why: String },
 }
 
@@ -64,8 +63,11 @@ pub enum PinState {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PinReport {
     pub dir: PathBuf,
-    /// Whether a bpffs was mounted on `dir` by this start.
-    pub mounted: bool,
+    /// Where this start mounted a bpffs for `dir` (`dir` itself, or
+    /// `/sys/fs/bpf`), if it did.
+    pub mounted: Option<PathBuf>,
+    /// The lock file this process holds, which makes it `dir`'s only owner.
+    pub lock_file: PathBuf,
     /// Every map eim owns, by name, in creation order.
     pub maps: Vec<(String, PinState)>,
     /// What was removed from the re-opened maps (`None` when no pin was
@@ -77,6 +79,14 @@ impl PinReport {
     /// The maps in `state`.
     pub fn count(&self, state: fn(&PinState) -> bool) -> usize {
         self.maps.iter().filter(|(_, s)| state(s)).count()
+    }
+
+    /// The maps replaced because their pins had another shape, with why.
+    pub fn replaced(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.maps.iter().filter_map(|(name, s)| match s {
+            PinState::Recreated { why } => Some((name.as_str(), why.as_str())),
+            _ => None,
+        })
     }
 
     /// Whether any map was re-opened from an earlier run.
@@ -93,66 +103,42 @@ fn pin_error(path: &Path, what: &'static str, source: io::Error) -> KernelError 
     }
 }
 
-/// Whether `path` is on a bpffs.
-pub fn is_bpffs(path: &Path) -> io::Result<bool> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: all-zero bytes are a valid `statfs`.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is NUL-terminated and `st` is writable.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st.f_type as u64 == u64::from(BPF_FS_MAGIC))
+/// Pins whose shape differs from the one eim expects, left as they are.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", mismatch_message(dir, maps))]
+pub struct ShapeMismatch {
+    pub dir: PathBuf,
+    /// Each map's name and what differs (every differing field, with the
+    /// pinned value and the expected one).
+    pub maps: Vec<(String, String)>,
 }
 
-/// Creates `dir` (and its parents) if needed and mounts a bpffs on it
-/// unless it already is on one. Returns whether it mounted one.
-///
-/// Creating the directory needs a parent that accepts `mkdir`: with the
-/// default `/sys/fs/bpf/...` and no bpffs on `/sys/fs/bpf`, sysfs refuses,
-/// and the error says so (mount one on `/sys/fs/bpf` first, or pin under a
-/// directory of a writable file system, on which a bpffs is then mounted).
-pub fn ensure_bpffs(dir: &Path) -> Result<bool, KernelError> {
-    std::fs::create_dir_all(dir).map_err(|e| pin_error(dir, "creating the pin directory", e))?;
-    if is_bpffs(dir).map_err(|e| pin_error(dir, "statfs of the pin directory", e))? {
-        return Ok(false);
-    }
-    let target = CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
-        pin_error(
-            dir,
-            "mounting a bpffs on",
-            io::Error::from_raw_os_error(libc::EINVAL),
-        )
-    })?;
-    // SAFETY: every pointer is a NUL-terminated string or null (no data).
-    let rc = unsafe {
-        libc::mount(
-            c"bpf".as_ptr(),
-            target.as_ptr(),
-            c"bpf".as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        return Err(pin_error(
-            dir,
-            "mounting a bpffs on",
-            io::Error::last_os_error(),
-        ));
-    }
-    Ok(true)
+fn mismatch_message(dir: &Path, maps: &[(String, String)]) -> String {
+    let each: Vec<String> = maps
+        .iter()
+        .map(|(name, why)| format!("{name}: {why}"))
+        .collect();
+    format!(
+        "pinned maps in {} do not have the shape eim expects: {}; eim does not replace \
+         them on its own (whatever reads them would lose them): remove them, or start \
+         with --recreate-mismatched to replace them",
+        dir.display(),
+        each.join("; ")
+    )
 }
 
-/// Looks at what is pinned at `path`: nothing ([`PinState::Created`], aya
-/// creates and pins the map), a map of the expected shape
-/// ([`PinState::Reopened`]), or anything else, which is unpinned
-/// ([`PinState::Recreated`], aya creates and pins a fresh map).
-pub fn check_pin(path: &Path, want: &MapShape) -> Result<PinState, KernelError> {
+/// What is pinned under one name.
+enum Found {
+    Nothing,
+    Fits,
+    Differs(String),
+}
+
+/// Looks at what is pinned at `path`, without changing it.
+fn look(path: &Path, want: &MapShape) -> Result<Found, KernelError> {
     let fd = match sys::obj_get(path) {
         Ok(fd) => fd,
-        Err(e) if e.is(libc::ENOENT) => return Ok(PinState::Created),
+        Err(e) if e.is(libc::ENOENT) => return Ok(Found::Nothing),
         Err(e) => {
             return Err(pin_error(
                 path,
@@ -161,19 +147,57 @@ pub fn check_pin(path: &Path, want: &MapShape) -> Result<PinState, KernelError> 
             ))
         }
     };
-    let why = match sys::map_info(fd.as_fd()) {
-        Ok(info) => want.mismatch(&info),
-        Err(e) => Some(format!(
+    Ok(match sys::map_info(fd.as_fd()) {
+        Ok(info) => want.mismatch(&info).map_or(Found::Fits, Found::Differs),
+        Err(e) => Found::Differs(format!(
             "not a map ({})",
             io::Error::from_raw_os_error(e.errno)
         )),
-    };
-    drop(fd);
-    match why {
-        None => Ok(PinState::Reopened),
-        Some(why) => {
-            std::fs::remove_file(path).map_err(|e| pin_error(path, "unpinning", e))?;
-            Ok(PinState::Recreated { why })
+    })
+}
+
+/// Checks the pin of every map in `owned` under `dir`: nothing pinned
+/// ([`PinState::Created`]: aya creates and pins the map), a map of the
+/// expected shape ([`PinState::Reopened`]), or anything else. Anything else
+/// is refused ([`ShapeMismatch`], every such pin named, none touched)
+/// unless `recreate`, which unpins each ([`PinState::Recreated`]: aya then
+/// creates and pins a fresh map under its name).
+pub fn check_pins(
+    dir: &Path,
+    owned: &[(String, MapShape)],
+    recreate: bool,
+) -> Result<Vec<(String, PinState)>, KernelError> {
+    let found = owned
+        .iter()
+        .map(|(name, shape)| Ok((name.clone(), look(&dir.join(name), shape)?)))
+        .collect::<Result<Vec<_>, KernelError>>()?;
+    let differ: Vec<(String, String)> = found
+        .iter()
+        .filter_map(|(name, f)| match f {
+            Found::Differs(why) => Some((name.clone(), why.clone())),
+            _ => None,
+        })
+        .collect();
+    if !differ.is_empty() && !recreate {
+        return Err(ShapeMismatch {
+            dir: dir.to_path_buf(),
+            maps: differ,
         }
+        .into());
     }
+    found
+        .into_iter()
+        .map(|(name, f)| {
+            let state = match f {
+                Found::Nothing => PinState::Created,
+                Found::Fits => PinState::Reopened,
+                Found::Differs(why) => {
+                    let path = dir.join(&name);
+                    std::fs::remove_file(&path).map_err(|e| pin_error(&path, "unpinning", e))?;
+                    PinState::Recreated { why }
+                }
+            };
+            Ok((name, state))
+        })
+        .collect()
 }

@@ -24,6 +24,7 @@ pub enum Cmd {
     MapUpdateElem = 2,
     MapDeleteElem = 3,
     ObjGet = 7,
+    MapGetFdById = 14,
     ObjGetInfoByFd = 15,
     MapLookupBatch = 24,
     MapUpdateBatch = 26,
@@ -43,6 +44,8 @@ pub const BPF_NOEXIST: u64 = 1;
 pub const BPF_EXIST: u64 = 2;
 /// `map_flags`: the inner-map template accepts arrays of other sizes.
 pub const BPF_F_INNER_MAP: u32 = 1 << 12;
+/// Open flag of `BPF_OBJ_GET` and `BPF_MAP_GET_FD_BY_ID`: a read-only fd.
+pub const BPF_F_RDONLY: u32 = 1 << 3;
 
 /// A failed `bpf()` call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -154,6 +157,14 @@ struct InfoAttr {
     info: u64,
 }
 
+/// `union bpf_attr` for `BPF_MAP_GET_FD_BY_ID`.
+#[repr(C)]
+struct IdAttr {
+    map_id: u32,
+    next_id: u32,
+    open_flags: u32,
+}
+
 /// `union bpf_attr` for `BPF_OBJ_GET`.
 #[repr(C)]
 struct ObjAttr {
@@ -233,6 +244,29 @@ pub fn map_info(fd: BorrowedFd<'_>) -> Result<MapInfo, SysError> {
 /// `BPF_OBJ_GET`: opens the object pinned at `path` (ENOENT when nothing
 /// is pinned there).
 pub fn obj_get(path: &std::path::Path) -> Result<OwnedFd, SysError> {
+    obj_get_with(path, 0)
+}
+
+/// `BPF_MAP_GET_FD_BY_ID` (needs CAP_SYS_ADMIN), with `open_flags` such
+/// as [`BPF_F_RDONLY`].
+pub fn map_get_fd_by_id(id: u32, open_flags: u32) -> Result<OwnedFd, SysError> {
+    let mut attr = IdAttr {
+        map_id: id,
+        next_id: 0,
+        open_flags,
+    };
+    // SAFETY: the attribute holds no pointers.
+    let fd = unsafe { bpf(Cmd::MapGetFdById, &mut attr) }.map_err(|errno| SysError {
+        cmd: Cmd::MapGetFdById,
+        errno,
+        processed: 0,
+    })?;
+    // SAFETY: the kernel returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// [`obj_get`] with `file_flags` such as [`BPF_F_RDONLY`].
+pub fn obj_get_with(path: &std::path::Path, file_flags: u32) -> Result<OwnedFd, SysError> {
     use std::os::unix::ffi::OsStrExt;
     let fail = |errno| SysError {
         cmd: Cmd::ObjGet,
@@ -244,7 +278,7 @@ pub fn obj_get(path: &std::path::Path) -> Result<OwnedFd, SysError> {
     let mut attr = ObjAttr {
         pathname: path.as_ptr() as u64,
         bpf_fd: 0,
-        file_flags: 0,
+        file_flags,
     };
     // SAFETY: `pathname` is a NUL-terminated string that outlives the call.
     let fd = unsafe { bpf(Cmd::ObjGet, &mut attr) }.map_err(fail)?;

@@ -10,8 +10,10 @@
 //! * capacity: full maps fail cleanly and roll back, in both write modes;
 //! * differential: the same calls with the same injected faults leave
 //!   `KernelMaps` and `SimMaps` with identical contents;
-//! * pinning: maps pinned in a bpffs directory are shared by two instances,
-//!   re-opened by a later one, and recreated when their shape differs;
+//! * pinning: maps pinned in a bpffs directory have one owner (a second
+//!   instance is refused with the owner's pid), are re-opened by a later
+//!   one, and refused when their shape differs unless replacing them is
+//!   asked for;
 //! * crash recovery: a restart after a crash at any point of a load plan
 //!   finds the pins, cleans them, and loads the file afresh.
 
@@ -577,8 +579,10 @@ impl PinDir {
     /// (mounted here if nothing is).
     fn under_sys_fs_bpf(test: &str) -> Self {
         let root = Path::new("/sys/fs/bpf");
-        if !eim_bpf::pin::is_bpffs(root).unwrap_or(false) {
-            eim_bpf::pin::ensure_bpffs(root).expect("mounting a bpffs on /sys/fs/bpf");
+        if !eim_bpf::bpffs::is_bpffs(root).unwrap_or(false) {
+            eim_bpf::bpffs::mount_bpffs(root, true)
+                .expect("mounting a bpffs on /sys/fs/bpf")
+                .keep();
         }
         let path = root.join(format!("eim-test-{}-{test}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
@@ -598,6 +602,10 @@ impl PinDir {
 
 impl Drop for PinDir {
     fn drop(&mut self) {
+        // No one else uses this test's path: its lock file can go.
+        if let Ok(lock) = eim_bpf::lock::lock_file_of(&self.path) {
+            let _ = std::fs::remove_file(lock);
+        }
         if self.unmount {
             use std::os::unix::ffi::OsStrExt;
             let c = std::ffi::CString::new(self.path.as_os_str().as_bytes()).expect("path");
@@ -637,43 +645,81 @@ fn small_files(n: usize) -> Vec<(String, IntervalData)> {
     files
 }
 
+fn map_id(dir: &Path, name: &str) -> u32 {
+    let fd = sys::obj_get(&dir.join(name)).expect("pinned");
+    sys::map_info(std::os::fd::AsFd::as_fd(&fd))
+        .expect("info")
+        .id
+}
+
 #[test]
-fn pinned_maps_are_shared_reopened_and_recreated_when_their_shape_differs() {
+fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs() {
     if !require_bpf() {
         return;
     }
     let dir = PinDir::under_sys_fs_bpf("shape");
     let first = KernelMaps::with_config(dir.config()).expect("maps");
     let report = first.pin_report().expect("pinned").clone();
-    assert!(!report.mounted);
+    assert_eq!(report.mounted, None);
     assert_eq!(report.maps.len(), 19, "{report:?}");
     for (name, state) in &report.maps {
         assert_eq!(*state, PinState::Created, "{name}");
         assert!(dir.path.join(name).exists(), "{name} is pinned");
     }
-    // A second instance re-opens every pin, and its lookup program reads
-    // what is loaded through the first one.
-    let second = KernelMaps::with_config(dir.config()).expect("maps");
-    assert!(
-        states(&second).values().all(|s| *s == PinState::Reopened),
-        "{:?}",
-        second.pin_report()
-    );
+    // A second instance, even in this process, is refused: it names this
+    // process as the owner and leaves the pins alone.
+    let pages_id = map_id(&dir.path, eim_core::abi::map_name::PAGES);
+    match KernelMaps::with_config(dir.config()) {
+        Err(e) => assert_eq!(
+            e.to_string(),
+            format!(
+                "pin directory {} is in use by pid {} (lock file {})",
+                dir.path.display(),
+                std::process::id(),
+                report.lock_file.display()
+            )
+        ),
+        Ok(_) => panic!("a second owner of {}", dir.path.display()),
+    }
+    assert_eq!(map_id(&dir.path, eim_core::abi::map_name::PAGES), pages_id);
+    // What is loaded through the owner is in the pins (read without
+    // owning them), so the lookup program, relocated to the pinned maps,
+    // reads it.
     let (name, data) = small_files(1).pop().expect("a file");
     let provider = Arc::new(MemoryProvider::new());
     let id = FileId(0x77);
     provider.insert(id, data.clone());
     let manager = ExecutableInfoManager::new(provider, first, Tracers::none());
     manager.add_or_inc_ref(id, &id).expect("load");
-    for addr in probes(&data, 200, 7) {
-        let r = second.lookup(id, addr).expect("lookup");
-        assert_eq!(
-            kernel_answer(&r),
-            expected(&data, addr),
-            "{name} at {addr:#x}"
-        );
-    }
+    let loaded = manager.with_backend(|k| {
+        for addr in probes(&data, 200, 7) {
+            let r = k.lookup(id, addr).expect("lookup");
+            assert_eq!(
+                kernel_answer(&r),
+                expected(&data, addr),
+                "{name} at {addr:#x}"
+            );
+        }
+        k.dump().expect("dump")
+    });
+    let pinned = eim_bpf::pinned::dump_pinned(&dir.path).expect("read the pins");
+    assert!(!pinned.pages.is_empty());
+    assert_eq!(pinned, loaded);
+    let stats = manager.with_backend(|k| k.stats().expect("stats"));
     drop(manager);
+
+    // The owner gone, the next start owns the directory, re-opens every pin
+    // and cleans what the last owner left.
+    let second = KernelMaps::with_config(dir.config()).expect("maps");
+    assert!(
+        states(&second).values().all(|s| *s == PinState::Reopened),
+        "{:?}",
+        second.pin_report()
+    );
+    assert_eq!(
+        second.pin_report().and_then(|r| r.cleaned.clone()),
+        Some(stats)
+    );
     drop(second);
 
     // Wrong shapes: a page map of another size (the config asks for 96
@@ -694,9 +740,51 @@ fn pinned_maps_are_shared_reopened_and_recreated_when_their_shape_differs() {
         .expect("map data")
         .pin(&offsets)
         .expect("pin");
-    let small = KernelMaps::with_config(KernelConfig {
+    let offsets_id = map_id(&dir.path, eim_core::abi::map_name::INTERPRETER_OFFSETS);
+    let page_why = format!(
+        "max_entries is {}, expected 96",
+        eim_core::abi::capacity::PAGES
+    );
+    let offsets_why = format!(
+        "map_type is 2, expected 1, key_size is 4, expected 8, value_size is 4, expected {}, max_entries is 1, expected {}",
+        OffsetRange::SIZE,
+        eim_core::abi::capacity::INTERPRETER_OFFSETS
+    );
+    // Refused, naming both, and neither pin touched.
+    let small = KernelConfig {
         pages: 96,
         ..dir.config()
+    };
+    match KernelMaps::with_config(small.clone()) {
+        Err(eim_bpf::KernelError::Shape(e)) => {
+            assert_eq!(
+                e.maps,
+                vec![
+                    (eim_core::abi::map_name::PAGES.to_string(), page_why.clone()),
+                    (
+                        eim_core::abi::map_name::INTERPRETER_OFFSETS.to_string(),
+                        offsets_why.clone()
+                    ),
+                ]
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains(&page_why) && text.contains("--recreate-mismatched"),
+                "{text}"
+            );
+        }
+        Err(e) => panic!("not a shape mismatch: {e}"),
+        Ok(_) => panic!("pins of another shape were used"),
+    }
+    assert_eq!(map_id(&dir.path, eim_core::abi::map_name::PAGES), pages_id);
+    assert_eq!(
+        map_id(&dir.path, eim_core::abi::map_name::INTERPRETER_OFFSETS),
+        offsets_id
+    );
+    // Replaced when asked, with the reasons.
+    let small = KernelMaps::with_config(KernelConfig {
+        recreate_mismatched: true,
+        ..small
     })
     .expect("maps");
     let got = states(&small);
@@ -704,20 +792,10 @@ fn pinned_maps_are_shared_reopened_and_recreated_when_their_shape_differs() {
         PinState::Recreated { why } => why.clone(),
         other => panic!("{name}: {other:?}"),
     };
-    assert_eq!(
-        why(eim_core::abi::map_name::PAGES),
-        format!(
-            "max_entries is {}, expected 96",
-            eim_core::abi::capacity::PAGES
-        )
-    );
+    assert_eq!(why(eim_core::abi::map_name::PAGES), page_why);
     assert_eq!(
         why(eim_core::abi::map_name::INTERPRETER_OFFSETS),
-        format!(
-            "map_type is 2, expected 1, key_size is 4, expected 8, value_size is 4, expected {}, max_entries is 1, expected {}",
-            OffsetRange::SIZE,
-            eim_core::abi::capacity::INTERPRETER_OFFSETS
-        )
+        offsets_why
     );
     assert_eq!(
         got.values().filter(|s| **s == PinState::Reopened).count(),
@@ -727,9 +805,15 @@ fn pinned_maps_are_shared_reopened_and_recreated_when_their_shape_differs() {
         pinned_max_entries(&dir.path, eim_core::abi::map_name::PAGES),
         96
     );
+    assert_ne!(map_id(&dir.path, eim_core::abi::map_name::PAGES), pages_id);
     drop(small);
-    // Back to the default size: recreated once more.
-    let again = KernelMaps::with_config(dir.config()).expect("maps");
+    // Back to the default size: refused, then replaced when asked.
+    assert!(KernelMaps::with_config(dir.config()).is_err());
+    let again = KernelMaps::with_config(KernelConfig {
+        recreate_mismatched: true,
+        ..dir.config()
+    })
+    .expect("maps");
     assert!(matches!(
         states(&again)[eim_core::abi::map_name::PAGES],
         PinState::Recreated { .. }
@@ -741,7 +825,7 @@ fn pinned_maps_are_shared_reopened_and_recreated_when_their_shape_differs() {
 }
 
 #[test]
-fn a_pin_directory_off_bpffs_gets_a_bpffs_mounted_on_it() {
+fn a_pin_directory_off_bpffs_gets_a_bpffs_mounted_on_it_only_when_asked() {
     if !require_bpf() {
         return;
     }
@@ -749,15 +833,25 @@ fn a_pin_directory_off_bpffs_gets_a_bpffs_mounted_on_it() {
         path: std::env::temp_dir().join(format!("eim-pin-mount-{}", std::process::id())),
         unmount: true,
     };
-    let k = KernelMaps::with_config(dir.config()).expect("maps");
+    match KernelMaps::with_config(dir.config()) {
+        Err(eim_bpf::KernelError::Mount(eim_bpf::bpffs::MountError::NotAsked { .. })) => {}
+        Err(e) => panic!("not refused for want of --mount-bpffs: {e}"),
+        Ok(_) => panic!("pinned off a bpffs without being asked to mount one"),
+    }
+    assert!(!dir.path.exists(), "a refused start creates nothing");
+    let asked = KernelConfig {
+        mount_bpffs: true,
+        ..dir.config()
+    };
+    let k = KernelMaps::with_config(asked.clone()).expect("maps");
     let report = k.pin_report().expect("pinned");
-    assert!(report.mounted);
-    assert!(eim_bpf::pin::is_bpffs(&dir.path).expect("statfs"));
+    assert_eq!(report.mounted.as_deref(), Some(dir.path.as_path()));
+    assert!(eim_bpf::bpffs::is_bpffs(&dir.path).expect("statfs"));
     assert!(dir.path.join(eim_core::abi::map_name::PAGES).exists());
     drop(k);
-    let k = KernelMaps::with_config(dir.config()).expect("maps");
+    let k = KernelMaps::with_config(asked).expect("maps");
     let report = k.pin_report().expect("pinned");
-    assert!(!report.mounted, "already a bpffs");
+    assert_eq!(report.mounted, None, "already a bpffs");
     assert!(states(&k).values().all(|s| *s == PinState::Reopened));
 }
 

@@ -346,7 +346,8 @@ fn scan_stops_on_sighup_with_its_summary() {
 }
 
 /// A pin directory of a test's own, under the system's temporary directory:
-/// eim mounts a bpffs on it; dropping it unmounts that and removes it.
+/// eim mounts a bpffs on it (`--mount-bpffs`); dropping it unmounts that,
+/// removes it and its lock file.
 struct PinDir {
     dir: tempfile::TempDir,
 }
@@ -366,6 +367,9 @@ impl PinDir {
 impl Drop for PinDir {
     fn drop(&mut self) {
         unmount(&self.path());
+        if let Ok(lock) = eim::bpf::lock::lock_file_of(&self.path()) {
+            let _ = std::fs::remove_file(lock);
+        }
     }
 }
 
@@ -403,7 +407,7 @@ fn a_second_signal_does_not_cut_pinned_maps_short() {
     let pins = PinDir::new();
     let pin_dir = pins.path();
     let pin_dir = pin_dir.to_str().expect("a UTF-8 temporary directory");
-    let kernel = ["--backend", "kernel", "--pin-dir", pin_dir];
+    let kernel = ["--backend", "kernel", "--pin-dir", pin_dir, "--mount-bpffs"];
     let mut args = vec!["watch", "--interval", "200ms", "--json", "--pid", &pid];
     args.extend_from_slice(&kernel);
     let (status, out, err) = terminate_twice(&args);

@@ -1,0 +1,468 @@
+//! One owner per pin directory: an exclusive `flock` on a lock file that
+//! lives outside the pin directory, held for as long as the maps are.
+//!
+//! # Why a lock file elsewhere
+//!
+//! A lock on the pin directory itself would be taken on whatever inode the
+//! path names at that moment: before a bpffs is mounted there, the
+//! underlying directory; after, the bpffs root. Two racing starts could
+//! then each lock a different inode and both go on. A bpffs cannot hold a
+//! regular file either, so the lock cannot live inside it. The lock file is
+//! therefore in [`LOCK_DIR`] (or [`FALLBACK_LOCK_DIR`] on a system without
+//! `/run`), named after the pin directory's resolved absolute path
+//! ([`lock_name`]), and it is locked **before** the pin directory is
+//! created, mounted or read.
+//!
+//! # Who holds it
+//!
+//! A start that finds the lock taken names the holder's pid. The pid is
+//! read from `/proc/locks` by the lock file's device and inode: the kernel
+//! writes that line when the lock is taken and drops it when the holder's
+//! last descriptor closes, so it cannot be stale or half-written, which the
+//! pid the owner also writes into the file (for a person running `cat`) can
+//! be while an owner is starting. Only when `/proc/locks` has no line (no
+//! `/proc`) is the file's pid used. If the holder is gone between the
+//! failed lock and the look-up, the lock is simply tried again.
+//!
+//! # Safety of the lock directory
+//!
+//! eim runs as root, and a file it creates by name in a directory another
+//! user can write could be a symlink planted there. The lock directory is
+//! therefore opened without following a symlink and used only if it is
+//! owned by root (or by this user) and writable by no one else; the lock
+//! file is opened under it with `O_NOFOLLOW | O_NONBLOCK` and must be a
+//! regular file.
+//!
+//! Readers (nothing in eim reads the pins today: `lookup --backend kernel`
+//! uses private maps) take no lock, so they can neither block nor break an
+//! owner.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Component, Path, PathBuf};
+
+/// Where the lock files live.
+pub const LOCK_DIR: &str = "/run/eim";
+/// Where they live when `/run` is not a directory: a root-owned place that
+/// exists on every Linux file-system layout (stale files there are
+/// harmless: a lock lives in the kernel, not in the file).
+pub const FALLBACK_LOCK_DIR: &str = "/var/lib/eim/locks";
+
+/// How many times a start tries the lock when its holder turns out to be
+/// gone before it could be named.
+const ATTEMPTS: usize = 20;
+
+/// Why the pin directory could not be locked.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("pin directory {} is in use by pid {pid} (lock file {})", dir.display(), lock_file.display())]
+    InUse {
+        dir: PathBuf,
+        pid: i32,
+        lock_file: PathBuf,
+    },
+    #[error("pin directory {} is in use by another process, whose pid is in neither /proc/locks nor the lock file {}", dir.display(), lock_file.display())]
+    InUseUnknown { dir: PathBuf, lock_file: PathBuf },
+    #[error("lock directory {}: {why}", path.display())]
+    UnsafeDir { path: PathBuf, why: String },
+    #[error("lock file {}: {why}", path.display())]
+    NotAFile { path: PathBuf, why: String },
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> LockError + 'a {
+    move |source| LockError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The exclusive lock on one pin directory; released when dropped (or
+/// when the process ends, however it ends).
+#[derive(Debug)]
+pub struct PinLock {
+    file: File,
+    path: PathBuf,
+}
+
+impl PinLock {
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Takes the exclusive lock on `dir` (an absolute, resolved path: see
+    /// [`resolve`]) without waiting: [`LockError::InUse`] with the holder's
+    /// pid if another open lock holds it, including one of this process.
+    pub fn exclusive(dir: &Path) -> Result<Self, LockError> {
+        let lock_dir = lock_dir();
+        let dir_fd = open_lock_dir(&lock_dir)?;
+        let name = lock_name(dir);
+        let path = lock_dir.join(&name);
+        for _ in 0..ATTEMPTS {
+            let file = open_lock_file(&dir_fd, &name, &path)?;
+            // SAFETY: flock on a descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                    return Err(io_error("locking", &path)(e));
+                }
+                match holder(&file) {
+                    Some(pid) => {
+                        return Err(LockError::InUse {
+                            dir: dir.to_path_buf(),
+                            pid,
+                            lock_file: path,
+                        })
+                    }
+                    // Released between the two: try again.
+                    None => continue,
+                }
+            }
+            // Someone removed or replaced the file after it was opened: a
+            // lock on the old inode would exclude no one. Try again.
+            if !same_file(&dir_fd, &name, &file) {
+                continue;
+            }
+            let mut lock = Self { file, path };
+            lock.write_pid()?;
+            return Ok(lock);
+        }
+        let file = open_lock_file(&dir_fd, &name, &path)?;
+        match written_pid(&file) {
+            Some(pid) => Err(LockError::InUse {
+                dir: dir.to_path_buf(),
+                pid,
+                lock_file: path,
+            }),
+            None => Err(LockError::InUseUnknown {
+                dir: dir.to_path_buf(),
+                lock_file: path,
+            }),
+        }
+    }
+
+    /// Writes this process's pid into the lock file, for a person reading
+    /// it (eim itself asks `/proc/locks`).
+    fn write_pid(&mut self) -> Result<(), LockError> {
+        let pid = std::process::id();
+        let path = self.path.clone();
+        self.file
+            .set_len(0)
+            .and_then(|()| self.file.rewind())
+            .and_then(|()| writeln!(self.file, "{pid}"))
+            .map_err(io_error("writing the owner's pid into", &path))
+    }
+}
+
+/// The directory of the lock files.
+pub fn lock_dir() -> PathBuf {
+    if Path::new("/run").is_dir() {
+        PathBuf::from(LOCK_DIR)
+    } else {
+        PathBuf::from(FALLBACK_LOCK_DIR)
+    }
+}
+
+/// The lock file of pin directory `dir` (as given: it is resolved here).
+pub fn lock_file_of(dir: &Path) -> io::Result<PathBuf> {
+    Ok(lock_dir().join(lock_name(&resolve(dir)?)))
+}
+
+/// `dir` as an absolute path with every existing component resolved
+/// (symlinks, `.` and `..`) and the rest (what does not exist yet) taken
+/// as written: one name per directory, whichever way it is spelled, for
+/// the lock file to be named after.
+pub fn resolve(dir: &Path) -> io::Result<PathBuf> {
+    let absolute = std::path::absolute(dir)?;
+    let mut existing = absolute.as_path();
+    let mut missing = Vec::new();
+    loop {
+        match std::fs::canonicalize(existing) {
+            Ok(mut resolved) => {
+                for part in missing.iter().rev() {
+                    match part {
+                        Component::ParentDir => {
+                            resolved.pop();
+                        }
+                        Component::Normal(name) => resolved.push(name),
+                        _ => {}
+                    }
+                }
+                return Ok(resolved);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let Some(parent) = existing.parent() else {
+                    return Err(e);
+                };
+                if let Some(last) = existing.components().next_back() {
+                    missing.push(last);
+                }
+                existing = parent;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The lock file's name for pin directory `dir`: its path with `/` written
+/// `-`, the bytes `[A-Za-z0-9_.]` as they are and every other byte as
+/// `%XX` (so no two paths share a name), then `.lock`; a path too long
+/// for one file name is named by its 64-bit FNV-1a hash instead.
+pub fn lock_name(dir: &Path) -> String {
+    let mut name = String::new();
+    for &b in dir.as_os_str().as_bytes() {
+        match b {
+            b'/' => name.push('-'),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'.' => name.push(char::from(b)),
+            _ => name.push_str(&format!("%{b:02X}")),
+        }
+    }
+    if name.len() > 200 {
+        // FNV-1a: stable across Rust releases, unlike std's hasher.
+        let hash = dir
+            .as_os_str()
+            .as_bytes()
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        name = format!("long-{hash:016x}");
+    }
+    name + ".lock"
+}
+
+fn c_path(path: &Path) -> Result<CString, LockError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        io_error("a path with a NUL byte:", path)(io::Error::from_raw_os_error(libc::EINVAL))
+    })
+}
+
+/// Creates the lock directory (0755) if needed and opens it, refusing a
+/// symlink or a directory another user could write into.
+fn open_lock_dir(path: &Path) -> Result<OwnedFd, LockError> {
+    // 0755 whatever the umask allows beyond it: a group- or
+    // world-writable lock directory is refused below.
+    let made = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(path);
+    match made {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io_error("creating the lock directory", path)(e)),
+    }
+    let c = c_path(path)?;
+    // SAFETY: a NUL-terminated path; the fd returned is owned below.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io_error("opening the lock directory", path)(
+            io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let st = fstat(&fd).map_err(io_error("fstat of the lock directory", path))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let unsafe_dir = |why: String| LockError::UnsafeDir {
+        path: path.to_path_buf(),
+        why,
+    };
+    if st.st_uid != 0 && st.st_uid != me {
+        return Err(unsafe_dir(format!(
+            "is owned by uid {}, not by root or this user (uid {me})",
+            st.st_uid
+        )));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(unsafe_dir(format!(
+            "is writable by its group or by others (mode {:o})",
+            st.st_mode & 0o7777
+        )));
+    }
+    Ok(fd)
+}
+
+/// Opens (creating it 0644 if needed) the lock file `name` in the lock
+/// directory, never through a symlink and never blocking on a FIFO.
+fn open_lock_file(dir: &OwnedFd, name: &str, path: &Path) -> Result<File, LockError> {
+    let c = CString::new(name).map_err(|_| {
+        io_error("a lock name with a NUL byte:", path)(io::Error::from_raw_os_error(libc::EINVAL))
+    })?;
+    // SAFETY: a NUL-terminated name relative to an open directory.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            0o644 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io_error("opening the lock file", path)(
+            io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let st = fstat(&file).map_err(io_error("fstat of the lock file", path))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(LockError::NotAFile {
+            path: path.to_path_buf(),
+            why: format!("is not a regular file (mode {:o})", st.st_mode),
+        });
+    }
+    Ok(file)
+}
+
+fn fstat(fd: &impl AsRawFd) -> io::Result<libc::stat> {
+    // SAFETY: all-zero bytes are a valid `stat`.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a writable `stat`.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// Whether `name` in `dir` still is the file `file` has open.
+fn same_file(dir: &OwnedFd, name: &str, file: &File) -> bool {
+    let Ok(c) = CString::new(name) else {
+        return false;
+    };
+    // SAFETY: all-zero bytes are a valid `stat`.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated name relative to an open directory.
+    let rc = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    let Ok(open) = fstat(file) else {
+        return false;
+    };
+    rc == 0 && st.st_dev == open.st_dev && st.st_ino == open.st_ino
+}
+
+/// The pid holding a lock on `file`: from `/proc/locks`, else the pid the
+/// owner wrote into it; `None` if neither names one.
+fn holder(file: &File) -> Option<i32> {
+    let st = fstat(file).ok()?;
+    match std::fs::read_to_string("/proc/locks") {
+        Ok(locks) => holder_in(&locks, st.st_dev, st.st_ino),
+        Err(_) => written_pid(file),
+    }
+}
+
+/// The pid that holds a lock on the inode (`dev`, `ino`) in the text of
+/// `/proc/locks`: lines such as
+/// `1: FLOCK  ADVISORY  WRITE 4242 fe:00:5915436 0 EOF`, the device's
+/// major and minor in hex. Waiters (`1: -> FLOCK ...`) hold nothing.
+pub fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<i32> {
+    let want = format!(
+        "{:02x}:{:02x}:{ino}",
+        libc::major(dev as libc::dev_t),
+        libc::minor(dev as libc::dev_t)
+    );
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1) == Some(&"->") {
+            return None;
+        }
+        match fields.as_slice() {
+            // A holder outside this pid namespace shows as pid 0.
+            [_, "FLOCK", _, _, pid, id, ..] if *id == want => {
+                pid.parse().ok().filter(|pid: &i32| *pid > 0)
+            }
+            _ => None,
+        }
+    })
+}
+
+/// The pid an owner wrote into the lock file, if it reads as one.
+fn written_pid(file: &File) -> Option<i32> {
+    let mut text = String::new();
+    let mut reader = file;
+    reader.rewind().ok()?;
+    reader.take(32).read_to_string(&mut text).ok()?;
+    text.trim().parse().ok().filter(|pid| *pid > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_names_are_readable_and_distinct() {
+        assert_eq!(
+            lock_name(Path::new("/sys/fs/bpf/eim")),
+            "-sys-fs-bpf-eim.lock"
+        );
+        // `-` and `/` must not meet in one name.
+        assert_ne!(lock_name(Path::new("/a-b")), lock_name(Path::new("/a/b")));
+        assert_eq!(lock_name(Path::new("/a-b")), "-a%2Db.lock");
+        assert_eq!(lock_name(Path::new("/a b")), "-a%20b.lock");
+        let long = PathBuf::from(format!("/{}", "x".repeat(300)));
+        let other = PathBuf::from(format!("/{}y", "x".repeat(299)));
+        assert!(lock_name(&long).starts_with("long-"));
+        assert!(lock_name(&long).len() < 255);
+        assert_ne!(lock_name(&long), lock_name(&other));
+    }
+
+    #[test]
+    fn the_holder_is_found_by_device_and_inode() {
+        let dev = libc::makedev(0xfe, 0) as u64;
+        let locks = "1: POSIX  ADVISORY  WRITE 11 fe:00:77 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 22 fe:01:77 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 33 fe:00:77 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 44 fe:00:77 0 EOF\n";
+        assert_eq!(holder_in(locks, dev, 77), Some(44));
+        assert_eq!(holder_in(locks, dev, 78), None);
+        let big = libc::makedev(259, 3) as u64;
+        assert_eq!(
+            holder_in("9: FLOCK  ADVISORY  WRITE 5 103:03:12 0 EOF", big, 12),
+            Some(5)
+        );
+    }
+
+    #[test]
+    fn resolve_takes_existing_parts_through_symlinks_and_the_rest_as_written() {
+        let tmp = std::env::temp_dir().join(format!("eim-resolve-{}", std::process::id()));
+        let real = tmp.join("real");
+        std::fs::create_dir_all(&real).expect("mkdir");
+        let link = tmp.join("link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&real, &link).expect("symlink");
+        let canon = std::fs::canonicalize(&real).expect("canonicalize");
+        assert_eq!(
+            resolve(&link.join("pins")).expect("resolve"),
+            canon.join("pins")
+        );
+        assert_eq!(
+            resolve(&link.join("a/../pins")).expect("resolve"),
+            canon.join("pins")
+        );
+        assert_eq!(resolve(&real).expect("resolve"), canon);
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+}
