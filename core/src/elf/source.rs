@@ -235,17 +235,23 @@ impl LazyFile {
         if range.is_empty() {
             return self.empty_at(range.start);
         }
-        let (start, chunk) = match self.cached(&range) {
-            Some(hit) => hit,
-            None => match self.fetch(&range) {
-                Ok(read) => read,
-                Err(e) => {
-                    self.fail(e);
-                    return None;
-                }
-            },
-        };
+        let (start, chunk) = self.chunk_for(&range)?;
         chunk.get((range.start - start) as usize..(range.end - start) as usize)
+    }
+
+    /// A chunk holding all of `range`, cached or read now; `None` if the
+    /// read failed (remembered).
+    fn chunk_for(&self, range: &Range<u64>) -> Option<(u64, &[u8])> {
+        if let Some(hit) = self.cached(range) {
+            return Some(hit);
+        }
+        match self.fetch(range) {
+            Ok(read) => Some(read),
+            Err(e) => {
+                self.fail(e);
+                None
+            }
+        }
     }
 
     /// An empty slice at `offset` of the file, as a slice of the whole file
@@ -257,17 +263,7 @@ impl LazyFile {
             return Some(&[]);
         };
         let probe = offset.min(last);
-        let page = probe..probe + 1;
-        let (start, chunk) = match self.cached(&page) {
-            Some(hit) => hit,
-            None => match self.fetch(&page) {
-                Ok(read) => read,
-                Err(e) => {
-                    self.fail(e);
-                    return None;
-                }
-            },
-        };
+        let (start, chunk) = self.chunk_for(&(probe..probe + 1))?;
         let at = (offset - start) as usize;
         chunk.get(at..at)
     }
