@@ -462,14 +462,13 @@ fn a_silent_connection_is_dropped_by_the_header_timeout() {
 }
 
 #[test]
-fn running_out_of_descriptors_does_not_kill_the_listener() {
+fn running_out_of_descriptors_kills_neither_the_listener_nor_the_watch() {
     let limit = raise_nofile();
     assert!(limit > 500, "RLIMIT_NOFILE hard limit {limit}");
     // So few descriptors that the idle connections below exhaust them
-    // before the bound on connections (64) is reached. One step only: the
-    // steps themselves need descriptors (and `watch` stops when it cannot
-    // list /proc), what is tested here is the listener.
-    let mut watch = Watch::start_with("1h", |cmd| {
+    // before the bound on connections (64) is reached: the accept loop
+    // meets EMFILE, and so do the steps (listing /proc needs descriptors).
+    let mut watch = Watch::start_with("100ms", |cmd| {
         // SAFETY: setrlimit is async-signal-safe; the closure runs in the
         // child between fork and exec and touches nothing else.
         unsafe {
@@ -500,8 +499,22 @@ fn running_out_of_descriptors_does_not_kill_the_listener() {
         fds >= 38,
         "only {fds} descriptors open: EMFILE was not reached"
     );
+    // The steps failed meanwhile, and the watch went on.
+    let failed = |watch: &Watch| {
+        watch
+            .stderr
+            .try_iter()
+            .filter(|l| l.contains("step failed") && l.contains("trying again"))
+            .count()
+    };
+    assert!(failed(&watch) > 0, "no step met EMFILE");
     drop(idle);
     watch.assert_serves(loaded);
+    // Descriptors are back: steps succeed again (none fails for a second).
+    let _ = failed(&watch);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(failed(&watch), 0, "steps still fail with descriptors back");
+    watch.assert_running();
     watch.stop_cleanly();
 }
 
