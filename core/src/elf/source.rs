@@ -56,7 +56,7 @@ const LOOKUP_CANDIDATES: usize = 16;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SourceError {
     /// Fewer bytes than the file's length said: it was truncated.
-    #[error("the file ended at {got} bytes while reading {len} bytes at offset {offset}: it was truncated while being read")]
+    #[error("only {got} of {len} bytes at offset {offset} could be read: the file was truncated while being read")]
     Truncated { offset: u64, len: u64, got: u64 },
     /// The read failed.
     #[error("reading {len} bytes at offset {offset} failed: {message}")]
