@@ -117,7 +117,7 @@ impl CountingProvider {
     ) -> Result<Extraction, ExtractError> {
         let started = Instant::now();
         let result = extract();
-        // The mapped bytes are not needed once the deltas are out.
+        // The bytes read are not needed once the deltas are out.
         file.elf.close();
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats.nanos.fetch_add(nanos, Ordering::Relaxed);

@@ -10,10 +10,10 @@
 //!   maps' semantics ([`sim::SimMaps`]), so the manager runs (and can be
 //!   tested and demonstrated) without privileges.
 //!
-//! Files are read here, not in the core: [`ElfFileRef`] (a lazily opened,
-//! memory-mapped ELF file and its debug-file search) and [`ElfProvider`]
-//! (the stack-delta provider over it, which also runs the interpreter
-//! loaders: [`loaders`]).
+//! Files are read here, not in the core: [`ElfFileRef`] (a lazily opened
+//! ELF file, read on demand and never mapped, and its debug-file search)
+//! and [`ElfProvider`] (the stack-delta provider over it, which also runs
+//! the interpreter loaders: [`loaders`]).
 //!
 //! Depending on `eim` alone keeps one version of each in a user's build and
 //! lets the split between the crates change without breaking users.

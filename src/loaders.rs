@@ -1,4 +1,4 @@
-//! The interpreter loaders over real files: the glue between a mapped ELF
+//! The interpreter loaders over real files: the glue between an opened ELF
 //! file and `eim_core::interp` (which does the work and no I/O), and
 //! [`inspect`] for `eim inspect` / `eim loaders`.
 
