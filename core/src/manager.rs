@@ -157,9 +157,12 @@ pub struct RestartReport {
     /// Files held by the caller that are not known after the restart (their
     /// extraction or their load failed): their references are gone.
     pub failed: Vec<(FileId, Error)>,
-    /// Removal ops planned (entries of files not mapped any more, or not
-    /// right), and those still pending as leftovers after the restart.
+    /// Removal ops the reconcile planned (entries of files not mapped any
+    /// more, or not right).
     pub removals: usize,
+    /// Leftover ops still pending when the restart returns (removals that
+    /// failed, and what failed loads could not undo); retried like any
+    /// leftover.
     pub removals_pending: usize,
 }
 
@@ -433,6 +436,8 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         let manager = Self::with_config(provider, backend, tracers, config, clock);
         let mut report = RestartReport::default();
         let mut extracted = BTreeMap::new();
+        // Each file once (a repeated id keeps its first count); a file
+        // nobody holds is not mapped, so the reconcile removes it.
         for &(file_id, elf, rc) in held {
             if rc == 0 || extracted.contains_key(&file_id) {
                 continue;
