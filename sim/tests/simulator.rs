@@ -99,6 +99,25 @@ fn warm_restarts_at_any_op_keep_every_invariant() {
     }
 }
 
+/// Traces of failures the simulator found, replayed as they were saved:
+/// each must now keep every invariant.
+#[test]
+fn saved_failures_replay_clean() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions");
+    let mut replayed = 0;
+    for entry in std::fs::read_dir(&dir).expect("sim/regressions") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("a trace");
+        let trace: Trace = text.parse().expect("a trace parses");
+        let setup = Setup::new(trace.profile, trace.seed, Some(trace.fault_rate));
+        let pool = Arc::new(build_pool(&setup, corpus()));
+        let outcome = run_steps(&setup, pool, &trace.steps, true).expect("setup");
+        assert_eq!(outcome.failure, None, "{}", path.display());
+        replayed += 1;
+    }
+    assert!(replayed >= 1);
+}
+
 #[test]
 fn a_seed_reproduces_its_run_exactly() {
     let setup = Setup::new(Profile::Faults, 5, None);

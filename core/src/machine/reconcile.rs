@@ -334,16 +334,12 @@ pub fn reconcile(
         leftovers.insert(file_id, ops);
     }
 
-    // Users per slot, and the high-water mark: past every slot that holds a
-    // rule or that any observed table references.
-    let mut high_water = slots.content.len();
-    for (_, deltas) in tables.values() {
-        for slot in deltas.iter().filter_map(|d| slot_value(*d)) {
-            if u32::from(slot) < slots.capacity {
-                high_water = high_water.max(usize::from(slot) + 1);
-            }
-        }
-    }
+    // Users per slot. The high-water mark is the whole array: the maps do
+    // not say which zero slot a reader may still reach (a rollback zeroes
+    // the slots of a table it just unpublished, and the crash may follow
+    // at once), so every slot no kept table uses cools for a grace from
+    // now, zero or not; new rules wait for it (invariant 6 over restarts).
+    let high_water = slots.capacity as usize;
     let mut users = vec![0u32; high_water];
     let kept = loaded
         .values()

@@ -448,6 +448,9 @@ fn settle(mut model: Model, reconciled: Reconciled, files: &Files) -> (Model, Ke
             (*id, d.as_slice(), *o)
         })
         .collect();
+    // Slots no kept table uses cool for a grace from the restart: new
+    // rules are written after it.
+    book.advance_to(book.now().after(GRACE));
     let (plan, refused) = book.plan_load_many_with(&load);
     assert!(refused.is_empty(), "refused: {refused:?}");
     for op in &plan.ops {
@@ -689,6 +692,59 @@ fn a_restart_at_any_op_of_a_load_or_of_its_rollback_converges() {
         }
     }
     assert!(restarts > 20, "{restarts} restarts");
+}
+
+/// A rollback unpublished a table and zeroed the slots it had written,
+/// above every other used slot, and the daemon died: the restart must not
+/// write another rule there within the grace, as a reader may still hold
+/// the table (found by the simulator, `sim/known-failures`).
+#[test]
+fn zero_slots_past_every_used_one_cool_for_a_grace_after_a_restart() {
+    let files = Files::abc();
+    let ac = files.only(&[0xa, 0xc]);
+    let base = ac.earlier_run();
+    let mut book = base.book.clone();
+    let (b, _) = &files.0[&FileId(0xb)];
+    let plan = book.plan_load(FileId(0xb), b).unwrap();
+    let last = plan.ops.len() - 1;
+    let rollback = book.abort_load(
+        &plan,
+        Stopped {
+            at: last,
+            failure: OpFailure::new(Errno::ENOMEM, 0),
+        },
+    );
+    let mut model = base.model.clone();
+    for op in plan.ops[..last].iter().chain(&rollback.ops) {
+        model.apply(op);
+    }
+    let fresh = match &plan.ops[0] {
+        MapOp::PutUnwindInfos(v) => v.iter().map(|(s, _)| *s).max().unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        model.0.unwind_infos[usize::from(fresh)],
+        UnwindInfo::default()
+    );
+    let r = reconcile_now(&model, &files);
+    let mut book = r.book;
+    assert_eq!(
+        book.slots().state(fresh),
+        SlotState::Cooling {
+            reusable_at: t(3).after(GRACE)
+        }
+    );
+    let (b, _) = &files.0[&FileId(0xb)];
+    assert_eq!(
+        book.plan_load(FileId(0xb), b).err(),
+        Some(crate::machine::PlanError::MapFull {
+            map: MapKind::UnwindInfo,
+            capacity: caps().unwind_slots
+        }),
+        "no slot for B's new rule within the grace"
+    );
+    book.advance_to(t(3).after(GRACE));
+    assert!(book.plan_load(FileId(0xb), b).is_ok());
 }
 
 #[test]
