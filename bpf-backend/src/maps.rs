@@ -85,12 +85,21 @@
 //! 3. every non-zero `unwind_info_array` slot, zeroed with one
 //!    `UPDATE_BATCH`.
 //!
-//! The counts removed are in [`PinReport::cleaned`]. Adopting the entries
-//! instead (rebuilding a book from the maps) is out of scope: it would need
-//! the files' identities and deltas, which the maps alone do not hold in a
-//! form the book can trust after a half-applied plan. Cleaning is safe
+//! The counts removed are in [`PinReport::cleaned`]. Cleaning is safe
 //! only because no other live process owns the directory: the lock makes
 //! a second start fail before it reads a pin.
+//!
+//! With [`KernelConfig::adopt_pins`], the entries are kept instead (the
+//! backend takes an fd of every published inner array and the page keys,
+//! as if it had written them), for a caller that reconciles them: it walks
+//! the host, extracts the files mapped now, and hands [`Dump::observed`] to
+//! [`eim_core::ExecutableInfoManager::restart`], which adopts every table
+//! that is exactly what a fresh load would write and removes the rest
+//! top-down (`docs/ARCHITECTURE.md`, "Warm restart: reconcile"); the maps
+//! alone cannot say which entries are right, the files' deltas can. If the
+//! reconcile refuses what it finds, the caller cleans with
+//! [`KernelMaps::clean_pins`]. The `eim` command line does not use this
+//! yet: its starts still clean.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -142,6 +151,12 @@ pub struct KernelConfig {
     /// the batches are measured against, and what a kernel older than 5.6
     /// supports for writes.
     pub write_mode: WriteMode,
+    /// With `pin_dir`: keep the entries of re-opened pins instead of
+    /// cleaning them, for a caller that reconciles them
+    /// ([`eim_core::ExecutableInfoManager::restart`] over [`Dump::observed`])
+    /// and cleans ([`KernelMaps::clean_pins`]) only if the reconcile does
+    /// not trust what it finds. See "Crash recovery" above.
+    pub adopt_pins: bool,
 }
 
 impl Default for KernelConfig {
@@ -155,6 +170,7 @@ impl Default for KernelConfig {
             mount_bpffs: false,
             recreate_mismatched: false,
             write_mode: WriteMode::Batch,
+            adopt_pins: false,
         }
     }
 }
@@ -259,6 +275,23 @@ pub struct Dump {
     pub interpreter_offsets: BTreeMap<FileId, OffsetRange>,
     /// Inner arrays kept alive by this backend.
     pub live_inner_maps: usize,
+}
+
+impl Dump {
+    /// What a warm restart's reconcile reads (the tables without their
+    /// capacity, which their size class says).
+    pub fn observed(&self) -> eim_core::machine::Observed {
+        eim_core::machine::Observed {
+            pages: self.pages.clone(),
+            delta_tables: self
+                .delta_tables
+                .iter()
+                .map(|(key, (_, deltas))| (*key, deltas.clone()))
+                .collect(),
+            unwind_infos: self.unwind_infos.clone(),
+            interpreter_offsets: self.interpreter_offsets.clone(),
+        }
+    }
 }
 
 /// How many entries eim's maps hold (or, in [`PinReport::cleaned`], how
@@ -425,17 +458,63 @@ impl KernelMaps {
             outer_updates: 0,
             _owner: owner,
         };
-        if clean {
-            let cleaned = maps.clean()?;
-            if let Some(report) = &mut maps.pin_report {
-                report.cleaned = Some(cleaned);
-            }
+        if clean && maps.config.adopt_pins {
+            maps.track_pinned()?;
+        } else if clean {
+            maps.clean_pins()?;
         }
         // Started: a bpffs mounted for the pins stays.
         if let (Some(report), Some(mounted)) = (&mut maps.pin_report, mounted) {
             report.mounted = Some(mounted.keep());
         }
         Ok(maps)
+    }
+
+    /// Removes every entry of re-opened pins (see "Crash recovery"), says
+    /// how many of each in the pin report, and returns the counts. The
+    /// fallback of a start that was asked to adopt the pins
+    /// ([`KernelConfig::adopt_pins`]) when the reconcile refuses them.
+    pub fn clean_pins(&mut self) -> Result<MapStats, KernelError> {
+        let cleaned = self.clean()?;
+        if let Some(report) = &mut self.pin_report {
+            report.cleaned = Some(cleaned.clone());
+        }
+        Ok(cleaned)
+    }
+
+    /// Takes over the entries of re-opened pins as if this backend had
+    /// written them: an fd for every published inner array (by the id the
+    /// outer map holds) and the present page keys, so that the ops a
+    /// reconcile plans (removals of tables and pages, new pages) apply
+    /// exactly as on maps this process filled.
+    fn track_pinned(&mut self) -> Result<(), KernelError> {
+        let (pages, _) = sys::lookup_all(
+            fd(&self.pages),
+            StackDeltaPageKey::SIZE,
+            StackDeltaPageInfo::SIZE,
+            1024,
+        )?;
+        self.page_keys = pages
+            .chunks(StackDeltaPageKey::SIZE)
+            .filter_map(StackDeltaPageKey::read)
+            .collect();
+        for (class, outer) in (SIZE_CLASS_MIN..=SIZE_CLASS_MAX).zip(&self.outers) {
+            let (keys, ids) = sys::lookup_all(fd(outer), u64::SIZE, u32::SIZE, 1024)?;
+            for (key, id) in keys.chunks(u64::SIZE).zip(ids.chunks(u32::SIZE)) {
+                let (Some(file), Some(id)) = (u64::read(key), u32::read(id)) else {
+                    continue;
+                };
+                // An array freed since the lookup is no table any more.
+                match sys::map_get_fd_by_id(id, 0) {
+                    Ok(inner) => {
+                        self.inner.insert((class, FileId(file)), inner);
+                    }
+                    Err(e) if e.is(libc::ENOENT) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The keys of every entry eim owns (one `LOOKUP_BATCH` per map, more

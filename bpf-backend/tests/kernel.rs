@@ -15,7 +15,8 @@
 //!   one, and refused when their shape differs unless replacing them is
 //!   asked for;
 //! * crash recovery: a restart after a crash at any point of a load plan
-//!   finds the pins, cleans them, and loads the file afresh.
+//!   finds the pins, cleans them, and loads the file afresh; or, with
+//!   `adopt_pins`, keeps them and reconciles, ending with the sim's maps.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -947,4 +948,153 @@ fn a_restart_after_a_crash_at_any_op_of_a_load_cleans_the_pins_and_loads_afresh(
             });
         }
     }
+}
+
+/// A warm restart over real pins, differentially against the sim: a run
+/// loads A, B and C and dies in the middle of D's load (its table
+/// published, no page); the next start keeps the pins (`adopt_pins`), and
+/// a manager restarted over their dump with A, B and D mapped now adopts A
+/// and B untouched, removes C and D's half-published table, and loads D.
+/// The kernel then holds exactly what the sim holds after the same calls,
+/// and resolves every probed address of A, B and D as their deltas say.
+#[test]
+fn a_restart_over_pins_adopts_what_is_right_and_ends_as_the_sim_does() {
+    use eim_core::manager::ManualClock;
+    use eim_core::Config;
+    if !require_bpf() {
+        return;
+    }
+    let files = small_files(4);
+    assert_eq!(files.len(), 4);
+    let ids = [0xa1, 0xb2, 0xc3, 0xd4].map(FileId);
+    let provider = Arc::new(MemoryProvider::new());
+    for (id, (_, data)) in ids.iter().zip(&files) {
+        provider.insert(*id, data.clone());
+    }
+    let d = ids[3];
+    // The first run, the same on both backends: A, B, C loaded, then D's
+    // load dies after its table is published.
+    fn first_run<B: Backend>(provider: &Arc<MemoryProvider>, backend: B, ids: &[FileId; 4]) -> B {
+        let manager = ExecutableInfoManager::with_config(
+            provider.clone(),
+            backend,
+            Tracers::none(),
+            Config::default(),
+            Box::new(Arc::new(ManualClock::new())),
+        );
+        for id in &ids[..3] {
+            manager.add_or_inc_ref(*id, id).expect("load");
+        }
+        let mut book = manager.state().book;
+        let mut backend = manager.into_backend();
+        let data = eim_core::provider::Provider::extract(&**provider, &ids[3]).expect("deltas");
+        let plan = book.plan_load(ids[3], &data.data.deltas).expect("plan");
+        let published = plan
+            .ops
+            .iter()
+            .position(|op| matches!(op, MapOp::PutDeltaTable { .. }))
+            .expect("a table");
+        apply_all(&mut backend, &plan.ops[..=published]);
+        backend
+    }
+    // The restart: A, B and D are mapped now, C is not.
+    fn restart<B: Backend>(
+        provider: &Arc<MemoryProvider>,
+        backend: B,
+        observed: &eim_core::machine::Observed,
+        ids: &[FileId; 4],
+    ) -> (
+        ExecutableInfoManager<Arc<MemoryProvider>, B>,
+        eim_core::manager::RestartReport,
+    ) {
+        let held: Vec<(FileId, &FileId, u64)> =
+            [0, 1, 3].iter().map(|&i| (ids[i], &ids[i], 1)).collect();
+        ExecutableInfoManager::restart(
+            provider.clone(),
+            backend,
+            Tracers::none(),
+            Config::default(),
+            Box::new(Arc::new(ManualClock::new())),
+            observed,
+            &held,
+        )
+        .expect("trusted")
+    }
+
+    let dir = PinDir::under_sys_fs_bpf("reconcile");
+    let dying = first_run(
+        &provider,
+        KernelMaps::with_config(dir.config()).expect("maps"),
+        &ids,
+    );
+    drop(dying);
+    let sim = first_run(
+        &provider,
+        SimMaps::new(SimConfig::default()).expect("sim"),
+        &ids,
+    );
+
+    let kept = KernelMaps::with_config(KernelConfig {
+        adopt_pins: true,
+        ..dir.config()
+    })
+    .expect("restart");
+    let report = kept.pin_report().expect("pinned");
+    assert!(report.cleaned.is_none(), "{report:?}");
+    let before = kept.dump().expect("dump");
+    assert_eq!(before, sim_dump(&sim), "the pins hold what the sim holds");
+    let observed = before.observed();
+    assert_eq!(observed, sim.observed());
+
+    let (kernel, k_report) = restart(&provider, kept, &observed, &ids);
+    let (simulated, s_report) = restart(&provider, sim, &observed, &ids);
+    assert_eq!(k_report.adopted, vec![ids[0], ids[1]]);
+    assert_eq!(k_report.loaded, vec![d]);
+    assert!(k_report.failed.is_empty(), "{:?}", k_report.failed);
+    assert_eq!(k_report.removals_pending, 0);
+    assert_eq!(s_report.adopted, k_report.adopted);
+    assert_eq!(s_report.loaded, k_report.loaded);
+    assert_eq!(s_report.removals, k_report.removals);
+    let k_dump = kernel.with_backend(|k| k.dump().expect("dump"));
+    let s_dump = simulated.with_backend(|s| sim_dump(s));
+    assert_eq!(k_dump, s_dump, "kernel and sim after the restart");
+    // A and B were not touched: their pages and tables are as before.
+    for id in &ids[..2] {
+        let pages = |dump: &eim_bpf::Dump| -> Vec<_> {
+            dump.pages
+                .iter()
+                .filter(|(k, _)| k.file_id == id.0)
+                .map(|(k, v)| (*k, *v))
+                .collect()
+        };
+        assert_eq!(pages(&k_dump), pages(&before), "{id}");
+        let table = |dump: &eim_bpf::Dump| -> Vec<_> {
+            dump.delta_tables
+                .iter()
+                .filter(|((_, f), _)| f == id)
+                .map(|(k, v)| (*k, v.clone()))
+                .collect()
+        };
+        assert_eq!(table(&k_dump), table(&before), "{id}");
+    }
+    assert!(
+        k_dump.pages.keys().all(|k| k.file_id != ids[2].0),
+        "C's pages removed"
+    );
+    assert!(
+        k_dump.delta_tables.keys().all(|(_, f)| *f != ids[2]),
+        "C's table removed"
+    );
+    kernel.with_backend(|k| {
+        for (id, (name, data)) in [0, 1, 3].map(|i| (ids[i], &files[i])) {
+            for addr in probes(data, 100, id.0) {
+                let r = k.lookup(id, addr).expect("lookup");
+                assert_eq!(
+                    kernel_answer(&r),
+                    expected(data, addr),
+                    "{name} at {addr:#x}: {r:?}"
+                );
+            }
+        }
+    });
 }

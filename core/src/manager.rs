@@ -23,8 +23,8 @@ use crate::error::Error;
 use crate::info::ExecutableInfo;
 use crate::interp;
 use crate::machine::{
-    deferred, Capacities, Deferred, FileEntry, FileTable, KernelBook, MapRef, PlanError, Release,
-    ReleaseError, Timestamp,
+    deferred, reconcile, Capacities, Deferred, FileEntry, FileTable, KernelBook, MapRef, Observed,
+    PlanError, ReconcileError, Release, ReleaseError, Timestamp, Wanted,
 };
 use crate::metrics::{self, Summary};
 use crate::ops::Backend;
@@ -145,6 +145,25 @@ pub struct StateView {
     pub files: BTreeMap<FileId, FileEntry>,
     pub book: KernelBook,
     pub in_flight: usize,
+}
+
+/// What a warm restart ([`ExecutableInfoManager::restart`]) did.
+#[derive(Debug, Default)]
+pub struct RestartReport {
+    /// Files whose kernel entries were kept as they were.
+    pub adopted: Vec<FileId>,
+    /// Files loaded again (their entries were missing or not trusted).
+    pub loaded: Vec<FileId>,
+    /// Files held by the caller that are not known after the restart (their
+    /// extraction or their load failed): their references are gone.
+    pub failed: Vec<(FileId, Error)>,
+    /// Removal ops the reconcile planned (entries of files not mapped any
+    /// more, or not right).
+    pub removals: usize,
+    /// Leftover ops still pending when the restart returns (removals that
+    /// failed, and what failed loads could not undo); retried like any
+    /// leftover.
+    pub removals_pending: usize,
 }
 
 /// One extraction in progress; callers for the same file wait on it.
@@ -396,6 +415,117 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             extracted: AtomicU64::new(0),
             extraction_errors: AtomicU64::new(0),
         }
+    }
+
+    /// A manager started over maps an earlier run left (a warm restart):
+    /// `observed` is what they hold, `held` every file mapped now with its
+    /// reference count. Each held file is extracted, the book is rebuilt by
+    /// [`reconcile`] (what is right is adopted untouched, the rest removed
+    /// top-down), and the files whose entries were not adopted are loaded.
+    /// A shape the reconcile does not trust is an error: the caller cleans
+    /// the maps and starts afresh instead.
+    pub fn restart(
+        provider: P,
+        backend: B,
+        tracers: Tracers,
+        config: Config,
+        clock: Box<dyn Clock>,
+        observed: &Observed,
+        held: &[(FileId, &P::Elf, u64)],
+    ) -> Result<(Self, RestartReport), ReconcileError> {
+        let manager = Self::with_config(provider, backend, tracers, config, clock);
+        let mut report = RestartReport::default();
+        let mut extracted = BTreeMap::new();
+        // Each file once (a repeated id keeps its first count); a file
+        // nobody holds is not mapped, so the reconcile removes it.
+        for &(file_id, elf, rc) in held {
+            if rc == 0 || extracted.contains_key(&file_id) {
+                continue;
+            }
+            match manager.provider.extract_for(file_id, elf, manager.tracers) {
+                Ok(extraction) => {
+                    manager.extracted.fetch_add(1, Ordering::Relaxed);
+                    extracted.insert(file_id, (extraction, rc));
+                }
+                Err(source) => {
+                    if !source.is_not_found() {
+                        manager.extraction_errors.fetch_add(1, Ordering::Relaxed);
+                        manager.defer(file_id);
+                    }
+                    report
+                        .failed
+                        .push((file_id, Error::Extraction { file_id, source }));
+                }
+            }
+        }
+        let offsets: BTreeMap<FileId, Option<OffsetRange>> = extracted
+            .iter()
+            .map(|(id, (e, _))| (*id, interp::offsets_of(&e.interpreters)))
+            .collect();
+        let wanted: Vec<Wanted<'_>> = extracted
+            .iter()
+            .map(|(id, (e, _))| Wanted {
+                file_id: *id,
+                deltas: &e.data.deltas,
+                offsets: offsets[id],
+            })
+            .collect();
+        let now = manager.clock.now();
+        let reconciled = reconcile(observed, &wanted, config.capacities, config.slot_grace, now)?;
+        report.removals = reconciled.removals().count();
+        report.adopted = reconciled.adopted.clone();
+        let mut kernel = lock(&manager.kernel);
+        kernel.book = reconciled.book;
+        kernel.retry_leftovers(&*manager.clock);
+        let batch: Vec<(FileId, &[StackDelta], Option<OffsetRange>)> = reconciled
+            .to_load
+            .iter()
+            .filter_map(|id| {
+                let (e, _) = extracted.get(id)?;
+                Some((*id, &e.data.deltas[..], offsets[id]))
+            })
+            .collect();
+        let mut outcomes = if batch.is_empty() {
+            BTreeMap::new()
+        } else {
+            kernel.load_many(&*manager.clock, &batch)
+        };
+        report.removals_pending = kernel.book.leftover_ops();
+        drop(kernel);
+        let adopted: std::collections::BTreeSet<FileId> = report.adopted.iter().copied().collect();
+        for (file_id, (extraction, rc)) in extracted {
+            if !adopted.contains(&file_id) {
+                match outcomes.remove(&file_id) {
+                    Some(Ok(_)) => report.loaded.push(file_id),
+                    Some(Err(e)) => {
+                        if !matches!(e, Error::CleanupPending { .. }) {
+                            manager.defer(file_id);
+                        }
+                        report.failed.push((file_id, e));
+                        continue;
+                    }
+                    None => {
+                        report
+                            .failed
+                            .push((file_id, Error::ExtractionAborted { file_id }));
+                        continue;
+                    }
+                }
+            }
+            let info = ExecutableInfo {
+                interpreters: std::sync::Arc::from(extraction.interpreters),
+                libc: extraction.libc,
+            };
+            lock(manager.shard(file_id)).files.insert(file_id, info, rc);
+        }
+        Ok((manager, report))
+    }
+
+    /// The backend, for a caller that ends this manager (the simulator's
+    /// restarts hand the maps to the next one).
+    pub fn into_backend(self) -> B {
+        let kernel = self.kernel.into_inner().unwrap_or_else(|e| e.into_inner());
+        kernel.backend
     }
 
     fn shard(&self, id: FileId) -> &Mutex<Shard> {

@@ -214,6 +214,21 @@ impl SimMaps {
             .collect()
     }
 
+    /// What the maps hold, as a warm restart's reconcile reads it (the
+    /// same dump `KernelMaps::dump` gives of real maps).
+    pub fn observed(&self) -> eim_core::machine::Observed {
+        eim_core::machine::Observed {
+            pages: self.pages(),
+            delta_tables: self
+                .delta_tables()
+                .into_iter()
+                .map(|(key, table)| (key, table.entries()))
+                .collect(),
+            unwind_infos: self.unwind_infos(),
+            interpreter_offsets: self.interpreter_offsets(),
+        }
+    }
+
     /// Slots outside of `0..n` all read as zero, for the returned `n`.
     pub fn unwind_info_extent(&self) -> usize {
         self.map(self.unwind_info).map_or(0, BpfMap::array_extent)

@@ -27,14 +27,18 @@ pub enum Profile {
     Faults,
     /// Everything, with the real files of the corpus, big ones included.
     Mixed,
+    /// Faults, and the daemon dying at any op (also inside a rollback) and
+    /// starting again over the same maps (a warm restart: reconcile).
+    Restart,
 }
 
 impl Profile {
-    pub const ALL: [Profile; 4] = [
+    pub const ALL: [Profile; 5] = [
         Profile::Churn,
         Profile::Capacity,
         Profile::Faults,
         Profile::Mixed,
+        Profile::Restart,
     ];
 
     pub fn name(self) -> &'static str {
@@ -43,6 +47,7 @@ impl Profile {
             Profile::Capacity => "capacity",
             Profile::Faults => "faults",
             Profile::Mixed => "mixed",
+            Profile::Restart => "restart",
         }
     }
 
@@ -53,6 +58,7 @@ impl Profile {
             Profile::Capacity => 0.01,
             Profile::Faults => 0.12,
             Profile::Mixed => 0.02,
+            Profile::Restart => 0.05,
         }
     }
 }
@@ -64,7 +70,7 @@ impl fmt::Display for Profile {
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown profile {0:?} (churn, capacity, faults, mixed)")]
+#[error("unknown profile {0:?} (churn, capacity, faults, mixed, restart)")]
 pub struct UnknownProfile(pub String);
 
 impl FromStr for Profile {
@@ -166,6 +172,7 @@ impl Setup {
                         cleanup: 4,
                         retry: 2,
                         file: 3,
+                        crash: 0,
                     },
                     max_live: 6,
                     min_live: 0,
@@ -196,6 +203,7 @@ impl Setup {
                         cleanup: 6,
                         retry: 3,
                         file: 3,
+                        crash: 0,
                     },
                     max_live: 12,
                     min_live: 2,
@@ -226,6 +234,7 @@ impl Setup {
                         cleanup: 6,
                         retry: 6,
                         file: 3,
+                        crash: 0,
                     },
                     max_live: 8,
                     min_live: 0,
@@ -256,11 +265,43 @@ impl Setup {
                         cleanup: 5,
                         retry: 3,
                         file: 4,
+                        crash: 0,
                     },
                     max_live: 10,
                     min_live: 1,
                     files: (0, 6),
                     batch: 0.3,
+                    synth: 0.05,
+                    defer: 0.4,
+                },
+            ),
+            Profile::Restart => (
+                SimConfig {
+                    unwind_info: rng.range(64, 1024) as u32,
+                    interpreter_offsets: 64,
+                    pages: rng.range(256, 1024) as u32,
+                    outer: 32,
+                },
+                PoolSpec {
+                    synthetic: 30,
+                    shapes: shapes_small,
+                    real_max_deltas: 1000,
+                    real_weight: 200,
+                },
+                Shape {
+                    weights: Weights {
+                        start: 30,
+                        exit: 26,
+                        advance: 6,
+                        cleanup: 5,
+                        retry: 4,
+                        file: 3,
+                        crash: 4,
+                    },
+                    max_live: 8,
+                    min_live: 0,
+                    files: (1, 5),
+                    batch: 0.4,
                     synth: 0.05,
                     defer: 0.4,
                 },

@@ -101,6 +101,9 @@ pub enum SetupError {
 struct Process {
     exit: ExitStyle,
     held: Vec<FileId>,
+    /// Every file it maps, loaded or not: what a restarted daemon finds
+    /// when it walks the host.
+    mapped: Vec<FileId>,
 }
 
 /// What the model knows of a file the manager knows.
@@ -117,6 +120,7 @@ pub struct Sim {
     sources: Arc<Sources>,
     provider: Arc<SimProvider>,
     clock: Arc<ManualClock>,
+    config: Config,
     manager: ExecutableInfoManager<Arc<SimProvider>, Watch>,
     now: Duration,
     processes: BTreeMap<u32, Process>,
@@ -193,6 +197,7 @@ impl Sim {
             sources,
             provider,
             clock,
+            config,
             manager,
             now: Duration::ZERO,
             processes: BTreeMap::new(),
@@ -449,11 +454,19 @@ impl Sim {
                     held.extend(self.load_batch(&batch));
                 }
                 // A pid started twice (a hand-edited trace) keeps both sets.
+                let pool = self.pool.len();
                 let process = self.processes.entry(*pid).or_insert(Process {
                     exit: *exit,
                     held: Vec::new(),
+                    mapped: Vec::new(),
                 });
                 process.held.extend(held);
+                process.mapped.extend(
+                    files
+                        .iter()
+                        .filter(|m| m.file < pool)
+                        .map(|m| file_id(m.file)),
+                );
             }
             Action::Exit { pid } => self.exit(*pid),
             Action::Advance { secs } => {
@@ -471,8 +484,103 @@ impl Sim {
                 }
             }
             Action::File { file, mode } => self.provider.set_mode(*file, *mode),
+            Action::Crash { ops } => self.manager.with_backend(|w| w.arm_crash(*ops)),
+        }
+        if self.manager.with_backend(|w| w.crashed()) {
+            self.restart(at)?;
         }
         self.check(at)
+    }
+
+    /// The daemon died during this step: a new manager starts over the same
+    /// maps with the files the live processes hold (a warm restart), and
+    /// every invariant is checked in full right after it.
+    fn restart(&mut self, at: usize) -> Result<(), Failure> {
+        let api = |detail: String| Failure {
+            step: at,
+            invariant: Invariant::Api,
+            detail,
+        };
+        // Something to hold the place of the dead manager while its maps
+        // move to the next one.
+        let maps = SimMaps::new(self.setup.kernel).map_err(|e| api(e.to_string()))?;
+        let placeholder = ExecutableInfoManager::with_config(
+            self.provider.clone(),
+            Watch::new(maps, self.sources.clone(), 0.0, self.setup.checks.per_op),
+            Tracers::none(),
+            self.config,
+            Box::new(self.clock.clone()),
+        );
+        let mut watch = std::mem::replace(&mut self.manager, placeholder).into_backend();
+        watch.revive();
+        let observed = watch.maps.observed();
+        // The new daemon walks the host: every file a live process maps is
+        // held, one reference per mapping, also those the dead daemon never
+        // loaded (or was loading when it died). Files nobody maps (unused,
+        // waiting for cleanup) are not: the new daemon removes them.
+        let mut rcs: BTreeMap<FileId, u64> = BTreeMap::new();
+        for process in self.processes.values_mut() {
+            process.held = process.mapped.clone();
+            for id in &process.mapped {
+                *rcs.entry(*id).or_default() += 1;
+            }
+        }
+        let held: Vec<(FileId, usize, u64)> = rcs
+            .iter()
+            .filter_map(|(id, rc)| {
+                let index = (0..self.pool.len()).find(|i| file_id(*i) == *id)?;
+                Some((*id, index, *rc))
+            })
+            .collect();
+        self.known = rcs
+            .into_iter()
+            .map(|(id, rc)| {
+                (
+                    id,
+                    Known {
+                        rc,
+                        unused_since: None,
+                    },
+                )
+            })
+            .collect();
+        let held: Vec<(FileId, &usize, u64)> = held
+            .iter()
+            .map(|(id, index, rc)| (*id, index, *rc))
+            .collect();
+        let (manager, report) = ExecutableInfoManager::restart(
+            self.provider.clone(),
+            watch,
+            Tracers::none(),
+            self.config,
+            Box::new(self.clock.clone()),
+            &observed,
+            &held,
+        )
+        .map_err(|e| api(format!("the restart did not trust the maps: {e}")))?;
+        self.manager = manager;
+        self.record(format!(
+            "restart: adopted {:?}, loaded {:?}, failed {:?}, {} removals ({} pending)",
+            report.adopted, report.loaded, report.failed, report.removals, report.removals_pending
+        ));
+        *self.tally.entry("restarts").or_default() += 1;
+        *self.tally.entry("restart: adopted").or_default() += report.adopted.len() as u64;
+        *self.tally.entry("restart: loaded").or_default() += report.loaded.len() as u64;
+        *self.tally.entry("restart: failed").or_default() += report.failed.len() as u64;
+        // A file the new daemon could not load is held by nobody any more.
+        for (id, _) in &report.failed {
+            self.known.remove(id);
+            for process in self.processes.values_mut() {
+                process.held.retain(|h| h != id);
+            }
+        }
+        self.checked = None;
+        let state = self.manager.state();
+        self.check_references(&state).map_err(api)?;
+        let sources = self.sources.clone();
+        self.manager
+            .with_backend(|w| check_all(&state, &w.maps, &sources))
+            .map_err(|v| self.fail(at, v))
     }
 
     fn fail(&self, step: usize, v: Violation) -> Failure {

@@ -86,6 +86,11 @@ pub struct Watch {
     /// Invariant 6: no slot changes its rule while a reader may still
     /// reach it (on the manager's clock).
     slot_watch: Option<SlotWatch>,
+    /// Ops left before the daemon dies ([`Watch::arm_crash`]).
+    crash_in: Option<u64>,
+    /// The daemon died: every op fails without effect until
+    /// [`Watch::revive`].
+    dead: bool,
 }
 
 impl Watch {
@@ -104,6 +109,54 @@ impl Watch {
             digest: Sha256::new(),
             sabotage: None,
             slot_watch: None,
+            crash_in: None,
+            dead: false,
+        }
+    }
+
+    /// The daemon dies at its `ops`-th next op: that op takes effect for a
+    /// random prefix of its elements (all, none or part of a batch), and
+    /// every later op fails without effect, as for a process that is gone.
+    pub fn arm_crash(&mut self, ops: u64) {
+        self.crash_in = Some(ops);
+    }
+
+    /// Whether the daemon died.
+    pub fn crashed(&self) -> bool {
+        self.dead
+    }
+
+    /// A new daemon owns the maps.
+    pub fn revive(&mut self) {
+        self.dead = false;
+        self.crash_in = None;
+    }
+
+    /// The outcome of `op` if the daemon is dead or dies at it.
+    fn crash_point(&mut self, op: &MapOp) -> Option<Result<(), OpFailure>> {
+        // What the dead daemon's code still does reaches nothing; it counts
+        // as a fault so that the API model expects the errors it returns.
+        let fail = |done| Err(OpFailure::new(Errno::EBADF, done));
+        if self.dead {
+            self.faults_now += 1;
+            return Some(fail(0));
+        }
+        match self.crash_in? {
+            0 => {
+                self.crash_in = None;
+                self.dead = true;
+                self.faults_now += 1;
+                let done = self.dice.index(op.len() + 1);
+                let result = match op.head(done) {
+                    Some(head) if done > 0 => self.maps.apply(&head),
+                    _ => Ok(()),
+                };
+                Some(result.and(fail(done)))
+            }
+            left => {
+                self.crash_in = Some(left - 1);
+                None
+            }
         }
     }
 
@@ -284,6 +337,8 @@ impl Backend for Watch {
         let overwritten = self.slots_before(op);
         let result = if self.sabotage == Some(op.name()) {
             Ok(())
+        } else if let Some(result) = self.crash_point(op) {
+            result
         } else if self.rate > 0.0 && self.dice.chance(self.rate) {
             self.inject(op)
         } else {

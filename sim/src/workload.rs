@@ -68,6 +68,12 @@ pub enum Action {
         file: usize,
         mode: Mode,
     },
+    /// The daemon dies at its `ops`-th next op (0: the next one), a batch
+    /// part way; at the end of the step in which it died, a new manager
+    /// starts over the same maps (a warm restart: reconcile).
+    Crash {
+        ops: u64,
+    },
 }
 
 /// One step: an action and the seed of its faults.
@@ -115,6 +121,7 @@ impl fmt::Display for Action {
             Action::Cleanup { age } => write!(f, "cleanup {age}"),
             Action::Retry => write!(f, "retry"),
             Action::File { file, mode } => write!(f, "file {file} {}", mode_name(*mode)),
+            Action::Crash { ops } => write!(f, "crash {ops}"),
         }
     }
 }
@@ -179,6 +186,7 @@ impl FromStr for Step {
             Some("advance") => Action::Advance { secs: num(1)? },
             Some("cleanup") => Action::Cleanup { age: num(1)? },
             Some("retry") if words.len() == 1 => Action::Retry,
+            Some("crash") => Action::Crash { ops: num(1)? },
             Some("file") => {
                 let mode = match words.get(2).copied() {
                     Some("present") => Mode::Present,
@@ -207,6 +215,9 @@ pub struct Weights {
     pub cleanup: u32,
     pub retry: u32,
     pub file: u32,
+    /// Last, so that a zero weight leaves the draws of older profiles as
+    /// they were.
+    pub crash: u32,
 }
 
 /// What a profile asks of the generator.
@@ -267,6 +278,7 @@ impl Generator {
             } else {
                 w.file
             },
+            w.crash,
         ];
         let action = match self.rng.weighted(&weights) {
             0 => {
@@ -317,6 +329,14 @@ impl Generator {
                 age: [0, 30, 60, 120][self.rng.index(4)],
             },
             4 => Action::Retry,
+            6 => Action::Crash {
+                // Mostly inside the next plan or two; sometimes later.
+                ops: match self.rng.weighted(&[6, 3, 1]) {
+                    0 => self.rng.range(0, 4),
+                    1 => self.rng.range(4, 16),
+                    _ => self.rng.range(16, 64),
+                },
+            },
             _ => {
                 let file = self.file();
                 let mode = match self.rng.weighted(&[5, 2, 2, 3]) {
@@ -350,6 +370,7 @@ mod tests {
                 cleanup: 1,
                 retry: 1,
                 file: 1,
+                crash: 1,
             },
             max_live: 5,
             min_live: 0,
@@ -366,7 +387,7 @@ mod tests {
             kinds.insert(text.split(' ').next().map(str::to_string));
             assert_eq!(text.parse::<Step>(), Ok(step), "{text}");
         }
-        assert_eq!(kinds.len(), 6, "{kinds:?}");
+        assert_eq!(kinds.len(), 7, "{kinds:?}");
         assert!("bogus 1".parse::<Step>().is_err());
         assert!("start 1 release each x".parse::<Step>().is_err());
         assert!("exit 1 @zz".parse::<Step>().is_err());

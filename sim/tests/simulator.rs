@@ -70,6 +70,54 @@ fn every_profile_keeps_every_invariant() {
     );
 }
 
+/// The daemon dies at any op (inside loads, unloads, rollbacks and the
+/// previous restart's own removals and loads) and a new manager reconciles
+/// over the same maps; every invariant holds after each restart, and the
+/// restarts both adopt files as they are and load files again.
+#[test]
+fn warm_restarts_at_any_op_keep_every_invariant() {
+    let mut tally: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for seed in [1, 2, 3] {
+        let setup = Setup::new(Profile::Restart, seed, None);
+        let (outcome, _) = run(&setup, 3000);
+        assert_eq!(outcome.failure, None, "restart seed {seed}");
+        for (k, n) in outcome.tally {
+            *tally.entry(k).or_default() += n;
+        }
+    }
+    eprintln!("{tally:?}");
+    for kind in [
+        "restarts",
+        "restart: adopted",
+        "restart: loaded",
+        "kernel, rolled back",
+    ] {
+        assert!(
+            tally.get(kind).copied().unwrap_or(0) > 10,
+            "few {kind:?}: {tally:?}"
+        );
+    }
+}
+
+/// Traces of failures the simulator found, replayed as they were saved:
+/// each must now keep every invariant.
+#[test]
+fn saved_failures_replay_clean() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions");
+    let mut replayed = 0;
+    for entry in std::fs::read_dir(&dir).expect("sim/regressions") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("a trace");
+        let trace: Trace = text.parse().expect("a trace parses");
+        let setup = Setup::new(trace.profile, trace.seed, Some(trace.fault_rate));
+        let pool = Arc::new(build_pool(&setup, corpus()));
+        let outcome = run_steps(&setup, pool, &trace.steps, true).expect("setup");
+        assert_eq!(outcome.failure, None, "{}", path.display());
+        replayed += 1;
+    }
+    assert!(replayed >= 1);
+}
+
 #[test]
 fn a_seed_reproduces_its_run_exactly() {
     let setup = Setup::new(Profile::Faults, 5, None);

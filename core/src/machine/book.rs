@@ -257,6 +257,41 @@ impl KernelBook {
         }
     }
 
+    /// A book rebuilt at a warm restart ([`crate::machine::reconcile`]):
+    /// the adopted files' tables and offsets, the removals still to run as
+    /// leftovers (with the slots each stale table references), and the
+    /// slots. The gauges are counted from `loaded`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rebuilt(
+        caps: Capacities,
+        grace: Duration,
+        now: Timestamp,
+        slots: UnwindSlots,
+        loaded: BTreeMap<FileId, LoadedTable>,
+        offsets: BTreeMap<FileId, OffsetRange>,
+        leftovers: BTreeMap<FileId, VecDeque<MapOp>>,
+        leftover_slots: BTreeMap<FileId, Box<[u16]>>,
+    ) -> Self {
+        let mut tables = [0; abi::SIZE_CLASS_COUNT];
+        let mut pages_in_use = 0;
+        for table in loaded.values() {
+            tables[class_index(table.map_ref.map_id)] += 1;
+            pages_in_use += u64::from(table.map_ref.page_entries);
+        }
+        Self {
+            caps,
+            slots,
+            loaded,
+            pages_in_use,
+            tables,
+            offsets,
+            leftovers,
+            leftover_slots,
+            grace,
+            now,
+        }
+    }
+
     pub fn slot_grace(&self) -> Duration {
         self.grace
     }

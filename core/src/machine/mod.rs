@@ -14,6 +14,7 @@
 pub mod book;
 pub mod deferred;
 pub mod files;
+pub mod reconcile;
 pub mod slots;
 
 use std::time::Duration;
@@ -24,6 +25,7 @@ pub use book::{
 };
 pub use deferred::Deferred;
 pub use files::{FileEntry, FileTable, Release, ReleaseError};
+pub use reconcile::{reconcile, Observed, ReconcileError, Reconciled, Wanted};
 pub use slots::UnwindSlots;
 
 /// A point in time, as a duration since an arbitrary epoch chosen by the

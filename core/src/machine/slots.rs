@@ -93,6 +93,39 @@ impl UnwindSlots {
         }
     }
 
+    /// The mirror of an array observed at a warm restart
+    /// ([`crate::machine::reconcile`]): `contents` up to the high-water mark
+    /// (at most the capacity; each rule at most once) and the users of each
+    /// slot. A slot with users is live; every other slot below the mark
+    /// cools until `cool_until`, keeping what it holds, because a reader of
+    /// a table unpublished just before the restart may still read it.
+    pub(crate) fn rebuilt(
+        capacity: u32,
+        contents: Vec<Option<UnwindInfo>>,
+        users: Vec<u32>,
+        cool_until: Timestamp,
+    ) -> Self {
+        let mut slots = Self::new(capacity);
+        let high_water = contents.len().min(slots.capacity as usize);
+        slots.contents = contents;
+        slots.contents.truncate(high_water);
+        slots.users = users;
+        slots.users.resize(high_water, 0);
+        slots.reusable_at = vec![None; high_water];
+        for (i, content) in slots.contents.iter().enumerate() {
+            if let Some(info) = content {
+                slots.index.entry(*info).or_insert(i as u16);
+            }
+        }
+        for slot in 0..high_water {
+            if slots.users[slot] == 0 {
+                slots.reusable_at[slot] = Some(cool_until);
+                slots.cooling.insert((cool_until, slot as u16));
+            }
+        }
+        slots
+    }
+
     pub fn capacity(&self) -> u32 {
         self.capacity
     }

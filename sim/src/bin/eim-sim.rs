@@ -287,8 +287,8 @@ fn soak(args: &Args, corpus: &[RealFile]) -> Fallible<bool> {
         if deadline.is_some_and(|d| start.elapsed() >= d) {
             break;
         }
-        let profile = Profile::ALL[(n % 4) as usize];
-        let seed = first.wrapping_add(n / 4);
+        let profile = Profile::ALL[(n % Profile::ALL.len() as u64) as usize];
+        let seed = first.wrapping_add(n / Profile::ALL.len() as u64);
         let setup = Setup::new(profile, seed, args.fault_rate);
         let Some(ran) = run_seed(args, corpus, setup)? else {
             return Ok(false);
