@@ -488,13 +488,8 @@ impl KernelMaps {
     /// reconcile plans (removals of tables and pages, new pages) apply
     /// exactly as on maps this process filled.
     fn track_pinned(&mut self) -> Result<(), KernelError> {
-        let (pages, _) = sys::lookup_all(
-            fd(&self.pages),
-            StackDeltaPageKey::SIZE,
-            StackDeltaPageInfo::SIZE,
-            1024,
-        )?;
-        self.page_keys = pages
+        self.page_keys = self
+            .page_keys_raw()?
             .chunks(StackDeltaPageKey::SIZE)
             .filter_map(StackDeltaPageKey::read)
             .collect();
@@ -517,15 +512,21 @@ impl KernelMaps {
         Ok(())
     }
 
-    /// The keys of every entry eim owns (one `LOOKUP_BATCH` per map, more
-    /// for big hashes).
-    fn keys(&self) -> Result<Keys, KernelError> {
-        let (pages, _) = sys::lookup_all(
+    /// Every key of the page map, as raw bytes (`LOOKUP_BATCH`es of 1024).
+    fn page_keys_raw(&self) -> Result<Vec<u8>, KernelError> {
+        let (keys, _) = sys::lookup_all(
             fd(&self.pages),
             StackDeltaPageKey::SIZE,
             StackDeltaPageInfo::SIZE,
             1024,
         )?;
+        Ok(keys)
+    }
+
+    /// The keys of every entry eim owns (one `LOOKUP_BATCH` per map, more
+    /// for big hashes).
+    fn keys(&self) -> Result<Keys, KernelError> {
+        let pages = self.page_keys_raw()?;
         let (interpreter_offsets, _) = sys::lookup_all(
             fd(&self.interpreter_offsets),
             u64::SIZE,
