@@ -1016,7 +1016,7 @@ fn a_restart_over_pins_adopts_what_is_right_and_ends_as_the_sim_does() {
             Config::default(),
             Box::new(Arc::new(ManualClock::new())),
             observed,
-            &held,
+            held,
         )
         .expect("trusted")
     }

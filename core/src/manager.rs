@@ -12,6 +12,7 @@
 //! held, and only one thread extracts a given file at a time: the others
 //! wait for its result and share it.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,7 +28,7 @@ use crate::machine::{
     PlanError, ReconcileError, Release, ReleaseError, Timestamp, Wanted,
 };
 use crate::metrics::{self, Summary};
-use crate::ops::Backend;
+use crate::ops::{Backend, MapKind};
 use crate::provider::Provider;
 use crate::sync::{lock, Arc, Condvar, Mutex};
 use crate::FileId;
@@ -164,6 +165,23 @@ pub struct RestartReport {
     /// failed, and what failed loads could not undo); retried like any
     /// leftover.
     pub removals_pending: usize,
+}
+
+/// A warm restart the reconcile refused ([`ExecutableInfoManager::restart`]):
+/// why, and the parts it was given, so that the caller can clean the maps
+/// and start a manager afresh.
+pub struct RestartRefused<P, B> {
+    pub error: ReconcileError,
+    pub provider: P,
+    pub backend: B,
+}
+
+impl<P, B> std::fmt::Debug for RestartRefused<P, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestartRefused")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One extraction in progress; callers for the same file wait on it.
@@ -422,27 +440,35 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
     /// reference count. Each held file is extracted, the book is rebuilt by
     /// [`reconcile`] (what is right is adopted untouched, the rest removed
     /// top-down), and the files whose entries were not adopted are loaded.
-    /// A shape the reconcile does not trust is an error: the caller cleans
-    /// the maps and starts afresh instead.
-    pub fn restart(
+    /// A shape the reconcile does not trust is an error that hands the
+    /// provider and the backend back, untouched: the caller cleans the maps
+    /// and starts afresh instead.
+    ///
+    /// `held` is consumed one file at a time and each file is dropped once
+    /// extracted, so a caller may open files as they are asked for and hold
+    /// one descriptor at a time, however many files the host maps.
+    pub fn restart<E: Borrow<P::Elf>>(
         provider: P,
         backend: B,
         tracers: Tracers,
         config: Config,
         clock: Box<dyn Clock>,
         observed: &Observed,
-        held: &[(FileId, &P::Elf, u64)],
-    ) -> Result<(Self, RestartReport), ReconcileError> {
+        held: impl IntoIterator<Item = (FileId, E, u64)>,
+    ) -> Result<(Self, RestartReport), RestartRefused<P, B>> {
         let manager = Self::with_config(provider, backend, tracers, config, clock);
         let mut report = RestartReport::default();
         let mut extracted = BTreeMap::new();
         // Each file once (a repeated id keeps its first count); a file
         // nobody holds is not mapped, so the reconcile removes it.
-        for &(file_id, elf, rc) in held {
+        for (file_id, elf, rc) in held {
             if rc == 0 || extracted.contains_key(&file_id) {
                 continue;
             }
-            match manager.provider.extract_for(file_id, elf, manager.tracers) {
+            match manager
+                .provider
+                .extract_for(file_id, elf.borrow(), manager.tracers)
+            {
                 Ok(extraction) => {
                     manager.extracted.fetch_add(1, Ordering::Relaxed);
                     extracted.insert(file_id, (extraction, rc));
@@ -471,7 +497,23 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             })
             .collect();
         let now = manager.clock.now();
-        let reconciled = reconcile(observed, &wanted, config.capacities, config.slot_grace, now)?;
+        let reconciled =
+            match reconcile(observed, &wanted, config.capacities, config.slot_grace, now) {
+                Ok(reconciled) => reconciled,
+                Err(error) => {
+                    drop(wanted);
+                    drop(extracted);
+                    let kernel = manager
+                        .kernel
+                        .into_inner()
+                        .unwrap_or_else(|e| e.into_inner());
+                    return Err(RestartRefused {
+                        error,
+                        provider: manager.provider,
+                        backend: kernel.backend,
+                    });
+                }
+            };
         report.removals = reconciled.removals().count();
         report.adopted = reconciled.adopted.clone();
         let mut kernel = lock(&manager.kernel);
@@ -498,9 +540,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 match outcomes.remove(&file_id) {
                     Some(Ok(_)) => report.loaded.push(file_id),
                     Some(Err(e)) => {
-                        if !matches!(e, Error::CleanupPending { .. }) {
-                            manager.defer(file_id);
-                        }
+                        manager.defer_load_failure(&e);
                         report.failed.push((file_id, e));
                         continue;
                     }
@@ -540,6 +580,38 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
     fn defer(&self, file_id: FileId) {
         let now = self.clock.now();
         lock(&self.deferred).insert(file_id, now);
+    }
+
+    /// Defers a file whose load failed with `e`. A pending cleanup is not
+    /// deferred (the next attempt after the retry may succeed). A full
+    /// `unwind_info_array` whose slots are cooling is deferred only until
+    /// the first of them may take a rule again: after a warm restart every
+    /// slot cools for one grace (`docs/ARCHITECTURE.md`, "Warm restart:
+    /// reconcile"), and a file needing a new rule then must not wait the
+    /// whole deferral timeout.
+    fn defer_load_failure(&self, e: &Error) {
+        match e {
+            Error::CleanupPending { .. } => {}
+            Error::MapFull {
+                file_id,
+                map: MapKind::UnwindInfo,
+                ..
+            } => {
+                let now = self.clock.now();
+                let reusable = lock(&self.kernel)
+                    .book
+                    .slots()
+                    .cooling()
+                    .next()
+                    .map(|(_, at)| at);
+                let mut deferred = lock(&self.deferred);
+                match reusable {
+                    Some(at) if at > now => deferred.insert_until(*file_id, now, at),
+                    _ => deferred.insert(*file_id, now),
+                }
+            }
+            e => self.defer(e.file_id()),
+        }
     }
 
     /// Takes a reference on `file_id`, loading its unwind data into the
@@ -597,9 +669,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 libc: extraction.libc,
             }),
             Err(e) => {
-                if !matches!(e, Error::CleanupPending { .. }) {
-                    self.defer(file_id);
-                }
+                self.defer_load_failure(&e);
                 Err(e)
             }
         }
@@ -692,9 +762,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                     libc: extraction.libc,
                 }),
                 Some(Err(e)) => {
-                    if !matches!(e, Error::CleanupPending { .. }) {
-                        self.defer(file_id);
-                    }
+                    self.defer_load_failure(&e);
                     Err(e)
                 }
                 None => Err(Error::ExtractionAborted { file_id }),

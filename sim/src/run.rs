@@ -555,9 +555,9 @@ impl Sim {
             self.config,
             Box::new(self.clock.clone()),
             &observed,
-            &held,
+            held,
         )
-        .map_err(|e| api(format!("the restart did not trust the maps: {e}")))?;
+        .map_err(|e| api(format!("the restart did not trust the maps: {}", e.error)))?;
         self.manager = manager;
         self.record(format!(
             "restart: adopted {:?}, loaded {:?}, failed {:?}, {} removals ({} pending)",

@@ -317,3 +317,68 @@ fn a_failed_load_into_reclaimed_slots_is_undone_safely() {
         }
     }
 }
+
+/// After a warm restart every slot no kept table uses cools for one grace
+/// (a reader may still hold a table the dead daemon unpublished). A file
+/// that needs a rule no slot holds is refused meanwhile; it must be tried
+/// again once the slots may be reused, not only after the 90 s deferral.
+#[test]
+fn a_file_refused_while_slots_cool_after_a_restart_is_retried_when_they_may_be_reused() {
+    let w = world(4, 64, GRACE);
+    let provider = Arc::new(eim_core::provider::MemoryProvider::new());
+    for (file_id, data) in w.sources.iter() {
+        provider.insert(*file_id, data.clone());
+    }
+    for k in 0..2 {
+        w.m.add_or_inc_ref(id(k), &id(k)).expect("load");
+    }
+    w.check();
+    let World { m, clock, sources } = w;
+    let backend = m.into_backend();
+    let observed = backend.maps.observed();
+    let config = Config {
+        capacities: Capacities {
+            unwind_slots: 64,
+            ..Capacities::default()
+        },
+        slot_grace: GRACE,
+        ..Config::default()
+    };
+    let kept = id(0);
+    let (m, report) = ExecutableInfoManager::restart(
+        provider,
+        backend,
+        Tracers::none(),
+        config,
+        Box::new(clock.clone()),
+        &observed,
+        [(kept, &kept, 1)],
+    )
+    .expect("the reconcile trusts a whole run's maps");
+    assert_eq!(report.adopted, vec![kept]);
+    let w = World { m, clock, sources };
+    w.check();
+
+    // Binary 3's unique rules are in no slot, and every slot cools.
+    match w.m.add_or_inc_ref(id(3), &id(3)) {
+        Err(Error::MapFull {
+            map: MapKind::UnwindInfo,
+            ..
+        }) => {}
+        other => panic!("expected a full unwind_info_array, got {other:?}"),
+    }
+    assert!(w.m.is_deferred(id(3)));
+    w.clock.advance(GRACE - Duration::from_millis(1));
+    assert!(
+        w.m.is_deferred(id(3)),
+        "retried before the slots may be reused"
+    );
+    w.clock.advance(Duration::from_millis(1));
+    assert!(
+        !w.m.is_deferred(id(3)),
+        "still deferred once the slots may be reused"
+    );
+    w.m.add_or_inc_ref(id(3), &id(3))
+        .expect("loaded once the grace is over");
+    w.check();
+}

@@ -82,6 +82,16 @@ impl Deferred {
         self.entries.insert(id, (now.after(self.ttl), stamp));
     }
 
+    /// Defers `id` from `now` until `until`, or for the TTL if that ends
+    /// sooner: a failure known to clear at a given time (a full
+    /// `unwind_info_array` whose slots are cooling) is tried again then.
+    pub fn insert_until(&mut self, id: FileId, now: Timestamp, until: Timestamp) {
+        self.insert(id, now);
+        if let Some(entry) = self.entries.get_mut(&id) {
+            entry.0 = entry.0.min(until.max(now));
+        }
+    }
+
     pub fn remove(&mut self, id: FileId) {
         if let Some((_, stamp)) = self.entries.remove(&id) {
             self.order.remove(&stamp);
@@ -112,6 +122,17 @@ mod tests {
         d.insert(FileId(1), t(0));
         d.insert(FileId(1), t(50));
         assert!(d.contains(FileId(1), t(139)));
+    }
+
+    #[test]
+    fn a_deferral_until_a_time_ends_then_or_at_the_ttl_whichever_is_first() {
+        let mut d = Deferred::default();
+        d.insert_until(FileId(1), t(10), t(15));
+        assert!(d.contains(FileId(1), t(14)));
+        assert!(!d.contains(FileId(1), t(15)));
+        d.insert_until(FileId(2), t(10), t(500));
+        assert!(d.contains(FileId(2), t(99)));
+        assert!(!d.contains(FileId(2), t(100)), "capped by the TTL");
     }
 
     #[test]
