@@ -19,7 +19,7 @@ use eim::bpf::{KernelConfig, KernelMaps};
 use eim::host::open::OpenStrategy;
 use eim::lookup;
 use eim::metrics_http::{Metrics, MetricsServer};
-use eim::scan::{Host, HostConfig, Progress, Quiet};
+use eim::scan::{Host, HostConfig, NotRestarted, Progress, Quiet, RestartFailed};
 use eim::sim::{SimConfig, SimMaps};
 use eim::summary::Summary;
 use eim::watch::{self, WatchConfig};
@@ -177,8 +177,10 @@ fn privileges_message(what_failed: &str) -> String {
     msg
 }
 
-/// Real maps, after checking that the kernel will let us make them.
-fn kernel_maps(args: &BackendArgs, pin: bool) -> anyhow::Result<KernelMaps> {
+/// Real maps, after checking that the kernel will let us make them. With
+/// `adopt`, re-opened pins keep their entries for [`kernel_host`]'s
+/// reconcile.
+fn kernel_maps(args: &BackendArgs, pin: bool, adopt: bool) -> anyhow::Result<KernelMaps> {
     match eim::bpf::probe::can_create_maps() {
         Ok(true) => {}
         Ok(false) => bail!(privileges_message(
@@ -190,6 +192,7 @@ fn kernel_maps(args: &BackendArgs, pin: bool) -> anyhow::Result<KernelMaps> {
         pin_dir: pin.then(|| args.pin_dir.clone()),
         mount_bpffs: args.mount_bpffs,
         recreate_mismatched: args.recreate_mismatched,
+        adopt_pins: pin && adopt,
         ..KernelConfig::default()
     };
     let maps = match KernelMaps::with_config(config) {
@@ -286,9 +289,105 @@ fn maps_kind(args: &BackendArgs) -> Maps {
     }
 }
 
-fn scan_on<B: Inspect>(backend: B, args: &ScanArgs, stop: &AtomicBool) -> anyhow::Result<ExitCode> {
-    let mut host = Host::new(backend, host_config(&args.backend, &args.pids));
+/// The host over real maps. Over pins of an earlier run that hold
+/// entries, a warm restart ([`Host::restart`]): what is right is kept,
+/// the rest removed, what is missing loaded, so readers never lose a file
+/// that stays mapped. If the reconcile does not trust the maps, they are
+/// cleaned and the host starts cold. `None`: stopped before the maps were
+/// touched.
+fn kernel_host(
+    args: &BackendArgs,
+    config: HostConfig,
+    stop: &AtomicBool,
+) -> anyhow::Result<Option<Host<KernelMaps>>> {
+    let pin = !args.no_pin;
+    let maps = kernel_maps(args, pin, true)?;
+    if !maps.pin_report().is_some_and(|r| r.any_reopened()) {
+        return Ok(Some(Host::new(maps, config)));
+    }
+    let observed = maps
+        .dump()
+        .with_context(|| format!("reading the maps pinned in {}", args.pin_dir.display()))?
+        .observed();
+    if observed.is_empty() {
+        return Ok(Some(Host::new(maps, config)));
+    }
+    match Host::restart(maps, config.clone(), &observed, stop) {
+        Ok(host) => {
+            if let Some(r) = host.restarted() {
+                note!(
+                    "eim: maps reconciled in {:.0} ms: {} of {} files kept as pinned, {} loaded, {} failed, {} waiting for unwind slots, {} stale entries removed{}",
+                    r.seconds * 1e3,
+                    r.adopted,
+                    r.files,
+                    r.loaded,
+                    r.failed,
+                    r.waiting_for_slots,
+                    r.removals,
+                    if r.removals_pending > 0 {
+                        format!(" ({} removals pending)", r.removals_pending)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            Ok(Some(host))
+        }
+        Err(RestartFailed {
+            why: NotRestarted::Stopped,
+            ..
+        }) => {
+            note!(
+                "eim: stopped before the maps pinned in {} were reconciled; they are as they were",
+                args.pin_dir.display()
+            );
+            Ok(None)
+        }
+        Err(RestartFailed {
+            why: NotRestarted::List(e),
+            ..
+        }) => Err(e).context("walking the host to reconcile the pinned maps (left as they were)"),
+        Err(RestartFailed {
+            why: NotRestarted::Refused(e),
+            mut backend,
+        }) => {
+            let cleaned = backend.clean_pins().with_context(|| {
+                format!("cleaning the maps pinned in {}", args.pin_dir.display())
+            })?;
+            note!(
+                "eim: the maps pinned in {} were not reconciled ({e}); cleaned them: {} page entries, {} tables, {} unwind infos",
+                args.pin_dir.display(),
+                cleaned.pages,
+                cleaned.tables.values().sum::<usize>(),
+                cleaned.unwind_slots
+            );
+            Ok(Some(Host::new(backend, config)))
+        }
+    }
+}
+
+fn scan_on<B: Inspect>(
+    mut host: Host<B>,
+    args: &ScanArgs,
+    stop: &AtomicBool,
+) -> anyhow::Result<ExitCode> {
     host.step(stop, &mut Bar::new())?;
+    // After a warm restart every unwind slot no kept table uses cools for
+    // one grace, and a file needing a rule no slot holds is refused until
+    // then (`docs/ARCHITECTURE.md`, "Warm restart: reconcile"). A daemon
+    // loads it at a later step; a scan waits that once (at most the grace).
+    if host.restarted().is_some() && !host.problems().is_empty() {
+        if let Some(wait) = host.manager().slots_cooling_for() {
+            note!(
+                "eim: waiting {:.1} s for the unwind slots to cool after the restart, then loading what was refused",
+                wait.as_secs_f64()
+            );
+            watch::sleep_unless_stopped(wait, stop);
+            if !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                host.step(stop, &mut Bar::new())?;
+            }
+        }
+    }
     let summary = Summary::of(&mut host)?;
     print_summary(&summary, args.json)
 }
@@ -296,24 +395,21 @@ fn scan_on<B: Inspect>(backend: B, args: &ScanArgs, stop: &AtomicBool) -> anyhow
 pub fn scan(args: &ScanArgs) -> anyhow::Result<ExitCode> {
     // Before the maps are made: a signal while they are would kill eim.
     let stop = stop::on_signals(maps_kind(&args.backend));
+    let config = host_config(&args.backend, &args.pids);
     match args.backend.backend {
-        BackendKind::Sim => scan_on(sim_maps()?, args, &stop),
-        BackendKind::Kernel => scan_on(
-            kernel_maps(&args.backend, !args.backend.no_pin)?,
-            args,
-            &stop,
-        ),
+        BackendKind::Sim => scan_on(Host::new(sim_maps()?, config), args, &stop),
+        BackendKind::Kernel => match kernel_host(&args.backend, config, &stop)? {
+            Some(host) => scan_on(host, args, &stop),
+            None => Ok(ExitCode::SUCCESS),
+        },
     }
 }
 
 fn watch_on<B: Inspect>(
-    backend: B,
+    mut host: Host<B>,
     args: &WatchArgs,
     stop: &AtomicBool,
 ) -> anyhow::Result<ExitCode> {
-    let mut config = host_config(&args.backend, &args.pids);
-    config.unload_delay = (!args.unload_delay.is_zero()).then_some(args.unload_delay);
-    let mut host = Host::new(backend, config);
     let metrics = Arc::new(Metrics::new());
     // Without its metrics a watch still does its work: a port taken by
     // someone else must not keep eim from loading tables.
@@ -356,13 +452,14 @@ fn watch_on<B: Inspect>(
 
 pub fn watch(args: &WatchArgs) -> anyhow::Result<ExitCode> {
     let stop = stop::on_signals(maps_kind(&args.backend));
+    let mut config = host_config(&args.backend, &args.pids);
+    config.unload_delay = (!args.unload_delay.is_zero()).then_some(args.unload_delay);
     match args.backend.backend {
-        BackendKind::Sim => watch_on(sim_maps()?, args, &stop),
-        BackendKind::Kernel => watch_on(
-            kernel_maps(&args.backend, !args.backend.no_pin)?,
-            args,
-            &stop,
-        ),
+        BackendKind::Sim => watch_on(Host::new(sim_maps()?, config), args, &stop),
+        BackendKind::Kernel => match kernel_host(&args.backend, config, &stop)? {
+            Some(host) => watch_on(host, args, &stop),
+            None => Ok(ExitCode::SUCCESS),
+        },
     }
 }
 
@@ -420,6 +517,6 @@ pub fn lookup(args: &LookupArgs) -> anyhow::Result<ExitCode> {
         BackendKind::Sim => lookup_on(sim_maps()?, args),
         // Private maps: a lookup must not clean the maps a running scan or
         // watch has pinned.
-        BackendKind::Kernel => lookup_on(kernel_maps(&args.backend, false)?, args),
+        BackendKind::Kernel => lookup_on(kernel_maps(&args.backend, false, false)?, args),
     }
 }

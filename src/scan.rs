@@ -47,6 +47,10 @@ use crate::host::open::{self, OpenError, OpenStrategy};
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
 use crate::{ElfFileRef, ElfProvider};
 
+mod restart;
+
+pub use restart::{NotRestarted, Reconciled, RestartFailed};
+
 /// The manager as the host runs it.
 pub type HostManager<B> = ExecutableInfoManager<CountingProvider, Timed<B>>;
 
@@ -183,6 +187,12 @@ impl Progress for Quiet {
     fn finish(&mut self) {}
 }
 
+/// A mapping's file, opened and identified.
+enum Identified {
+    File(FileId128, std::fs::File),
+    Unusable,
+}
+
 /// The references one step still has to take, and the files they need.
 #[derive(Default)]
 struct Batch {
@@ -205,6 +215,8 @@ pub struct Host<B: Inspect> {
     last: StepReport,
     /// Upstream's counters are reset by every read; these are their totals.
     metric_totals: BTreeMap<MetricId, u64>,
+    /// What the warm restart that started this host did.
+    restarted: Option<Reconciled>,
 }
 
 impl<B: Inspect> Host<B> {
@@ -231,6 +243,7 @@ impl<B: Inspect> Host<B> {
             counters: Counters::default(),
             last: StepReport::default(),
             metric_totals: BTreeMap::new(),
+            restarted: None,
         }
     }
 
@@ -462,12 +475,27 @@ impl<B: Inspect> Host<B> {
     /// Opens a mapping's file and computes its id. `None` if it has gone.
     /// The opened file goes into the batch if the batch has none of its id.
     fn resolve(&mut self, pid: i32, m: &ExecMapping, batch: &mut Batch) -> Option<Resolution> {
+        let (id128, file) = match self.identify(pid, m)? {
+            Identified::File(id128, file) => (id128, file),
+            Identified::Unusable => return Some(Resolution::Unusable),
+        };
+        let id = id128.host();
+        batch.files.entry(id).or_insert_with(|| HostFile {
+            id: id128,
+            elf: host_elf_ref(pid, m).with_file(file),
+        });
+        Some(Resolution::File(id))
+    }
+
+    /// Opens a mapping's file, computes its id and records the file. `None`
+    /// if it has gone.
+    fn identify(&mut self, pid: i32, m: &ExecMapping) -> Option<Identified> {
         let opened = match open::open_mapping(pid, m, self.config.strategy) {
             Ok(opened) => opened,
             Err(e) if e.is_vanished() => return None,
             Err(e) => {
                 self.note_unopenable(m, &e);
-                return Some(Resolution::Unusable);
+                return Some(Identified::Unusable);
             }
         };
         let id128 = match self.ids.get(&opened.file, opened.identity) {
@@ -479,7 +507,7 @@ impl<B: Inspect> Host<B> {
                     source: e,
                 };
                 self.note_unopenable(m, &e);
-                return Some(Resolution::Unusable);
+                return Some(Identified::Unusable);
             }
         };
         let id = id128.host();
@@ -492,11 +520,7 @@ impl<B: Inspect> Host<B> {
                 info: None,
             }
         });
-        batch.files.entry(id).or_insert_with(|| HostFile {
-            id: id128,
-            elf: host_elf_ref(pid, m).with_file(opened.file),
-        });
-        Some(Resolution::File(id))
+        Some(Identified::File(id128, opened.file))
     }
 
     /// Opens the file of `m` again for a batch (its mapping was resolved in

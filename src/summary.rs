@@ -166,9 +166,12 @@ pub struct Pins {
     pub reopened: usize,
     /// Maps whose pins had another shape, replaced as asked.
     pub replaced: Vec<Replaced>,
-    /// What the re-opened maps held and the start removed (`null` when
-    /// nothing was re-opened).
+    /// What the re-opened maps held and the start removed (`null` unless
+    /// the start cleaned them: the maps were not eim's shape of state).
     pub cleaned: Option<Cleaned>,
+    /// What the warm restart over the re-opened maps kept, loaded and
+    /// removed (`null` when nothing was pinned with entries).
+    pub reconciled: Option<crate::scan::Reconciled>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -208,6 +211,7 @@ impl Pins {
                 unwind_infos: c.unwind_slots,
                 interpreter_offsets: c.interpreter_offsets,
             }),
+            reconciled: None,
         }
     }
 }
@@ -337,7 +341,12 @@ impl Summary {
                 },
                 seconds: secs(kernel_time),
             },
-            pins: host.with_backend(|b| b.pin_report().map(Pins::of)),
+            pins: host
+                .with_backend(|b| b.pin_report().map(Pins::of))
+                .map(|p| Pins {
+                    reconciled: host.restarted().cloned(),
+                    ..p
+                }),
             problems,
             found,
             metrics: METRIC_NAMES
@@ -469,11 +478,18 @@ impl Summary {
         ));
         if let Some(p) = &self.pins {
             out.push_str(&format!(
-                "pins: {} ({} created, {} re-opened, {} replaced{}{})\n",
+                "pins: {} ({} created, {} re-opened, {} replaced{}{}{})\n",
                 p.dir.display(),
                 p.created,
                 p.reopened,
                 p.replaced.len(),
+                match &p.reconciled {
+                    Some(r) => format!(
+                        "; reconciled in {:.3} s: {} files adopted, {} loaded, {} removals",
+                        r.seconds, r.adopted, r.loaded, r.removals
+                    ),
+                    None => String::new(),
+                },
                 match &p.cleaned {
                     Some(c) => format!(
                         "; cleaned {} page entries, {} tables, {} unwind infos",

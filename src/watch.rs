@@ -34,7 +34,7 @@ pub enum WatchError {
 }
 
 /// Sleeps `d`, waking early when `stop` is set.
-fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
+pub fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
     let until = Instant::now() + d;
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();

@@ -503,14 +503,11 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 Err(error) => {
                     drop(wanted);
                     drop(extracted);
-                    let kernel = manager
-                        .kernel
-                        .into_inner()
-                        .unwrap_or_else(|e| e.into_inner());
+                    let (provider, backend) = manager.into_parts();
                     return Err(RestartRefused {
                         error,
-                        provider: manager.provider,
-                        backend: kernel.backend,
+                        provider,
+                        backend,
                     });
                 }
             };
@@ -559,6 +556,28 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             lock(manager.shard(file_id)).files.insert(file_id, info, rc);
         }
         Ok((manager, report))
+    }
+
+    /// How long until every cooling `unwind_info_array` slot may take a new
+    /// rule (`None` when none is cooling). After a warm restart every slot
+    /// no kept table uses cools for one grace; a one-shot caller waits this
+    /// long before loading files that need new rules.
+    pub fn slots_cooling_for(&self) -> Option<Duration> {
+        let now = self.clock.now();
+        let last = lock(&self.kernel)
+            .book
+            .slots()
+            .cooling()
+            .map(|(_, at)| at)
+            .max()?;
+        (last > now).then(|| last.0.saturating_sub(now.0))
+    }
+
+    /// The provider and the backend, for a caller that ends this manager
+    /// and starts another over the same maps ([`Self::restart`]).
+    pub fn into_parts(self) -> (P, B) {
+        let kernel = self.kernel.into_inner().unwrap_or_else(|e| e.into_inner());
+        (self.provider, kernel.backend)
     }
 
     /// The backend, for a caller that ends this manager (the simulator's

@@ -35,6 +35,20 @@ pub struct Observed {
     pub interpreter_offsets: BTreeMap<FileId, OffsetRange>,
 }
 
+impl Observed {
+    /// Whether the maps hold nothing at all (no rule in any slot either):
+    /// nothing to reconcile, a fresh manager may use them as they are.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+            && self.delta_tables.is_empty()
+            && self.interpreter_offsets.is_empty()
+            && self
+                .unwind_infos
+                .iter()
+                .all(|u| *u == UnwindInfo::default())
+    }
+}
+
 /// A file mapped now, with what a fresh load of it would be built from.
 #[derive(Clone, Copy, Debug)]
 pub struct Wanted<'a> {

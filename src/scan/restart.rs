@@ -1,0 +1,331 @@
+//! A warm restart: a [`Host`] started over maps an earlier run left
+//! (pinned kernel maps), that keeps what they hold right instead of
+//! wiping it (`docs/ARCHITECTURE.md`, "Warm restart: reconcile").
+//!
+//! 1. The host is walked as a step walks it, but nothing is loaded: every
+//!    executable mapping is opened and identified, and each process's
+//!    files are noted, with the mappings a file can be opened through
+//!    again. No file stays open: a host mapping thousands of files needs
+//!    no more descriptors than a step does.
+//! 2. [`ExecutableInfoManager::restart`] extracts each distinct file
+//!    (opened again one at a time, through the first of its mappings that
+//!    still opens), adopts every pinned table that is exactly what a fresh
+//!    load would write, removes the rest top-down and loads what is
+//!    missing.
+//! 3. Each process then holds the files the manager knows, so the next
+//!    step finds nothing to take: an unchanged host writes nothing.
+//!
+//! Until step 2 removes anything, the maps are as the earlier run left
+//! them: readers keep resolving every file that was loaded, and an adopted
+//! file's entries are never touched. A stop signal during the walk ends
+//! the restart with the maps untouched.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use eim_core::machine::{Observed, ReconcileError};
+use eim_core::manager::{MonotonicClock, RestartRefused};
+use eim_core::ops::MapKind;
+use eim_core::{ExecutableInfoManager, FileId};
+
+use super::{host_elf_ref, Host, Identified, Problem, ProblemKind, StepReport};
+use crate::backend::Inspect;
+use crate::counting::HostFile;
+use crate::host::mappings::{MappingKey, ProcessEntry, Resolution};
+use crate::host::open;
+use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
+
+/// What a warm restart did, for the summary and the log.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Reconciled {
+    /// Processes walked that map executable files.
+    pub processes: usize,
+    /// Distinct files mapped now.
+    pub files: usize,
+    /// Files whose pinned entries were kept as they were.
+    pub adopted: usize,
+    /// Files loaded (nothing right of theirs was pinned).
+    pub loaded: usize,
+    /// Files that could not be extracted or loaded (in the problems).
+    pub failed: usize,
+    /// Files refused because they need a rule no slot holds while every
+    /// free slot cools after the restart: loaded once the grace is over.
+    pub waiting_for_slots: usize,
+    /// Files that could not be opened again for the extraction (their
+    /// processes exited meanwhile); the next step loads them if mapped.
+    pub reopen_failed: usize,
+    /// Removal ops planned (entries of files no longer mapped, or wrong).
+    pub removals: usize,
+    /// Removals still pending (retried like any leftover).
+    pub removals_pending: usize,
+    /// From the start of the walk to the maps reconciled.
+    pub seconds: f64,
+    /// Of which the walk (opening and identifying every mapped file).
+    pub walk_seconds: f64,
+}
+
+/// Why a restart did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum NotRestarted {
+    #[error("stopped during the walk; the pinned maps are as they were")]
+    Stopped,
+    #[error(transparent)]
+    List(#[from] ListError),
+    #[error("the pinned maps hold what eim never writes ({0}); they must be cleaned")]
+    Refused(ReconcileError),
+}
+
+/// A restart that did not happen, with the backend it was given. Only a
+/// [`NotRestarted::Refused`] one may have run the extraction; none wrote
+/// to the maps.
+#[derive(Debug)]
+pub struct RestartFailed<B> {
+    pub why: NotRestarted,
+    pub backend: B,
+}
+
+/// A file mapped now, and the mappings it can be opened through.
+struct Mapped {
+    id: FileId,
+    mappers: Vec<(i32, ExecMapping)>,
+}
+
+impl<B: Inspect> Host<B> {
+    /// A host over `backend`, whose maps hold `observed` from an earlier
+    /// run: reconciled instead of cleaned (see the module documentation).
+    pub fn restart(
+        backend: B,
+        config: super::HostConfig,
+        observed: &Observed,
+        stop: &AtomicBool,
+    ) -> Result<Self, RestartFailed<B>> {
+        let started = Instant::now();
+        let mut host = Self::new(backend, config);
+        let mapped = match host.walk_for_restart(stop) {
+            Ok(mapped) => mapped,
+            Err(why) => {
+                let (_, backend) = host.manager.into_parts();
+                return Err(RestartFailed {
+                    why,
+                    backend: backend.inner,
+                });
+            }
+        };
+        let walk_seconds = started.elapsed().as_secs_f64();
+        let Host {
+            manager,
+            stats,
+            config,
+            mut processes,
+            ids,
+            mut files,
+            mut problems,
+            unopenable,
+            mut counters,
+            last,
+            metric_totals,
+            restarted: _,
+        } = host;
+        let (provider, backend) = manager.into_parts();
+        let strategy = config.strategy;
+        let mut reopen_failed = 0;
+        let held = mapped.iter().filter_map(|file| {
+            let id128 = files.get(&file.id)?.id;
+            let reopened = file.mappers.iter().find_map(|(pid, m)| {
+                let opened = open::open_mapping(*pid, m, strategy).ok()?;
+                Some(HostFile {
+                    id: id128,
+                    elf: host_elf_ref(*pid, m).with_file(opened.file),
+                })
+            });
+            if reopened.is_none() {
+                reopen_failed += 1;
+            }
+            Some((file.id, reopened?, file.mappers.len() as u64))
+        });
+        let outcome = ExecutableInfoManager::restart(
+            provider,
+            backend,
+            config.tracers,
+            eim_core::manager::Config::default(),
+            Box::new(MonotonicClock::default()),
+            observed,
+            held,
+        );
+        let (manager, report) = match outcome {
+            Ok(restarted) => restarted,
+            Err(RestartRefused { error, backend, .. }) => {
+                return Err(RestartFailed {
+                    why: NotRestarted::Refused(error),
+                    backend: backend.inner,
+                })
+            }
+        };
+        let cooling = manager.slots_cooling_for();
+        let mut waiting = 0;
+        for (id, e) in &report.failed {
+            let path = files.get(id).map(|r| r.path.clone()).unwrap_or_default();
+            let (kind, reason) = match (e, cooling) {
+                // Expected: a rule no slot holds, while every slot cools.
+                (
+                    eim_core::Error::MapFull {
+                        map: MapKind::UnwindInfo,
+                        ..
+                    },
+                    Some(wait),
+                ) => {
+                    waiting += 1;
+                    tracing::debug!(path = %path.display(), "{e}");
+                    (
+                        ProblemKind::Deferred,
+                        format!(
+                            "{e}: it needs an unwind rule no slot holds, and after a restart every free slot cools for {:.1} s more",
+                            wait.as_secs_f64()
+                        ),
+                    )
+                }
+                _ => {
+                    tracing::warn!(path = %path.display(), "{e}");
+                    (ProblemKind::Failed, e.to_string())
+                }
+            };
+            problems.insert(
+                *id,
+                Problem {
+                    path,
+                    file_id: files.get(id).map(|r| r.id.to_string()),
+                    kind,
+                    reason,
+                },
+            );
+        }
+        let state = manager.state();
+        for (id, entry) in &state.files {
+            if let Some(record) = files.get_mut(id) {
+                record.info = Some(entry.info.clone());
+            }
+        }
+        for file in &mapped {
+            if !state.files.contains_key(&file.id) {
+                continue;
+            }
+            for (pid, _) in &file.mappers {
+                if let Some(entry) = processes.get_mut(*pid) {
+                    entry.held.insert(file.id);
+                    counters.references_taken += 1;
+                }
+            }
+        }
+        let reconciled = Reconciled {
+            processes: last.with_files,
+            files: mapped.len(),
+            adopted: report.adopted.len(),
+            loaded: report.loaded.len(),
+            failed: report.failed.len() - waiting,
+            waiting_for_slots: waiting,
+            reopen_failed,
+            removals: report.removals,
+            removals_pending: report.removals_pending,
+            seconds: started.elapsed().as_secs_f64(),
+            walk_seconds,
+        };
+        Ok(Self {
+            manager,
+            stats,
+            config,
+            processes,
+            ids,
+            files,
+            problems,
+            unopenable,
+            counters,
+            last,
+            metric_totals,
+            restarted: Some(reconciled),
+        })
+    }
+
+    /// What the restart did, if this host was started by one.
+    pub fn restarted(&self) -> Option<&Reconciled> {
+        self.restarted.as_ref()
+    }
+
+    /// Step 1: every process's files, identified, none loaded or held open.
+    fn walk_for_restart(&mut self, stop: &AtomicBool) -> Result<Vec<Mapped>, NotRestarted> {
+        let started = Instant::now();
+        let mut pids = procs::list()?;
+        if let Some(only) = &self.config.only {
+            pids.retain(|pid| only.contains(pid));
+        }
+        let mut report = StepReport {
+            processes: pids.len(),
+            ..StepReport::default()
+        };
+        let mut mapped: BTreeMap<FileId, Vec<(i32, ExecMapping)>> = BTreeMap::new();
+        for pid in pids {
+            if stop.load(Ordering::Relaxed) {
+                return Err(NotRestarted::Stopped);
+            }
+            self.counters.processes_read += 1;
+            match self.walk_process(pid, &mut report) {
+                Ok(files) => {
+                    for (id, m) in files {
+                        mapped.entry(id).or_default().push((pid, m));
+                    }
+                }
+                Err(ProcessError::Vanished { .. }) => self.counters.vanished += 1,
+                Err(e @ ProcessError::PermissionDenied { .. }) => {
+                    tracing::debug!("{e}");
+                    self.counters.permission_denied += 1;
+                }
+                Err(e @ ProcessError::Io { .. }) => {
+                    tracing::warn!("{e}");
+                    self.counters.unreadable += 1;
+                }
+            }
+        }
+        report.new_processes = self.processes.len();
+        report.elapsed = started.elapsed();
+        self.last = report;
+        Ok(mapped
+            .into_iter()
+            .map(|(id, mappers)| Mapped { id, mappers })
+            .collect())
+    }
+
+    /// One process of the walk: its entry (mappings resolved, nothing held
+    /// yet) and each distinct file it maps, with the first mapping of it.
+    fn walk_process(
+        &mut self,
+        pid: i32,
+        report: &mut StepReport,
+    ) -> Result<Vec<(FileId, ExecMapping)>, ProcessError> {
+        let start_time = procs::start_time(pid)?;
+        let mappings = procs::exec_mappings(pid)?;
+        report.file_mappings += mappings.files.len();
+        report.anonymous_mappings += mappings.anonymous;
+        if !mappings.files.is_empty() {
+            report.with_files += 1;
+        }
+        let mut entry = ProcessEntry::new(start_time);
+        let mut firsts: BTreeMap<FileId, ExecMapping> = BTreeMap::new();
+        for m in mappings.files {
+            let resolution = match self.identify(pid, &m) {
+                Some(Identified::File(id128, _file)) => {
+                    let id = id128.host();
+                    firsts.entry(id).or_insert_with(|| m.clone());
+                    Resolution::File(id)
+                }
+                Some(Identified::Unusable) => Resolution::Unusable,
+                None => {
+                    self.counters.files_vanished += 1;
+                    continue;
+                }
+            };
+            entry.mappings.insert(MappingKey::of(&m), resolution);
+        }
+        self.processes.put(pid, entry);
+        Ok(firsts.into_iter().collect())
+    }
+}
