@@ -306,9 +306,8 @@ fn kernel_host(
         return Ok(Some(Host::new(maps, config)));
     }
     let observed = maps
-        .dump()
-        .with_context(|| format!("reading the maps pinned in {}", args.pin_dir.display()))?
-        .observed();
+        .observed()
+        .with_context(|| format!("reading the maps pinned in {}", args.pin_dir.display()))?;
     if observed.is_empty() {
         return Ok(Some(Host::new(maps, config)));
     }

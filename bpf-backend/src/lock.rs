@@ -44,6 +44,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
 
 /// Where the lock files live.
 pub const LOCK_DIR: &str = "/run/eim";
@@ -94,6 +95,76 @@ fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
 pub struct PinLock {
     file: File,
     path: PathBuf,
+    /// What the lock file said when this process took it.
+    inherited: SlotsZeroed,
+    /// What it says now.
+    record: SlotsZeroed,
+}
+
+/// When a zero was last written into an `unwind_info_array` slot of the
+/// pinned maps, as their owners record it in the lock file (its second
+/// line, `slots-zeroed never` or `slots-zeroed NS`, NS on `CLOCK_BOOTTIME`,
+/// which runs on across processes and stops only with the machine, as the
+/// pins and `/run` do).
+///
+/// Why: only a rollback zeroes slots, right after unpublishing the table
+/// that referenced them, so a zero slot may be under a reader for a grace
+/// after that write and never later. A warm restart that knows when the
+/// dead owner last zeroed a slot may hand zero slots out at once once the
+/// grace is over, instead of making every new rule wait a grace
+/// (`eim_core::machine::Observed::zeroed_ago`). The record is written
+/// before the zeroing write, so a crash in between leaves it conservative,
+/// and a lock file without a readable record is `Unknown`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotsZeroed {
+    Never,
+    /// At this `CLOCK_BOOTTIME`.
+    At(Duration),
+    Unknown,
+}
+
+impl SlotsZeroed {
+    const KEY: &'static str = "slots-zeroed";
+
+    fn parse(text: &str) -> Self {
+        let Some(rest) = text
+            .lines()
+            .find_map(|line| line.strip_prefix(Self::KEY)?.strip_prefix(' '))
+        else {
+            return Self::Unknown;
+        };
+        match rest.split_whitespace().next() {
+            Some("never") => Self::Never,
+            Some(ns) => ns
+                .parse()
+                .map_or(Self::Unknown, |ns| Self::At(Duration::from_nanos(ns))),
+            None => Self::Unknown,
+        }
+    }
+
+    fn line(self) -> String {
+        match self {
+            Self::Never => format!("{} never", Self::KEY),
+            Self::At(t) => format!("{} {} (CLOCK_BOOTTIME ns)", Self::KEY, t.as_nanos()),
+            Self::Unknown => format!("{} unknown", Self::KEY),
+        }
+    }
+}
+
+/// `CLOCK_BOOTTIME` now.
+pub fn boottime() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
 }
 
 impl PinLock {
@@ -135,7 +206,18 @@ impl PinLock {
             if !same_file(&dir_fd, &name, &file) {
                 continue;
             }
-            let mut lock = Self { file, path };
+            let inherited = SlotsZeroed::parse(&read_head(&file).unwrap_or_default());
+            let mut lock = Self {
+                file,
+                path,
+                inherited,
+                // Not knowing when the last owner zeroed a slot, this one
+                // takes it as now: its own restart then waits a grace.
+                record: match inherited {
+                    SlotsZeroed::Unknown => SlotsZeroed::At(boottime()),
+                    known => known,
+                },
+            };
             lock.write_pid()?;
             return Ok(lock);
         }
@@ -154,15 +236,35 @@ impl PinLock {
     }
 
     /// Writes this process's pid into the lock file, for a person reading
-    /// it (eim itself asks `/proc/locks`).
+    /// it (eim itself asks `/proc/locks`), and the slots-zeroed record.
     fn write_pid(&mut self) -> Result<(), LockError> {
-        let pid = std::process::id();
         let path = self.path.clone();
-        self.file
-            .set_len(0)
-            .and_then(|()| self.file.rewind())
-            .and_then(|()| writeln!(self.file, "{pid}"))
+        self.rewrite()
             .map_err(io_error("writing the owner's pid into", &path))
+    }
+
+    fn rewrite(&mut self) -> io::Result<()> {
+        let text = format!("{}\n{}\n", std::process::id(), self.record.line());
+        self.file.set_len(0)?;
+        self.file.rewind()?;
+        self.file.write_all(text.as_bytes())
+    }
+
+    /// Records that a zero is about to be written into a slot (see
+    /// [`SlotsZeroed`]). Called before every such write.
+    pub fn record_slots_zeroed(&mut self) -> io::Result<()> {
+        self.record = SlotsZeroed::At(boottime());
+        self.rewrite()
+    }
+
+    /// How long ago, when this process took the lock, an earlier owner
+    /// last zeroed a slot (`Duration::MAX`: never); `None` if unknown.
+    pub fn slots_zeroed_ago(&self) -> Option<Duration> {
+        match self.inherited {
+            SlotsZeroed::Never => Some(Duration::MAX),
+            SlotsZeroed::At(at) => boottime().checked_sub(at),
+            SlotsZeroed::Unknown => None,
+        }
     }
 }
 
@@ -401,16 +503,49 @@ pub fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<i32> {
 
 /// The pid an owner wrote into the lock file, if it reads as one.
 fn written_pid(file: &File) -> Option<i32> {
+    let text = read_head(file)?;
+    text.lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|pid| *pid > 0)
+}
+
+/// The start of a lock file (at most 256 bytes: a pid and a record).
+fn read_head(file: &File) -> Option<String> {
     let mut text = String::new();
     let mut reader = file;
     reader.rewind().ok()?;
-    reader.take(32).read_to_string(&mut text).ok()?;
-    text.trim().parse().ok().filter(|pid| *pid > 0)
+    reader.take(256).read_to_string(&mut text).ok()?;
+    Some(text)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_slots_zeroed_record_reads_back_and_anything_else_is_unknown() {
+        for record in [
+            SlotsZeroed::Never,
+            SlotsZeroed::At(Duration::from_nanos(123_456_789_012)),
+        ] {
+            let text = format!("42\n{}\n", record.line());
+            assert_eq!(SlotsZeroed::parse(&text), record, "{text}");
+        }
+        for text in [
+            "",
+            "42\n",
+            "42\nslots-zeroed\n",
+            "42\nslots-zeroed soon\n",
+            "42\nslots-zeroed -5\n",
+            "42\nslots-zeroed unknown\n",
+            "42\nslots-zeroed 99999999999999999999999\n",
+        ] {
+            assert_eq!(SlotsZeroed::parse(text), SlotsZeroed::Unknown, "{text:?}");
+        }
+    }
 
     #[test]
     fn lock_names_are_readable_and_distinct() {

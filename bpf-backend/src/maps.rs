@@ -279,7 +279,9 @@ pub struct Dump {
 
 impl Dump {
     /// What a warm restart's reconcile reads (the tables without their
-    /// capacity, which their size class says).
+    /// capacity, which their size class says). A dump has no record of
+    /// when a slot was last zeroed: [`KernelMaps::observed`] adds the pin
+    /// directory's.
     pub fn observed(&self) -> eim_core::machine::Observed {
         eim_core::machine::Observed {
             pages: self.pages.clone(),
@@ -290,6 +292,7 @@ impl Dump {
                 .collect(),
             unwind_infos: self.unwind_infos.clone(),
             interpreter_offsets: self.interpreter_offsets.clone(),
+            zeroed_ago: None,
         }
     }
 }
@@ -360,7 +363,7 @@ pub struct KernelMaps {
     outer_updates: u64,
     /// The pin directory's lock: this process owns it until the maps are
     /// dropped. Last, so it is released after every map's fd is closed.
-    _owner: Option<PinLock>,
+    owner: Option<PinLock>,
 }
 
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<MapData, KernelError> {
@@ -456,7 +459,7 @@ impl KernelMaps {
             page_keys: BTreeSet::new(),
             pin_report,
             outer_updates: 0,
-            _owner: owner,
+            owner,
         };
         if clean && maps.config.adopt_pins {
             maps.track_pinned()?;
@@ -793,6 +796,15 @@ impl KernelMaps {
         deleted.map_err(failure)
     }
 
+    /// What a warm restart's reconcile reads: the dump, with the pin
+    /// directory's record of when an earlier owner last zeroed a slot
+    /// ([`crate::lock::SlotsZeroed`]; unknown for maps that are not pinned).
+    pub fn observed(&self) -> Result<eim_core::machine::Observed, KernelError> {
+        let mut observed = self.dump()?.observed();
+        observed.zeroed_ago = self.owner.as_ref().and_then(PinLock::slots_zeroed_ago);
+        Ok(observed)
+    }
+
     /// Reads every map (several batch lookups per map).
     pub fn dump(&self) -> Result<Dump, KernelError> {
         let source = DumpSource {
@@ -920,6 +932,17 @@ impl Backend for KernelMaps {
     fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
         match op {
             MapOp::PutUnwindInfos(infos) => {
+                // The next owner's restart trusts this record to hand out
+                // zero slots: it is written first, and without it the
+                // zeroing is not done (the slot keeps its rule, which a
+                // restart treats as a rule to cool).
+                if let Some(owner) = &mut self.owner {
+                    if infos.iter().any(|(_, info)| *info == UnwindInfo::default()) {
+                        owner.record_slots_zeroed().map_err(|e| {
+                            OpFailure::new(Errno(e.raw_os_error().unwrap_or(libc::EIO)), 0)
+                        })?;
+                    }
+                }
                 let keys = flatten(infos.iter().map(|(slot, _)| u32::from(*slot)));
                 let values = flatten(infos.iter().map(|(_, info)| *info));
                 elements::update(

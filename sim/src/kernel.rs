@@ -215,7 +215,9 @@ impl SimMaps {
     }
 
     /// What the maps hold, as a warm restart's reconcile reads it (the
-    /// same dump `KernelMaps::dump` gives of real maps).
+    /// same dump `KernelMaps::dump` gives of real maps). The maps keep no
+    /// record of when a slot was last zeroed (`zeroed_ago` unknown; the
+    /// simulator's `Watch` keeps one).
     pub fn observed(&self) -> eim_core::machine::Observed {
         eim_core::machine::Observed {
             pages: self.pages(),
@@ -226,6 +228,7 @@ impl SimMaps {
                 .collect(),
             unwind_infos: self.unwind_infos(),
             interpreter_offsets: self.interpreter_offsets(),
+            zeroed_ago: None,
         }
     }
 

@@ -513,7 +513,8 @@ impl Sim {
         );
         let mut watch = std::mem::replace(&mut self.manager, placeholder).into_backend();
         watch.revive();
-        let observed = watch.maps.observed();
+        let mut observed = watch.maps.observed();
+        observed.zeroed_ago = watch.zeroed_ago();
         // The new daemon walks the host: every file a live process maps is
         // held, one reference per mapping, also those the dead daemon never
         // loaded (or was loading when it died). Files nobody maps (unused,

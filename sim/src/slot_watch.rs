@@ -49,6 +49,11 @@ impl std::fmt::Debug for SlotWatch {
 }
 
 impl SlotWatch {
+    /// The time on the watch's clock.
+    pub fn now(&self) -> eim_core::machine::Timestamp {
+        self.clock.now()
+    }
+
     /// A watch on `clock` (the manager's) with the readers' `grace`.
     pub fn new(clock: Arc<dyn Clock>, grace: Duration) -> Self {
         Self {

@@ -91,6 +91,11 @@ pub struct Watch {
     /// The daemon died: every op fails without effect until
     /// [`Watch::revive`].
     dead: bool,
+    /// When (on the slot watch's clock, the manager's) an op last wrote a
+    /// zero into a slot: the record a warm restart reads, as the kernel
+    /// backend keeps it in the pin directory's lock file
+    /// (`Observed::zeroed_ago`).
+    zeroed_at: Option<eim_core::machine::Timestamp>,
 }
 
 impl Watch {
@@ -111,7 +116,18 @@ impl Watch {
             slot_watch: None,
             crash_in: None,
             dead: false,
+            zeroed_at: None,
         }
+    }
+
+    /// How long ago an op last wrote a zero into a slot (`Duration::MAX`:
+    /// never); `None` without a clock, as for a backend that keeps no record.
+    pub fn zeroed_ago(&self) -> Option<Duration> {
+        let now = self.slot_watch.as_ref()?.now();
+        Some(match self.zeroed_at {
+            Some(at) => now.0.saturating_sub(at.0),
+            None => Duration::MAX,
+        })
     }
 
     /// The daemon dies at its `ops`-th next op: that op takes effect for a
@@ -335,6 +351,13 @@ impl Backend for Watch {
             }
         }
         let overwritten = self.slots_before(op);
+        // Recorded before the write, as the kernel backend records it
+        // before the syscall: a crash during the op leaves the record.
+        if let (MapOp::PutUnwindInfos(v), Some(watch), false) = (op, &self.slot_watch, self.dead) {
+            if v.iter().any(|(_, info)| *info == UnwindInfo::default()) {
+                self.zeroed_at = Some(watch.now());
+            }
+        }
         let result = if self.sabotage == Some(op.name()) {
             Ok(())
         } else if let Some(result) = self.crash_point(op) {

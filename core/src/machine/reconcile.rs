@@ -33,6 +33,13 @@ pub struct Observed {
     /// `unwind_info_array` from slot 0 (zero slots may be left out at the end).
     pub unwind_infos: Vec<UnwindInfo>,
     pub interpreter_offsets: BTreeMap<FileId, OffsetRange>,
+    /// How long before the dump a zero was last written into an unwind
+    /// slot, as the backend recorded it (`Some(Duration::MAX)`: never).
+    /// Only a rollback zeroes slots, right after it unpublished the table
+    /// that referenced them, so a zero slot may be under a reader for a
+    /// grace after that write and no longer. `None`: not recorded, so any
+    /// zero slot may have been zeroed just now.
+    pub zeroed_ago: Option<Duration>,
 }
 
 impl Observed {
@@ -351,9 +358,14 @@ pub fn reconcile(
     // Users per slot. The high-water mark is the whole array: the maps do
     // not say which zero slot a reader may still reach (a rollback zeroes
     // the slots of a table it just unpublished, and the crash may follow
-    // at once), so every slot no kept table uses cools for a grace from
-    // now, zero or not; new rules wait for it (invariant 6 over restarts).
+    // at once). So every slot with a rule that no kept table uses cools
+    // for a grace from now (it may have lost its last table just now), and
+    // every unused zero slot until a grace after the last zeroing the
+    // backend recorded: from now if it recorded none, not at all if that
+    // grace is over (invariant 6 over restarts).
     let high_water = slots.capacity as usize;
+    let zeroed_for = observed.zeroed_ago.unwrap_or(Duration::ZERO);
+    let zero_cool_until = (zeroed_for < grace).then(|| now.after(grace - zeroed_for));
     let mut users = vec![0u32; high_water];
     let kept = loaded
         .values()
@@ -366,7 +378,13 @@ pub fn reconcile(
     }
     let mut content = slots.content.clone();
     content.resize(high_water, None);
-    let unwind = UnwindSlots::rebuilt(caps.unwind_slots, content, users, now.after(grace));
+    let unwind = UnwindSlots::rebuilt(
+        caps.unwind_slots,
+        content,
+        users,
+        now.after(grace),
+        zero_cool_until,
+    );
     let book = KernelBook::rebuilt(
         caps,
         grace,

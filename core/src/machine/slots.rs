@@ -97,13 +97,16 @@ impl UnwindSlots {
     /// ([`crate::machine::reconcile`]): `contents` up to the high-water mark
     /// (at most the capacity; each rule at most once) and the users of each
     /// slot. A slot with users is live; every other slot below the mark
-    /// cools until `cool_until`, keeping what it holds, because a reader of
-    /// a table unpublished just before the restart may still read it.
+    /// holding a rule cools until `cool_until`, keeping it, because a
+    /// reader of a table unpublished just before the restart may still read
+    /// it; every other zero slot cools until `zero_cool_until`, or is free
+    /// if that is `None` (no reader can reach it any more).
     pub(crate) fn rebuilt(
         capacity: u32,
         contents: Vec<Option<UnwindInfo>>,
         users: Vec<u32>,
         cool_until: Timestamp,
+        zero_cool_until: Option<Timestamp>,
     ) -> Self {
         let mut slots = Self::new(capacity);
         let high_water = contents.len().min(slots.capacity as usize);
@@ -118,10 +121,19 @@ impl UnwindSlots {
             }
         }
         for slot in 0..high_water {
-            if slots.users[slot] == 0 {
-                slots.reusable_at[slot] = Some(cool_until);
-                slots.cooling.insert((cool_until, slot as u16));
+            if slots.users[slot] != 0 {
+                continue;
             }
+            let until = match (slots.contents[slot], zero_cool_until) {
+                (Some(_), _) => cool_until,
+                (None, Some(until)) => until,
+                (None, None) => {
+                    slots.free.insert(slot as u16);
+                    continue;
+                }
+            };
+            slots.reusable_at[slot] = Some(until);
+            slots.cooling.insert((until, slot as u16));
         }
         slots
     }

@@ -747,6 +747,82 @@ fn zero_slots_past_every_used_one_cool_for_a_grace_after_a_restart() {
     assert!(book.plan_load(FileId(0xb), b).is_ok());
 }
 
+/// The same rollback right before the crash, with the backend's record of
+/// when it zeroed the slot: the zero slots cool only for what is left of
+/// the grace since then, and are free once it is over. Slots that hold a
+/// rule no kept table uses cool a whole grace whatever the record says
+/// (their last table may have been unpublished just now).
+#[test]
+fn a_recorded_zeroing_bounds_how_long_zero_slots_cool() {
+    let files = Files::abc();
+    let ac = files.only(&[0xa, 0xc]);
+    let base = ac.earlier_run();
+    let mut book = base.book.clone();
+    let (b, _) = &files.0[&FileId(0xb)];
+    let plan = book.plan_load(FileId(0xb), b).unwrap();
+    let last = plan.ops.len() - 1;
+    let rollback = book.abort_load(
+        &plan,
+        Stopped {
+            at: last,
+            failure: OpFailure::new(Errno::ENOMEM, 0),
+        },
+    );
+    let mut model = base.model.clone();
+    for op in plan.ops[..last].iter().chain(&rollback.ops) {
+        model.apply(op);
+    }
+    let fresh = match &plan.ops[0] {
+        MapOp::PutUnwindInfos(v) => v.iter().map(|(s, _)| *s).max().unwrap(),
+        other => panic!("{other:?}"),
+    };
+    // C was unloaded before the crash: its unique rule's slot keeps the
+    // rule and lost its last table.
+    let a_only = files.only(&[0xa, 0xb]);
+    let c_slot = slot_of_rule(&base.book, 32);
+    let restart = |zeroed_ago: Option<Duration>| {
+        let mut observed = model.0.clone();
+        let c = FileId(0xc);
+        observed.pages.retain(|k, _| k.file_id != c.0);
+        observed.delta_tables.retain(|(_, f), _| *f != c);
+        observed.interpreter_offsets.remove(&c);
+        observed.zeroed_ago = zeroed_ago;
+        reconcile(&observed, &a_only.wanted(), caps(), GRACE, t(3)).expect("trusted")
+    };
+
+    let two_ago = restart(Some(Duration::from_secs(2))).book;
+    assert_eq!(
+        two_ago.slots().state(fresh),
+        SlotState::Cooling {
+            reusable_at: t(3).after(GRACE - Duration::from_secs(2))
+        },
+        "zeroed 2 s ago: cools for the rest of the grace"
+    );
+    assert_eq!(
+        two_ago.slots().state(c_slot),
+        SlotState::Cooling {
+            reusable_at: t(3).after(GRACE)
+        }
+    );
+
+    let mut long_ago = restart(Some(GRACE)).book;
+    assert_eq!(long_ago.slots().state(fresh), SlotState::Free);
+    let never = restart(Some(Duration::MAX)).book;
+    assert_eq!(never.slots().state(fresh), SlotState::Free);
+    assert_eq!(
+        never.slots().state(c_slot),
+        SlotState::Cooling {
+            reusable_at: t(3).after(GRACE)
+        },
+        "a slot with a rule cools however long ago a slot was zeroed"
+    );
+    check_accounting(&long_ago).expect("accounting");
+    check_accounting(&never).expect("accounting");
+    // B's new rule goes into a free zero slot at once.
+    let (b, _) = &files.0[&FileId(0xb)];
+    assert!(long_ago.plan_load(FileId(0xb), b).is_ok());
+}
+
 #[test]
 fn shapes_the_reconcile_cannot_trust_are_errors() {
     let files = Files::abc();
