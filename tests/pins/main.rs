@@ -31,6 +31,8 @@ use std::time::{Duration, Instant};
 use eim::bpf::{bpffs, lock, pinned, sys, KernelConfig};
 use serde_json::Value;
 
+mod crash;
+
 /// How long any one eim run may take.
 const LIMIT: Duration = Duration::from_secs(30);
 /// How long a refused start may take: it does not wait for the owner.
