@@ -295,6 +295,11 @@ impl<B: Inspect> Host<B> {
         self.manager.with_backend(|b| b.spent())
     }
 
+    /// Map ops applied to the backend so far.
+    pub fn kernel_ops(&self) -> u64 {
+        self.manager.with_backend(|b| b.ops())
+    }
+
     /// What the maps hold, read from the backend.
     pub fn usage(&self) -> Result<Usage, InspectError> {
         self.manager.with_backend(|b| b.inner.usage())

@@ -150,6 +150,9 @@ pub struct Kernel {
     pub bytes: Bytes,
     /// Time spent applying map ops (syscalls on the real kernel).
     pub seconds: f64,
+    /// Map ops applied since the start (each one syscall or one batch):
+    /// none for a warm restart over an unchanged host.
+    pub ops: u64,
 }
 
 /// What a start found in the pin directory it owns.
@@ -339,6 +342,7 @@ impl Summary {
                     unwind_infos,
                     total: delta_tables + page_entries + unwind_infos,
                 },
+                ops: host.kernel_ops(),
                 seconds: secs(kernel_time),
             },
             pins: host

@@ -257,6 +257,13 @@ impl PinLock {
         self.rewrite()
     }
 
+    /// Records that no slot of these maps was ever zeroed: for maps this
+    /// process has just created (no earlier owner's reader can be on them).
+    pub fn record_fresh_maps(&mut self) -> io::Result<()> {
+        self.record = SlotsZeroed::Never;
+        self.rewrite()
+    }
+
     /// How long ago, when this process took the lock, an earlier owner
     /// last zeroed a slot (`Duration::MAX`: never); `None` if unknown.
     pub fn slots_zeroed_ago(&self) -> Option<Duration> {

@@ -461,6 +461,16 @@ impl KernelMaps {
             outer_updates: 0,
             owner,
         };
+        if !clean {
+            if let Some(owner) = &mut maps.owner {
+                let path = owner.path().to_path_buf();
+                owner.record_fresh_maps().map_err(|e| KernelError::Pin {
+                    path,
+                    what: "recording fresh maps in the lock file",
+                    source: e,
+                })?;
+            }
+        }
         if clean && maps.config.adopt_pins {
             maps.track_pinned()?;
         } else if clean {

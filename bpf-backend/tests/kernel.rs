@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use eim_bpf::lookup::{code, error_name, have, kind};
 use eim_bpf::{
@@ -1097,4 +1097,78 @@ fn a_restart_over_pins_adopts_what_is_right_and_ends_as_the_sim_does() {
             }
         }
     });
+}
+
+/// The record a warm restart trusts to hand out zero slots at once: the
+/// pin directory's lock file says "never" until a rollback zeroes a slot,
+/// then the time of that write; the next owner reads how long ago it was.
+#[test]
+fn the_lock_file_records_when_a_rollback_last_zeroed_a_slot() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = PinDir::under_sys_fs_bpf("zeroed-record");
+    let lock_file = eim_bpf::lock::lock_file_of(&dir.path).expect("lock file");
+    let _ = std::fs::remove_file(&lock_file);
+    let record = || {
+        std::fs::read_to_string(&lock_file)
+            .expect("the lock file")
+            .lines()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let files = corpus();
+    let provider = Arc::new(MemoryProvider::new());
+    for (i, (_, data)) in files.iter().enumerate() {
+        provider.insert(FileId(i as u64 + 1), data.clone());
+    }
+    // A page map too small for the corpus: some load fails at its pages
+    // (E2BIG) and its rollback zeroes the slots it had written.
+    let config = KernelConfig {
+        pages: 96,
+        ..dir.config()
+    };
+    let maps = KernelMaps::with_config(config.clone()).expect("maps");
+    assert_eq!(record(), "slots-zeroed never", "a fresh lock file");
+    let manager = ExecutableInfoManager::new(provider.clone(), maps, Tracers::none());
+    let before = eim_bpf::lock::boottime();
+    let mut rolled_back = false;
+    for (i, _) in files.iter().enumerate() {
+        let id = FileId(i as u64 + 1);
+        if let Err(e) = manager.add_or_inc_ref(id, &id) {
+            assert!(format!("{e:?}").contains("E2BIG"), "{e}");
+            rolled_back = true;
+            break;
+        }
+    }
+    assert!(rolled_back, "no load reached the page map's limit");
+    let after = eim_bpf::lock::boottime();
+    let written = record();
+    let ns: u128 = written
+        .strip_prefix("slots-zeroed ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no time in {written:?}"));
+    assert!(
+        (before.as_nanos()..=after.as_nanos()).contains(&ns),
+        "{written:?} not between {before:?} and {after:?}"
+    );
+    drop(manager);
+
+    let next = KernelMaps::with_config(KernelConfig {
+        adopt_pins: true,
+        ..config
+    })
+    .expect("the next owner");
+    let ago = next
+        .observed()
+        .expect("observed")
+        .zeroed_ago
+        .expect("a known record");
+    assert!(
+        ago <= eim_bpf::lock::boottime() - Duration::from_nanos(ns as u64),
+        "{ago:?}"
+    );
+    assert!(ago < Duration::from_secs(60), "{ago:?}");
 }

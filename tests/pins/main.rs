@@ -750,3 +750,83 @@ fn a_pin_of_another_shape_is_refused_untouched_and_replaced_only_when_asked() {
     assert_eq!(after.max_entries, want);
     assert_ne!(after.id, before.id);
 }
+
+/// A start over the pins of a run whose processes are all still there
+/// keeps everything as it was: every file adopted, not one map op, the
+/// maps byte for byte the same.
+#[test]
+fn a_restart_over_an_unchanged_host_adopts_everything_and_writes_nothing() {
+    if !kernel_ready("a_restart_over_an_unchanged_host_adopts_everything_and_writes_nothing") {
+        return;
+    }
+    let sleep = sleeper();
+    let mut scratch = Scratch::new();
+    let dir = scratch.mount_point("pins");
+    let first = scan(&dir, sleep.pid(), &["--mount-bpffs"]).ok().json();
+    let before = pinned::dump_pinned(&dir).expect("dump");
+    assert!(u(&first, "/files/loaded") > 0, "nothing loaded");
+    assert!(u(&first, "/kernel/ops") > 0, "a first load writes");
+
+    let again = scan(&dir, sleep.pid(), &[]).ok();
+    assert!(
+        again.stderr.contains("eim: maps reconciled"),
+        "{}",
+        again.stderr
+    );
+    let summary = again.json();
+    let reconciled = &summary["pins"]["reconciled"];
+    assert_eq!(
+        reconciled["adopted"], first["files"]["loaded"],
+        "{reconciled}"
+    );
+    assert_eq!(reconciled["loaded"], 0, "{reconciled}");
+    assert_eq!(reconciled["removals"], 0, "{reconciled}");
+    assert_eq!(summary["pins"]["cleaned"], Value::Null);
+    assert_eq!(u(&summary, "/kernel/ops"), 0, "an unchanged host wrote");
+    assert_eq!(summary["files"]["loaded"], first["files"]["loaded"]);
+    assert_eq!(pinned::dump_pinned(&dir).expect("dump"), before);
+}
+
+/// Pins eim never writes that way (here: one rule in two slots) are not
+/// trusted: the start says so, cleans them and loads afresh, and ends
+/// with exactly a fresh run's maps.
+#[test]
+fn pins_the_reconcile_does_not_trust_are_cleaned_and_loaded_afresh() {
+    if !kernel_ready("pins_the_reconcile_does_not_trust_are_cleaned_and_loaded_afresh") {
+        return;
+    }
+    let sleep = sleeper();
+    let mut scratch = Scratch::new();
+    let dir = scratch.mount_point("pins");
+    scan(&dir, sleep.pid(), &["--mount-bpffs"]).ok();
+    let fresh = pinned::dump_pinned(&dir).expect("dump");
+    let (slot, rule) = fresh
+        .unwind_infos
+        .iter()
+        .enumerate()
+        .find(|(_, info)| **info != eim::abi::UnwindInfo::default())
+        .map(|(slot, info)| (slot, *info))
+        .expect("a slot with a rule");
+    let last = fresh.unwind_infos.len() - 1;
+    assert_ne!(slot, last);
+    let array = sys::obj_get(&dir.join("unwind_info_array")).expect("the pinned array");
+    sys::update_elem(
+        array.as_fd(),
+        &(last as u32).to_le_bytes(),
+        &eim::abi::Wire::to_bytes(&rule),
+        sys::BPF_ANY,
+    )
+    .expect("plant a second copy of a rule");
+
+    let again = scan(&dir, sleep.pid(), &[]).ok();
+    let said = format!(
+        "eim: the maps pinned in {} were not reconciled",
+        dir.display()
+    );
+    assert!(again.stderr.contains(&said), "{}", again.stderr);
+    assert!(again.stderr.contains("cleaned them"), "{}", again.stderr);
+    let summary = again.json();
+    assert_ne!(summary["pins"]["cleaned"], Value::Null, "{summary}");
+    assert_eq!(summary["pins"]["reconciled"], Value::Null, "{summary}");
+    assert_eq!(pinned::dump_pinned(&dir).expect("dump"), fresh);
+}
