@@ -67,15 +67,33 @@
 //! mounted and, per map, whether it was created, re-opened or replaced
 //! (and why).
 //!
-//! # Crash recovery
+//! # Restarts: reconcile, clean only as a fallback
 //!
 //! eim's book (which file owns which slot, table and page) lives only in
-//! the process, so a later start cannot tell which entries of re-opened
-//! pins belong to a plan that was cut short by a crash. The policy is
-//! therefore to **clean**: whenever at least one pin is re-opened, every
-//! entry eim owns is removed before the maps are used, in the order an
-//! unload uses, so that a reader running meanwhile never follows a page to
-//! a missing table or a table to a cleared slot it still reads:
+//! the process; the maps alone cannot say which of their entries are
+//! right. The files' deltas can: with [`KernelConfig::adopt_pins`] (what
+//! `eim scan` and `eim watch` use), re-opened pins keep their entries (the
+//! backend takes an fd of every published inner array and the page keys,
+//! as if it had written them), and the caller walks the host, extracts the
+//! files mapped now and hands [`KernelMaps::observed`] to
+//! [`eim_core::ExecutableInfoManager::restart`], which adopts every table
+//! that is exactly what a fresh load would write, removes the rest
+//! top-down and loads what is missing (`docs/ARCHITECTURE.md`, "Warm
+//! restart: reconcile"). A file that stays mapped is never unresolvable.
+//!
+//! [`KernelMaps::observed`] adds to the dump the lock file's record of
+//! when an earlier owner last zeroed an `unwind_info_array` slot
+//! ([`crate::lock::SlotsZeroed`]): a rollback zeroes slots right after
+//! unpublishing the table that used them, so zero slots may be handed out
+//! again at once once a grace has passed since then. [`KernelMaps`]
+//! writes that record before every write of a zero into a slot (and
+//! "never" when a start creates the maps).
+//!
+//! When the reconcile refuses what it finds (shapes eim never writes), or
+//! without `adopt_pins`, the fallback is to **clean**: every entry eim
+//! owns is removed before the maps are used, in the order an unload uses,
+//! so that a reader running meanwhile never follows a page to a missing
+//! table or a table to a cleared slot it still reads:
 //!
 //! 1. every page entry (the keys read with `LOOKUP_BATCH`, removed with one
 //!    `DELETE_BATCH`), and every interpreter-offsets entry;
@@ -85,21 +103,9 @@
 //! 3. every non-zero `unwind_info_array` slot, zeroed with one
 //!    `UPDATE_BATCH`.
 //!
-//! The counts removed are in [`PinReport::cleaned`]. Cleaning is safe
-//! only because no other live process owns the directory: the lock makes
-//! a second start fail before it reads a pin.
-//!
-//! With [`KernelConfig::adopt_pins`], the entries are kept instead (the
-//! backend takes an fd of every published inner array and the page keys,
-//! as if it had written them), for a caller that reconciles them: it walks
-//! the host, extracts the files mapped now, and hands [`Dump::observed`] to
-//! [`eim_core::ExecutableInfoManager::restart`], which adopts every table
-//! that is exactly what a fresh load would write and removes the rest
-//! top-down (`docs/ARCHITECTURE.md`, "Warm restart: reconcile"); the maps
-//! alone cannot say which entries are right, the files' deltas can. If the
-//! reconcile refuses what it finds, the caller cleans with
-//! [`KernelMaps::clean_pins`]. The `eim` command line does not use this
-//! yet: its starts still clean.
+//! The counts removed are in [`PinReport::cleaned`]. Adopting and cleaning
+//! are safe only because no other live process owns the directory: the
+//! lock makes a second start fail before it reads a pin.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -155,7 +161,7 @@ pub struct KernelConfig {
     /// cleaning them, for a caller that reconciles them
     /// ([`eim_core::ExecutableInfoManager::restart`] over [`Dump::observed`])
     /// and cleans ([`KernelMaps::clean_pins`]) only if the reconcile does
-    /// not trust what it finds. See "Crash recovery" above.
+    /// not trust what it finds. See "Restarts" above.
     pub adopt_pins: bool,
 }
 
@@ -483,7 +489,7 @@ impl KernelMaps {
         Ok(maps)
     }
 
-    /// Removes every entry of re-opened pins (see "Crash recovery"), says
+    /// Removes every entry of re-opened pins (see "Restarts"), says
     /// how many of each in the pin report, and returns the counts. The
     /// fallback of a start that was asked to adopt the pins
     /// ([`KernelConfig::adopt_pins`]) when the reconcile refuses them.
@@ -578,7 +584,7 @@ impl KernelMaps {
         Ok(self.keys()?.stats())
     }
 
-    /// Removes every entry eim owns, top-down (see "Crash recovery" in the
+    /// Removes every entry eim owns, top-down (see "Restarts" in the
     /// module documentation), and says how many of each.
     fn clean(&mut self) -> Result<MapStats, KernelError> {
         let keys = self.keys()?;

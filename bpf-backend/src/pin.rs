@@ -71,7 +71,7 @@ pub struct PinReport {
     /// Every map eim owns, by name, in creation order.
     pub maps: Vec<(String, PinState)>,
     /// What was removed from the re-opened maps (`None` when no pin was
-    /// re-opened): see "Crash recovery" in [`crate::maps`].
+    /// re-opened): see "Restarts" in [`crate::maps`].
     pub cleaned: Option<MapStats>,
 }
 
