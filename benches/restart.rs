@@ -111,8 +111,11 @@ fn start(dir: &Path, host_config: &HostConfig, warm: bool) -> (Duration, String)
     let stop = AtomicBool::new(false);
     let started = Instant::now();
     let maps = KernelMaps::with_config(config(dir, warm)).expect("the pinned maps");
+    let opened = started.elapsed();
+    let mut read = Duration::ZERO;
     let mut host = if warm {
         let observed = maps.observed().expect("read the pins");
+        read = started.elapsed() - opened;
         match Host::restart(maps, host_config.clone(), &observed, &stop) {
             Ok(host) => host,
             Err(e) => panic!("the restart failed: {}", e.why),
@@ -120,13 +123,20 @@ fn start(dir: &Path, host_config: &HostConfig, warm: bool) -> (Duration, String)
     } else {
         Host::new(maps, host_config.clone())
     };
+    let before_step = started.elapsed();
     host.step(&stop, &mut Quiet).expect("the first step");
     let elapsed = started.elapsed();
+    let phases = format!(
+        "opening the maps {:.1} ms, reading them {:.1} ms, first step {:.1} ms",
+        ms(opened),
+        ms(read),
+        ms(elapsed - before_step)
+    );
     let ops = host.kernel_ops();
     let line = match host.restarted() {
         Some(r) => format!(
             "{} files: {} adopted, {} loaded, {} failed, {} waiting for slots, {} removals; \
-             reconciled in {:.1} ms (walk {:.1} ms); {ops} map ops",
+             reconciled in {:.1} ms (walk {:.1} ms); {phases}; {ops} map ops",
             r.files,
             r.adopted,
             r.loaded,
@@ -137,7 +147,7 @@ fn start(dir: &Path, host_config: &HostConfig, warm: bool) -> (Duration, String)
             r.walk_seconds * 1e3
         ),
         None => format!(
-            "{} files loaded; {ops} map ops",
+            "{} files loaded; {phases}; {ops} map ops",
             host.manager().state().files.len()
         ),
     };

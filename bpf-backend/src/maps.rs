@@ -815,33 +815,53 @@ impl KernelMaps {
     /// What a warm restart's reconcile reads: the dump, with the pin
     /// directory's record of when an earlier owner last zeroed a slot
     /// ([`crate::lock::SlotsZeroed`]; unknown for maps that are not pinned).
+    ///
+    /// Each table is read only as far as its file's page entries reach:
+    /// entries past that no reader can reach (so a reconcile need not know
+    /// them), and reading whole arrays took 1.2 s for 1,000 libraries.
     pub fn observed(&self) -> Result<eim_core::machine::Observed, KernelError> {
-        let mut observed = self.dump()?.observed();
+        let source = self.dump_source();
+        let dump = dump_reaching(&source, |class, file_id, id, reached| {
+            read_deltas_below(self.tracked_inner(class, file_id, id)?, class, reached)
+        })?;
+        let mut observed = dump.observed();
         observed.zeroed_ago = self.owner.as_ref().and_then(PinLock::slots_zeroed_ago);
         Ok(observed)
     }
 
     /// Reads every map (several batch lookups per map).
     pub fn dump(&self) -> Result<Dump, KernelError> {
-        let source = DumpSource {
+        let source = self.dump_source();
+        let mut dump = dump_from(&source, |class, file_id, id| {
+            read_deltas(self.tracked_inner(class, file_id, id)?, class)
+        })?;
+        dump.live_inner_maps = self.inner.len();
+        Ok(dump)
+    }
+
+    fn dump_source(&self) -> DumpSource<'_> {
+        DumpSource {
             pages: fd(&self.pages),
             unwind_info: fd(&self.unwind_info),
             unwind_entries: self.config.unwind_info,
             interpreter_offsets: fd(&self.interpreter_offsets),
             outers: self.outers.iter().map(fd).collect(),
-        };
-        let mut dump = dump_from(&source, |class, file_id, id| {
-            // The outer map reads back map ids: the table must be the one
-            // this backend holds.
-            let inner = self
-                .inner
-                .get(&(class, file_id))
-                .filter(|inner| sys::map_info(inner.as_fd()).is_ok_and(|info| info.id == id))
-                .ok_or(KernelError::Untracked { class, file_id, id })?;
-            read_deltas(inner.as_fd(), class)
-        })?;
-        dump.live_inner_maps = self.inner.len();
-        Ok(dump)
+        }
+    }
+
+    /// The inner array this backend holds for (`class`, `file_id`), which
+    /// must be the one the outer map names (`id`).
+    fn tracked_inner(
+        &self,
+        class: u16,
+        file_id: FileId,
+        id: u32,
+    ) -> Result<BorrowedFd<'_>, KernelError> {
+        self.inner
+            .get(&(class, file_id))
+            .filter(|inner| sys::map_info(inner.as_fd()).is_ok_and(|info| info.id == id))
+            .map(|inner| inner.as_fd())
+            .ok_or(KernelError::Untracked { class, file_id, id })
     }
 
     /// Runs the lookup program for `address` of `file_id`
@@ -879,6 +899,19 @@ pub(crate) fn dump_from(
     source: &DumpSource<'_>,
     mut deltas_of: impl FnMut(u16, FileId, u32) -> Result<Vec<StackDelta>, KernelError>,
 ) -> Result<Dump, KernelError> {
+    dump_reaching(source, |class, file_id, id, _| {
+        deltas_of(class, file_id, id)
+    })
+}
+
+/// [`dump_from`], with `deltas_of` also told how far into the table the
+/// file's page entries reach: the end of the furthest range a page names
+/// (`first_delta + num_deltas`; 0 for a table no page names). A reader
+/// never reads an entry at or past it.
+pub(crate) fn dump_reaching(
+    source: &DumpSource<'_>,
+    mut deltas_of: impl FnMut(u16, FileId, u32, u32) -> Result<Vec<StackDelta>, KernelError>,
+) -> Result<Dump, KernelError> {
     let mut dump = Dump::default();
     let (k, v) = sys::lookup_all(
         source.pages,
@@ -910,6 +943,12 @@ pub(crate) fn dump_from(
             dump.interpreter_offsets.insert(FileId(k), v);
         }
     }
+    let mut reach: BTreeMap<u64, u32> = BTreeMap::new();
+    for (key, info) in &dump.pages {
+        let end = info.first_delta.saturating_add(u32::from(info.num_deltas));
+        let r = reach.entry(key.file_id).or_insert(0);
+        *r = (*r).max(end);
+    }
     for (class, outer) in (SIZE_CLASS_MIN..=SIZE_CLASS_MAX).zip(&source.outers) {
         let (k, v) = sys::lookup_all(*outer, u64::SIZE, u32::SIZE, 1024)?;
         for (k, v) in k.chunks(u64::SIZE).zip(v.chunks(u32::SIZE)) {
@@ -917,7 +956,8 @@ pub(crate) fn dump_from(
                 continue;
             };
             let file_id = FileId(file);
-            let deltas = deltas_of(class, file_id, id)?;
+            let reached = reach.get(&file).copied().unwrap_or(0);
+            let deltas = deltas_of(class, file_id, id, reached)?;
             let entries = abi::class_entries(class).unwrap_or(0);
             dump.delta_tables
                 .insert((class, file_id), (entries, deltas));
@@ -932,8 +972,22 @@ pub(crate) fn read_deltas(
     inner: BorrowedFd<'_>,
     class: u16,
 ) -> Result<Vec<StackDelta>, KernelError> {
-    let entries = abi::class_entries(class).unwrap_or(0);
-    let (_, values) = sys::lookup_all(inner, u32::SIZE, StackDelta::SIZE, entries as usize)?;
+    read_deltas_below(inner, class, u32::MAX)
+}
+
+/// [`read_deltas`] of the first `end` entries only (one batch lookup of
+/// that many): what a reader can reach, and all a reconcile needs, at a
+/// cost that follows the table's length instead of its array's.
+pub(crate) fn read_deltas_below(
+    inner: BorrowedFd<'_>,
+    class: u16,
+    end: u32,
+) -> Result<Vec<StackDelta>, KernelError> {
+    let entries = abi::class_entries(class).unwrap_or(0).min(end);
+    if entries == 0 {
+        return Ok(Vec::new());
+    }
+    let (_, values) = sys::lookup_first(inner, u32::SIZE, StackDelta::SIZE, entries as usize)?;
     let mut deltas: Vec<StackDelta> = values
         .chunks(StackDelta::SIZE)
         .filter_map(StackDelta::read)

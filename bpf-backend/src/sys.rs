@@ -438,6 +438,58 @@ pub fn delete_batch(fd: BorrowedFd<'_>, keys: &[u8], count: usize) -> Result<(),
 /// Every entry of a map with `BPF_MAP_LOOKUP_BATCH`, as flat key and value
 /// buffers (`n * key_size` and `n * value_size` bytes), `chunk` entries per
 /// call (grown when a hash bucket does not fit, ENOSPC).
+/// The first `count` entries of an array map (keys 0 to `count - 1`),
+/// with one `BPF_MAP_LOOKUP_BATCH` call of that many (more calls only if
+/// the kernel returns fewer).
+pub fn lookup_first(
+    fd: BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+    count: usize,
+) -> Result<(Vec<u8>, Vec<u8>), SysError> {
+    let mut all_keys = Vec::with_capacity(count * key_size);
+    let mut all_values = Vec::with_capacity(count * value_size);
+    let token_size = key_size.max(8);
+    let mut in_token = vec![0u8; token_size];
+    let mut out_token = vec![0u8; token_size];
+    let mut first = true;
+    // Each call returns at least one entry or ends the loop.
+    while all_values.len() < count * value_size {
+        let want = count - all_values.len() / value_size.max(1);
+        let mut keys = vec![0u8; want * key_size];
+        let mut values = vec![0u8; want * value_size];
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { in_token.as_ptr() as u64 },
+            out_batch: out_token.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: want as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: the buffers hold `want` keys and values and a token.
+        let result = unsafe { bpf(Cmd::MapLookupBatch, &mut attr) };
+        let got = (attr.count as usize).min(want);
+        all_keys.extend_from_slice(&keys[..got * key_size]);
+        all_values.extend_from_slice(&values[..got * value_size]);
+        match result {
+            Ok(_) if got > 0 => {}
+            Ok(_) | Err(libc::ENOENT) => break,
+            Err(errno) => {
+                return Err(SysError {
+                    cmd: Cmd::MapLookupBatch,
+                    errno,
+                    processed: all_keys.len() / key_size.max(1),
+                })
+            }
+        }
+        first = false;
+        std::mem::swap(&mut in_token, &mut out_token);
+    }
+    Ok((all_keys, all_values))
+}
+
 pub fn lookup_all(
     fd: BorrowedFd<'_>,
     key_size: usize,

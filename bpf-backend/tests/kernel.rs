@@ -1045,8 +1045,19 @@ fn a_restart_over_pins_adopts_what_is_right_and_ends_as_the_sim_does() {
     assert_eq!(before, sim_dump(&sim), "the pins hold what the sim holds");
     let observed = before.observed();
     assert_eq!(observed, sim.observed());
+    // What a restart reads of the kernel: each table only as far as its
+    // pages reach (D's half-published table, with no page, not at all),
+    // and the lock file's record (this run never zeroed a slot).
+    let reached = kept.observed().expect("observed");
+    assert_eq!(reached.pages, observed.pages);
+    assert_eq!(reached.unwind_infos, observed.unwind_infos);
+    assert_eq!(reached.zeroed_ago, Some(std::time::Duration::MAX));
+    for (key, deltas) in &observed.delta_tables {
+        let want: &[StackDelta] = if key.1 == d { &[] } else { deltas };
+        assert_eq!(reached.delta_tables[key], want, "{key:?}");
+    }
 
-    let (kernel, k_report) = restart(&provider, kept, &observed, &ids);
+    let (kernel, k_report) = restart(&provider, kept, &reached, &ids);
     let (simulated, s_report) = restart(&provider, sim, &observed, &ids);
     assert_eq!(k_report.adopted, vec![ids[0], ids[1]]);
     assert_eq!(k_report.loaded, vec![d]);

@@ -28,7 +28,10 @@ use crate::FileId;
 pub struct Observed {
     pub pages: BTreeMap<StackDeltaPageKey, StackDeltaPageInfo>,
     /// Published delta arrays by (class, file id): their entries up to the
-    /// last non-zero one (the rest of the array reads as zero).
+    /// last non-zero one (the rest of the array reads as zero). A backend
+    /// may leave out the entries at or past the furthest one the file's
+    /// page entries reach (`first_delta + num_deltas`): no reader reads
+    /// them, so they cannot matter to what is adopted or kept live.
     pub delta_tables: BTreeMap<(u16, FileId), Vec<abi::StackDelta>>,
     /// `unwind_info_array` from slot 0 (zero slots may be left out at the end).
     pub unwind_infos: Vec<UnwindInfo>,
