@@ -334,10 +334,7 @@ impl<B: Inspect> Host<B> {
         progress: &mut dyn Progress,
     ) -> Result<&StepReport, ListError> {
         let started = Instant::now();
-        let mut pids = procs::list()?;
-        if let Some(only) = &self.config.only {
-            pids.retain(|pid| only.contains(pid));
-        }
+        let pids = self.followed_pids()?;
         let mut report = StepReport {
             processes: pids.len(),
             ..StepReport::default()
@@ -403,6 +400,15 @@ impl<B: Inspect> Host<B> {
         report.elapsed = started.elapsed();
         self.last = report;
         Ok(&self.last)
+    }
+
+    /// The processes of `/proc` this host follows (all, or `only`).
+    fn followed_pids(&self) -> Result<Vec<i32>, ListError> {
+        let mut pids = procs::list()?;
+        if let Some(only) = &self.config.only {
+            pids.retain(|pid| only.contains(pid));
+        }
+        Ok(pids)
     }
 
     /// Reads process `pid` and queues the references it needs.

@@ -435,9 +435,72 @@ pub fn delete_batch(fd: BorrowedFd<'_>, keys: &[u8], count: usize) -> Result<(),
     )
 }
 
-/// Every entry of a map with `BPF_MAP_LOOKUP_BATCH`, as flat key and value
-/// buffers (`n * key_size` and `n * value_size` bytes), `chunk` entries per
-/// call (grown when a hash bucket does not fit, ENOSPC).
+/// Successive `BPF_MAP_LOOKUP_BATCH` calls over one map: the batch token
+/// (a bucket index for hashes, a key for arrays) carried from one call to
+/// the next.
+struct LookupCursor<'a> {
+    fd: BorrowedFd<'a>,
+    key_size: usize,
+    value_size: usize,
+    in_token: Vec<u8>,
+    out_token: Vec<u8>,
+    first: bool,
+}
+
+impl<'a> LookupCursor<'a> {
+    fn new(fd: BorrowedFd<'a>, key_size: usize, value_size: usize) -> Self {
+        let token_size = key_size.max(8);
+        Self {
+            fd,
+            key_size,
+            value_size,
+            in_token: vec![0u8; token_size],
+            out_token: vec![0u8; token_size],
+            first: true,
+        }
+    }
+
+    /// One call for up to `count` entries: the keys and values read, and
+    /// the call's errno if it failed. Only a call that succeeded moves the
+    /// cursor on.
+    fn next(&mut self, count: usize) -> (Vec<u8>, Vec<u8>, Result<(), i32>) {
+        let mut keys = vec![0u8; count * self.key_size];
+        let mut values = vec![0u8; count * self.value_size];
+        let mut attr = BatchAttr {
+            in_batch: if self.first {
+                0
+            } else {
+                self.in_token.as_ptr() as u64
+            },
+            out_batch: self.out_token.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: count as u32,
+            map_fd: self.fd.as_raw_fd() as u32,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: the buffers hold `count` keys and values and a token.
+        let result = unsafe { bpf(Cmd::MapLookupBatch, &mut attr) };
+        let got = (attr.count as usize).min(count);
+        keys.truncate(got * self.key_size);
+        values.truncate(got * self.value_size);
+        if result.is_ok() {
+            self.first = false;
+            std::mem::swap(&mut self.in_token, &mut self.out_token);
+        }
+        (keys, values, result.map(|_| ()))
+    }
+}
+
+fn lookup_error(errno: i32, keys: &[u8], key_size: usize) -> SysError {
+    SysError {
+        cmd: Cmd::MapLookupBatch,
+        errno,
+        processed: keys.len() / key_size.max(1),
+    }
+}
+
 /// The first `count` entries of an array map (keys 0 to `count - 1`),
 /// with one `BPF_MAP_LOOKUP_BATCH` call of that many (more calls only if
 /// the kernel returns fewer).
@@ -447,102 +510,51 @@ pub fn lookup_first(
     value_size: usize,
     count: usize,
 ) -> Result<(Vec<u8>, Vec<u8>), SysError> {
+    let mut cursor = LookupCursor::new(fd, key_size, value_size);
     let mut all_keys = Vec::with_capacity(count * key_size);
     let mut all_values = Vec::with_capacity(count * value_size);
-    let token_size = key_size.max(8);
-    let mut in_token = vec![0u8; token_size];
-    let mut out_token = vec![0u8; token_size];
-    let mut first = true;
     // Each call returns at least one entry or ends the loop.
     while all_values.len() < count * value_size {
         let want = count - all_values.len() / value_size.max(1);
-        let mut keys = vec![0u8; want * key_size];
-        let mut values = vec![0u8; want * value_size];
-        let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { in_token.as_ptr() as u64 },
-            out_batch: out_token.as_mut_ptr() as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: want as u32,
-            map_fd: fd.as_raw_fd() as u32,
-            elem_flags: 0,
-            flags: 0,
-        };
-        // SAFETY: the buffers hold `want` keys and values and a token.
-        let result = unsafe { bpf(Cmd::MapLookupBatch, &mut attr) };
-        let got = (attr.count as usize).min(want);
-        all_keys.extend_from_slice(&keys[..got * key_size]);
-        all_values.extend_from_slice(&values[..got * value_size]);
+        let (keys, values, result) = cursor.next(want);
+        let got = !values.is_empty();
+        all_keys.extend_from_slice(&keys);
+        all_values.extend_from_slice(&values);
         match result {
-            Ok(_) if got > 0 => {}
-            Ok(_) | Err(libc::ENOENT) => break,
-            Err(errno) => {
-                return Err(SysError {
-                    cmd: Cmd::MapLookupBatch,
-                    errno,
-                    processed: all_keys.len() / key_size.max(1),
-                })
-            }
+            Ok(()) if got => {}
+            Ok(()) | Err(libc::ENOENT) => break,
+            Err(errno) => return Err(lookup_error(errno, &all_keys, key_size)),
         }
-        first = false;
-        std::mem::swap(&mut in_token, &mut out_token);
     }
     Ok((all_keys, all_values))
 }
 
+/// Every entry of a map with `BPF_MAP_LOOKUP_BATCH`, as flat key and value
+/// buffers (`n * key_size` and `n * value_size` bytes), `chunk` entries per
+/// call (grown when a hash bucket does not fit, ENOSPC).
 pub fn lookup_all(
     fd: BorrowedFd<'_>,
     key_size: usize,
     value_size: usize,
     chunk: usize,
 ) -> Result<(Vec<u8>, Vec<u8>), SysError> {
-    let cmd = Cmd::MapLookupBatch;
+    let mut cursor = LookupCursor::new(fd, key_size, value_size);
     let mut chunk = chunk.max(1);
     let mut all_keys = Vec::new();
     let mut all_values = Vec::new();
-    // The batch token: a bucket index for hashes, a key for arrays.
-    let token_size = key_size.max(8);
-    let mut in_token = vec![0u8; token_size];
-    let mut out_token = vec![0u8; token_size];
-    let mut first = true;
     loop {
-        let mut keys = vec![0u8; chunk * key_size];
-        let mut values = vec![0u8; chunk * value_size];
-        let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { in_token.as_ptr() as u64 },
-            out_batch: out_token.as_mut_ptr() as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: chunk as u32,
-            map_fd: fd.as_raw_fd() as u32,
-            elem_flags: 0,
-            flags: 0,
-        };
-        // SAFETY: the buffers hold `chunk` keys and values and a token.
-        let result = unsafe { bpf(cmd, &mut attr) };
-        let got = attr.count as usize;
+        let (keys, values, result) = cursor.next(chunk);
         match result {
-            Ok(_) | Err(libc::ENOENT) => {
-                all_keys.extend_from_slice(&keys[..got * key_size]);
-                all_values.extend_from_slice(&values[..got * value_size]);
+            Ok(()) | Err(libc::ENOENT) => {
+                all_keys.extend_from_slice(&keys);
+                all_values.extend_from_slice(&values);
                 if result.is_err() {
                     return Ok((all_keys, all_values));
                 }
             }
-            Err(libc::ENOSPC) if got == 0 && chunk < (1 << 24) => {
-                chunk *= 2;
-                continue;
-            }
-            Err(errno) => {
-                return Err(SysError {
-                    cmd,
-                    errno,
-                    processed: all_keys.len() / key_size.max(1),
-                })
-            }
+            Err(libc::ENOSPC) if keys.is_empty() && chunk < (1 << 24) => chunk *= 2,
+            Err(errno) => return Err(lookup_error(errno, &all_keys, key_size)),
         }
-        first = false;
-        std::mem::swap(&mut in_token, &mut out_token);
     }
 }
 

@@ -254,10 +254,7 @@ impl<B: Inspect> Host<B> {
     /// Step 1: every process's files, identified, none loaded or held open.
     fn walk_for_restart(&mut self, stop: &AtomicBool) -> Result<Vec<Mapped>, NotRestarted> {
         let started = Instant::now();
-        let mut pids = procs::list()?;
-        if let Some(only) = &self.config.only {
-            pids.retain(|pid| only.contains(pid));
-        }
+        let pids = self.followed_pids()?;
         let mut report = StepReport {
             processes: pids.len(),
             ..StepReport::default()

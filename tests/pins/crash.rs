@@ -398,29 +398,10 @@ fn a_watch_killed_anywhere_restarts_to_a_fresh_scans_maps_and_never_loses_a_mapp
     let mut scratch = Scratch::new();
     let dir = scratch.mount_point("pins");
     let fresh_dir = scratch.mount_point("fresh");
-    // The fresh scans' pins need a bpffs too: one mount, made by the first.
-    run(&[
-        "scan",
-        "--backend",
-        "kernel",
-        "--pin-dir",
-        fresh_dir.to_str().expect("UTF-8"),
-        "--mount-bpffs",
-        "--pid",
-        &pids[0].to_string(),
-    ])
-    .ok();
-    run(&[
-        "scan",
-        "--backend",
-        "kernel",
-        "--pin-dir",
-        dir.to_str().expect("UTF-8"),
-        "--mount-bpffs",
-        "--pid",
-        &pids[0].to_string(),
-    ])
-    .ok();
+    // Both directories get a bpffs, mounted by a first scan of sleep.
+    for d in [&dir, &fresh_dir] {
+        scan(d, pids[0], &["--mount-bpffs"]).ok();
+    }
     let mut fresh: BTreeMap<Vec<i32>, Reachable> = BTreeMap::new();
     // The files of the process every watch follows: after the first
     // convergence, a reader must find each of their pages at every moment.

@@ -284,6 +284,18 @@ fn sleeper() -> Running {
     sleep
 }
 
+/// What most tests start from, once the kernel is known to be usable: a
+/// `sleep` mapping libc, a scratch directory, and `pins` in it.
+fn with_sleeper_and_pins(test: &str) -> Option<(Running, Scratch, PathBuf)> {
+    if !kernel_ready(test) {
+        return None;
+    }
+    let sleep = sleeper();
+    let mut scratch = Scratch::new();
+    let dir = scratch.mount_point("pins");
+    Some((sleep, scratch, dir))
+}
+
 /// `eim scan --json --backend kernel --pin-dir DIR --pid PID` and `extra`.
 fn scan(dir: &Path, pid: i32, extra: &[&str]) -> Finished {
     let (dir, pid) = (dir.to_str().expect("UTF-8"), pid.to_string());
@@ -446,12 +458,11 @@ fn twenty_concurrent_starts_on_one_directory_have_one_owner_at_a_time() {
 
 #[test]
 fn a_watch_owns_its_pin_directory_until_it_exits_and_a_kernel_lookup_neither_waits_nor_breaks_it() {
-    if !kernel_ready("a_watch_owns_its_pin_directory_until_it_exits") {
+    let Some((sleep, _scratch, dir)) =
+        with_sleeper_and_pins("a_watch_owns_its_pin_directory_until_it_exits")
+    else {
         return;
-    }
-    let sleep = sleeper();
-    let mut scratch = Scratch::new();
-    let dir = scratch.mount_point("pins");
+    };
     let (d, pid) = (dir.to_str().expect("UTF-8"), sleep.pid().to_string());
     let mut watch = Running::spawn(&mut eim(&[
         "watch",
@@ -685,12 +696,11 @@ fn under_sys_fs_bpf_eim_mounts_the_kernels_bpffs_on_its_own() {
 
 #[test]
 fn a_pin_of_another_shape_is_refused_untouched_and_replaced_only_when_asked() {
-    if !kernel_ready("a_pin_of_another_shape_is_refused_untouched_and_replaced_only_when_asked") {
+    let Some((sleep, _scratch, dir)) = with_sleeper_and_pins(
+        "a_pin_of_another_shape_is_refused_untouched_and_replaced_only_when_asked",
+    ) else {
         return;
-    }
-    let sleep = sleeper();
-    let mut scratch = Scratch::new();
-    let dir = scratch.mount_point("pins");
+    };
     std::fs::create_dir(&dir).expect("mkdir");
     mount("bpf", &dir, 0, "");
     // Upstream's page map: 40,000 entries (eim's default differs).
@@ -756,12 +766,11 @@ fn a_pin_of_another_shape_is_refused_untouched_and_replaced_only_when_asked() {
 /// maps byte for byte the same.
 #[test]
 fn a_restart_over_an_unchanged_host_adopts_everything_and_writes_nothing() {
-    if !kernel_ready("a_restart_over_an_unchanged_host_adopts_everything_and_writes_nothing") {
+    let Some((sleep, _scratch, dir)) = with_sleeper_and_pins(
+        "a_restart_over_an_unchanged_host_adopts_everything_and_writes_nothing",
+    ) else {
         return;
-    }
-    let sleep = sleeper();
-    let mut scratch = Scratch::new();
-    let dir = scratch.mount_point("pins");
+    };
     let first = scan(&dir, sleep.pid(), &["--mount-bpffs"]).ok().json();
     let before = pinned::dump_pinned(&dir).expect("dump");
     assert!(u(&first, "/files/loaded") > 0, "nothing loaded");
@@ -792,12 +801,11 @@ fn a_restart_over_an_unchanged_host_adopts_everything_and_writes_nothing() {
 /// with exactly a fresh run's maps.
 #[test]
 fn pins_the_reconcile_does_not_trust_are_cleaned_and_loaded_afresh() {
-    if !kernel_ready("pins_the_reconcile_does_not_trust_are_cleaned_and_loaded_afresh") {
+    let Some((sleep, _scratch, dir)) =
+        with_sleeper_and_pins("pins_the_reconcile_does_not_trust_are_cleaned_and_loaded_afresh")
+    else {
         return;
-    }
-    let sleep = sleeper();
-    let mut scratch = Scratch::new();
-    let dir = scratch.mount_point("pins");
+    };
     scan(&dir, sleep.pid(), &["--mount-bpffs"]).ok();
     let fresh = pinned::dump_pinned(&dir).expect("dump");
     let (slot, rule) = fresh

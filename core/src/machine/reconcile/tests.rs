@@ -694,12 +694,11 @@ fn a_restart_at_any_op_of_a_load_or_of_its_rollback_converges() {
     assert!(restarts > 20, "{restarts} restarts");
 }
 
-/// A rollback unpublished a table and zeroed the slots it had written,
-/// above every other used slot, and the daemon died: the restart must not
-/// write another rule there within the grace, as a reader may still hold
-/// the table (found by the simulator, `sim/known-failures`).
-#[test]
-fn zero_slots_past_every_used_one_cool_for_a_grace_after_a_restart() {
+/// A and C loaded, then B's load failed at its last op and was rolled
+/// back (its table unpublished, the slots it wrote zeroed) right before
+/// the crash: the files, the earlier run, the maps, and B's highest fresh
+/// slot.
+fn rolled_back_before_the_crash() -> (Files, Run, Model, u16) {
     let files = Files::abc();
     let ac = files.only(&[0xa, 0xc]);
     let base = ac.earlier_run();
@@ -722,6 +721,16 @@ fn zero_slots_past_every_used_one_cool_for_a_grace_after_a_restart() {
         MapOp::PutUnwindInfos(v) => v.iter().map(|(s, _)| *s).max().unwrap(),
         other => panic!("{other:?}"),
     };
+    (files, base, model, fresh)
+}
+
+/// A rollback unpublished a table and zeroed the slots it had written,
+/// above every other used slot, and the daemon died: the restart must not
+/// write another rule there within the grace, as a reader may still hold
+/// the table (found by the simulator, `sim/known-failures`).
+#[test]
+fn zero_slots_past_every_used_one_cool_for_a_grace_after_a_restart() {
+    let (files, _, model, fresh) = rolled_back_before_the_crash();
     assert_eq!(
         model.0.unwind_infos[usize::from(fresh)],
         UnwindInfo::default()
@@ -754,28 +763,7 @@ fn zero_slots_past_every_used_one_cool_for_a_grace_after_a_restart() {
 /// (their last table may have been unpublished just now).
 #[test]
 fn a_recorded_zeroing_bounds_how_long_zero_slots_cool() {
-    let files = Files::abc();
-    let ac = files.only(&[0xa, 0xc]);
-    let base = ac.earlier_run();
-    let mut book = base.book.clone();
-    let (b, _) = &files.0[&FileId(0xb)];
-    let plan = book.plan_load(FileId(0xb), b).unwrap();
-    let last = plan.ops.len() - 1;
-    let rollback = book.abort_load(
-        &plan,
-        Stopped {
-            at: last,
-            failure: OpFailure::new(Errno::ENOMEM, 0),
-        },
-    );
-    let mut model = base.model.clone();
-    for op in plan.ops[..last].iter().chain(&rollback.ops) {
-        model.apply(op);
-    }
-    let fresh = match &plan.ops[0] {
-        MapOp::PutUnwindInfos(v) => v.iter().map(|(s, _)| *s).max().unwrap(),
-        other => panic!("{other:?}"),
-    };
+    let (files, base, model, fresh) = rolled_back_before_the_crash();
     // C was unloaded before the crash: its unique rule's slot keeps the
     // rule and lost its last table.
     let a_only = files.only(&[0xa, 0xb]);
