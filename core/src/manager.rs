@@ -295,53 +295,95 @@ impl<B: Backend> KernelSide<B> {
     }
 
     /// Loads several files with one batch plan (one outer-map publication
-    /// per size class). One outcome per distinct file id. On a kernel
-    /// failure every file of the batch is rolled back and gets the error;
-    /// files refused at planning get their own error and do not block the
-    /// others.
+    /// per size class). One outcome per distinct file id. Files refused at
+    /// planning get their own error and do not block the others. On a
+    /// kernel failure every file of the batch is rolled back; if the errno
+    /// may concern only part of it ([`Errno::may_pass_in_part`]: one
+    /// element too big for a full map, memory or descriptors the whole
+    /// batch needed at once), the halves are tried on their own, down to
+    /// single files: everything that fits loads, and only what does not
+    /// gets the error, each file its own. At most `2n - 1` attempts for `n`
+    /// files.
     fn load_many(
         &mut self,
         clock: &dyn Clock,
         files: &[(FileId, &[StackDelta], Option<OffsetRange>)],
     ) -> BTreeMap<FileId, Result<MapRef, Error>> {
         self.retry_leftovers(clock);
-        let (plan, refused) = self.book.plan_load_many_with(files);
         let mut out = BTreeMap::new();
-        let stopped = execute(&mut self.backend, &plan.ops).err();
-        match stopped {
-            None => {
-                for (file_id, map_ref) in self.book.commit_load_many(plan) {
-                    out.insert(file_id, Ok(map_ref));
+        let mut pending = vec![files.to_vec()];
+        while let Some(batch) = pending.pop() {
+            let retry = self.load_batch(clock, &batch, &mut out);
+            // Each part is smaller than the batch it came from, and a
+            // single file is never split: this ends.
+            match retry.len() {
+                0 => {}
+                1 => pending.push(retry),
+                n => {
+                    let (first, second) = retry.split_at(n / 2);
+                    pending.push(second.to_vec());
+                    pending.push(first.to_vec());
                 }
             }
-            Some(stopped) => {
-                let failed = &plan.ops[stopped.at];
-                let (map, op, len) = (failed.map(), failed.name(), failed.len());
-                let rollback = self.book.abort_load_many(&plan, stopped);
-                let result = execute(&mut self.backend, &rollback.ops);
-                self.tick(clock);
-                self.book.finish_rollback_many(rollback, result);
-                for file in &plan.files {
-                    let file_id = file.file_id;
-                    out.insert(
-                        file_id,
-                        Err(Error::Kernel {
-                            file_id,
-                            map,
-                            op,
-                            errno: stopped.failure.errno,
-                            done: stopped.failure.done,
-                            len,
-                            rolled_back: !self.book.leftovers().contains_key(&file_id),
-                        }),
-                    );
-                }
-            }
-        }
-        for (file_id, e) in refused {
-            out.entry(file_id).or_insert(Err(plan_error(file_id, e)));
         }
         out
+    }
+
+    /// One attempt of [`Self::load_many`]: the outcome of every file in
+    /// `out`, or, when the batch failed in a way a smaller one may not,
+    /// the files to try again in smaller batches (those fully rolled back).
+    fn load_batch<'d>(
+        &mut self,
+        clock: &dyn Clock,
+        files: &[(FileId, &'d [StackDelta], Option<OffsetRange>)],
+        out: &mut BTreeMap<FileId, Result<MapRef, Error>>,
+    ) -> Vec<(FileId, &'d [StackDelta], Option<OffsetRange>)> {
+        let (plan, refused) = self.book.plan_load_many_with(files);
+        for (file_id, e) in refused {
+            out.insert(file_id, Err(plan_error(file_id, e)));
+        }
+        let Some(stopped) = execute(&mut self.backend, &plan.ops).err() else {
+            for (file_id, map_ref) in self.book.commit_load_many(plan) {
+                out.insert(file_id, Ok(map_ref));
+            }
+            return Vec::new();
+        };
+        let failed = &plan.ops[stopped.at];
+        let (map, op, len) = (failed.map(), failed.name(), failed.len());
+        let rollback = self.book.abort_load_many(&plan, stopped);
+        let result = execute(&mut self.backend, &rollback.ops);
+        self.tick(clock);
+        self.book.finish_rollback_many(rollback, result);
+        let errno = stopped.failure.errno;
+        let split = plan.files.len() > 1 && errno.may_pass_in_part();
+        let by_id: BTreeMap<FileId, usize> =
+            files.iter().enumerate().map(|(i, f)| (f.0, i)).collect();
+        let mut retry = Vec::new();
+        for file in &plan.files {
+            let file_id = file.file_id;
+            let rolled_back = !self.book.leftovers().contains_key(&file_id);
+            // A file whose entries could not all be removed cannot be
+            // planned again until they are: it keeps this error.
+            if split && rolled_back {
+                if let Some(&i) = by_id.get(&file_id) {
+                    retry.push(files[i]);
+                    continue;
+                }
+            }
+            out.insert(
+                file_id,
+                Err(Error::Kernel {
+                    file_id,
+                    map,
+                    op,
+                    errno,
+                    done: stopped.failure.done,
+                    len,
+                    rolled_back,
+                }),
+            );
+        }
+        retry
     }
 
     fn unload(&mut self, clock: &dyn Clock, file_id: FileId) -> Result<(), Error> {

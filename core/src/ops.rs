@@ -27,6 +27,23 @@ impl Errno {
     pub const ENOSPC: Errno = Errno(28);
     pub const E2BIG: Errno = Errno(7);
     pub const ENOTSUPP: Errno = Errno(524);
+    pub const ENFILE: Errno = Errno(23);
+    pub const EMFILE: Errno = Errno(24);
+
+    /// Whether a batch that failed with this errno may succeed in part:
+    /// the error concerns one element (a table too big for a full map,
+    /// E2BIG, ENOSPC) or a resource the whole batch used at once (memory,
+    /// descriptors), so a smaller batch may not meet it.
+    pub fn may_pass_in_part(self) -> bool {
+        [
+            Self::ENOMEM,
+            Self::E2BIG,
+            Self::ENOSPC,
+            Self::EMFILE,
+            Self::ENFILE,
+        ]
+        .contains(&self)
+    }
 
     pub fn name(self) -> Option<&'static str> {
         Some(match self {
@@ -41,6 +58,8 @@ impl Errno {
             Self::ENOSPC => "ENOSPC",
             Self::E2BIG => "E2BIG",
             Self::ENOTSUPP => "ENOTSUPP",
+            Self::ENFILE => "ENFILE",
+            Self::EMFILE => "EMFILE",
             _ => return None,
         })
     }

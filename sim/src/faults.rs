@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 
 use eim_core::ops::{Errno, MapOp, OpFailure};
+use eim_core::FileId;
 
 use crate::kernel::SimMaps;
 
@@ -40,6 +41,35 @@ pub struct FaultPlan {
     applied: u64,
     /// Keyed by the absolute op number (`applied` when that op comes).
     pending: BTreeMap<u64, Fault>,
+    /// Files every write of fails, at the element that is theirs, for as
+    /// long as they stay here: a resource error tied to one element of a
+    /// big batch (its table too big for what is left, the descriptor or
+    /// memory its array needs), met again on every attempt.
+    poisoned: BTreeMap<FileId, Errno>,
+}
+
+/// The first element of a write `op` that belongs to a file of `poisoned`,
+/// with that file's errno. Deletes and slot writes belong to no file here
+/// (a rollback must be able to remove what went in).
+fn poisoned_element(op: &MapOp, poisoned: &BTreeMap<FileId, Errno>) -> Option<(usize, Errno)> {
+    if poisoned.is_empty() {
+        return None;
+    }
+    let hit = |file: &FileId| poisoned.get(file).copied();
+    match op {
+        MapOp::PutDeltaTable { file_id, .. } | MapOp::PutInterpreterOffsets { file_id, .. } => {
+            hit(file_id).map(|e| (0, e))
+        }
+        MapOp::PutDeltaTables { tables, .. } => tables
+            .iter()
+            .enumerate()
+            .find_map(|(i, (file, _))| hit(file).map(|e| (i, e))),
+        MapOp::PutPages(pages) => pages
+            .iter()
+            .enumerate()
+            .find_map(|(i, (key, _))| hit(&FileId(key.file_id)).map(|e| (i, e))),
+        _ => None,
+    }
 }
 
 impl FaultPlan {
@@ -72,9 +102,29 @@ impl SimMaps {
         self.faults.schedule(k, Fault::StopAfter { after, errno });
     }
 
-    /// Drops every scheduled fault (the op counter keeps counting).
+    /// Every write of `file_id`'s entries fails with `errno` at its own
+    /// element (the elements before it take effect), until
+    /// [`SimMaps::clear_faults`].
+    pub fn poison_file(&mut self, file_id: FileId, errno: Errno) {
+        self.faults.poisoned.insert(file_id, errno);
+    }
+
+    /// Drops every scheduled fault and poisoned file (the op counter keeps
+    /// counting).
     pub fn clear_faults(&mut self) {
         self.faults.pending.clear();
+        self.faults.poisoned.clear();
+    }
+
+    /// Poisons no file any more (scheduled faults stay).
+    pub fn clear_poison(&mut self) {
+        self.faults.poisoned.clear();
+    }
+
+    /// A poisoned file's element in `op`, as [`Fault::StopAfter`] there.
+    pub(crate) fn poison_fault(&self, op: &MapOp) -> Option<Fault> {
+        poisoned_element(op, &self.faults.poisoned)
+            .map(|(after, errno)| Fault::StopAfter { after, errno })
     }
 
     /// Number of `apply` calls so far, faulty or not.

@@ -460,7 +460,7 @@ impl SimMaps {
 
 impl Backend for SimMaps {
     fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
-        match self.faults.next_op() {
+        match self.faults.next_op().or_else(|| self.poison_fault(op)) {
             None => self.apply_now(op),
             Some(fault) => self.apply_faulty(op, fault),
         }

@@ -357,7 +357,7 @@ fn a_batch_writes_each_files_entry_and_rolls_all_back_on_failure() {
     // Batch plan: slots, one table op (one class), two offsets puts, pages.
     // Fail the second offsets put: everything of both files goes.
     let maps_before = s.m.with_backend(|b| b.maps.clone());
-    s.m.with_backend(|b| b.maps.fail_op(3, Errno::E2BIG));
+    s.m.with_backend(|b| b.maps.fail_op(3, Errno::EBUSY));
     let results = s.m.load_many(&[(FILE, &FILE), (second, &second)]);
     for r in &results {
         assert!(
