@@ -58,6 +58,17 @@ pub struct WatchStats {
     pub faults: u64,
     pub stopped_batches: u64,
     pub checked_pages: u64,
+    /// Faults that made one file's writes fail for the rest of a step.
+    pub poisoned: u64,
+}
+
+/// The file element `i` of a write op belongs to (tables and pages).
+fn element_file(op: &MapOp, i: usize) -> Option<FileId> {
+    match op {
+        MapOp::PutDeltaTables { tables, .. } => tables.get(i).map(|(file, _)| *file),
+        MapOp::PutPages(pages) => pages.get(i).map(|(key, _)| FileId(key.file_id)),
+        _ => None,
+    }
 }
 
 /// [`SimMaps`] plus faults and per-op checks.
@@ -183,8 +194,10 @@ impl Watch {
         self.slot_watch = Some(SlotWatch::new(clock, grace));
     }
 
-    /// Starts an action: its own fault die, fresh counters.
+    /// Starts an action: its own fault die, fresh counters, no file
+    /// poisoned.
     pub fn begin(&mut self, fault_seed: u64) {
+        self.maps.clear_poison();
         self.dice = SimRng::from_parts(fault_seed, 0xfa17);
         self.faults_now = 0;
         self.touched.clear();
@@ -226,6 +239,17 @@ impl Watch {
         self.faults_now += 1;
         let errno = ERRNOS[self.dice.index(ERRNOS.len())];
         let len = op.len();
+        // A resource error tied to one element of a big batch (its table
+        // too big for what is left, the memory its array needs): that
+        // file's writes fail for the rest of the step, however the manager
+        // retries, and the rest of the batch must still load.
+        if errno.may_pass_in_part() && len >= 2 && self.dice.chance(0.3) {
+            if let Some(file) = element_file(op, self.dice.index(len)) {
+                self.stats.poisoned += 1;
+                self.maps.poison_file(file, errno);
+                return self.maps.apply(op);
+            }
+        }
         let after = if len >= 2 && self.dice.chance(0.5) {
             self.stats.stopped_batches += 1;
             self.dice.range(1, len as u64 - 1) as usize

@@ -98,6 +98,7 @@ struct Ran {
     steps: usize,
     ops: u64,
     faults: u64,
+    poisoned: u64,
     secs: f64,
 }
 
@@ -171,6 +172,7 @@ fn run_seed(args: &Args, corpus: &[RealFile], setup: Setup) -> Fallible<Option<R
             steps: steps.len(),
             ops: stats.ops,
             faults: stats.faults,
+            poisoned: stats.poisoned,
             secs,
         })),
         Some(failure) => {
@@ -257,11 +259,12 @@ fn seeds(args: &Args, corpus: &[RealFile], corpus_secs: f64) -> Fallible<bool> {
             return Ok(false);
         };
         println!(
-            "seed {seed} profile {}: {} steps, {} ops, {} faults injected, {:.2} s ({:.0} steps/s)",
+            "seed {seed} profile {}: {} steps, {} ops, {} faults injected ({} poisoning one file), {:.2} s ({:.0} steps/s)",
             args.profile,
             ran.steps,
             ran.ops,
             ran.faults,
+            ran.poisoned,
             ran.secs,
             ran.steps as f64 / ran.secs.max(1e-9)
         );
