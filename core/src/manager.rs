@@ -29,7 +29,7 @@ use crate::machine::{
 };
 use crate::metrics::{self, Summary};
 use crate::ops::{Backend, MapKind};
-use crate::provider::Provider;
+use crate::provider::{Extraction, Provider};
 use crate::sync::{lock, Arc, Condvar, Mutex};
 use crate::FileId;
 
@@ -117,7 +117,18 @@ pub struct Config {
     /// keeps its rule before another rule may be written to it (see
     /// [`crate::machine::slots::DEFAULT_SLOT_GRACE`] for why this is safe).
     pub slot_grace: Duration,
+    /// How many bytes of extracted stack deltas a [`ExecutableInfoManager::load_many`]
+    /// holds before it publishes them: the batch is written to the kernel
+    /// in parts of about this size (one file bigger than this goes alone),
+    /// so its peak memory follows this bound, not the batch's file count.
+    pub batch_bytes: usize,
 }
+
+/// The default [`Config::batch_bytes`]: about 1.4 M stack deltas, which
+/// keeps a host's first step within a few tens of MB of deltas while the
+/// parts stay big enough that their one outer-map update per size class
+/// (one RCU wait each) costs little beside writing them.
+pub const DEFAULT_BATCH_BYTES: usize = 32 << 20;
 
 impl Default for Config {
     fn default() -> Self {
@@ -127,6 +138,7 @@ impl Default for Config {
             deferred_ttl: deferred::DEFAULT_TTL,
             shards: 64,
             slot_grace: crate::machine::slots::DEFAULT_SLOT_GRACE,
+            batch_bytes: DEFAULT_BATCH_BYTES,
         }
     }
 }
@@ -430,6 +442,7 @@ pub struct ExecutableInfoManager<P: Provider, B: Backend> {
     deferred: Mutex<Deferred>,
     clock: Box<dyn Clock>,
     tracers: Tracers,
+    batch_bytes: usize,
     extracted: AtomicU64,
     extraction_errors: AtomicU64,
 }
@@ -472,6 +485,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             deferred: Mutex::new(Deferred::new(config.deferred_capacity, config.deferred_ttl)),
             clock,
             tracers,
+            batch_bytes: config.batch_bytes.max(1),
             extracted: AtomicU64::new(0),
             extraction_errors: AtomicU64::new(0),
         }
@@ -780,9 +794,11 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 },
             ));
         }
-        // Extraction, no lock held.
+        // Extraction, no lock held; published in parts of at most
+        // `batch_bytes` of deltas, each dropped once its part is in.
         let mut outcomes: Vec<Option<Result<ExecutableInfo, Error>>> = vec![None; mine.len()];
         let mut extracted = Vec::new();
+        let mut held = 0usize;
         for (n, (i, guard)) in mine.iter().enumerate() {
             let file_id = guard.file_id;
             match self
@@ -791,7 +807,12 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             {
                 Ok(extraction) => {
                     self.extracted.fetch_add(1, Ordering::Relaxed);
+                    held = held.saturating_add(std::mem::size_of_val(&extraction.data.deltas[..]));
                     extracted.push((n, extraction));
+                    if held >= self.batch_bytes {
+                        self.publish_part(&mine, std::mem::take(&mut extracted), &mut outcomes);
+                        held = 0;
+                    }
                 }
                 Err(source) => {
                     if !source.is_not_found() {
@@ -802,34 +823,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 }
             }
         }
-        // One kernel-lock session for the whole batch.
-        let batch: Vec<(FileId, &[StackDelta], Option<OffsetRange>)> = extracted
-            .iter()
-            .map(|(n, e)| {
-                let offsets = interp::offsets_of(&e.interpreters);
-                (mine[*n].1.file_id, &e.data.deltas[..], offsets)
-            })
-            .collect();
-        let mut loaded = if batch.is_empty() {
-            BTreeMap::new()
-        } else {
-            lock(&self.kernel).load_many(&*self.clock, &batch)
-        };
-        for (n, extraction) in extracted {
-            let file_id = mine[n].1.file_id;
-            let outcome = match loaded.remove(&file_id) {
-                Some(Ok(_)) => Ok(ExecutableInfo {
-                    interpreters: std::sync::Arc::from(extraction.interpreters),
-                    libc: extraction.libc,
-                }),
-                Some(Err(e)) => {
-                    self.defer_load_failure(&e);
-                    Err(e)
-                }
-                None => Err(Error::ExtractionAborted { file_id }),
-            };
-            outcomes[n] = Some(outcome);
-        }
+        self.publish_part(&mine, extracted, &mut outcomes);
         // Land every flight of the batch, then wait for the others' (never
         // before: two batches waiting on each other's flights would hang).
         for ((i, mut guard), outcome) in mine.into_iter().zip(outcomes) {
@@ -847,6 +841,44 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 r.unwrap_or(Err(Error::ExtractionAborted { file_id: *file_id }))
             })
             .collect()
+    }
+
+    /// One part of a [`Self::load_many`]: the extracted files `extracted`
+    /// (by their index in `mine`) published with one kernel-lock session;
+    /// their outcomes go to `outcomes`, and their deltas are dropped.
+    fn publish_part(
+        &self,
+        mine: &[(usize, FlightGuard<'_, P, B>)],
+        extracted: Vec<(usize, Extraction)>,
+        outcomes: &mut [Option<Result<ExecutableInfo, Error>>],
+    ) {
+        if extracted.is_empty() {
+            return;
+        }
+        let batch: Vec<(FileId, &[StackDelta], Option<OffsetRange>)> = extracted
+            .iter()
+            .map(|(n, e)| {
+                let offsets = interp::offsets_of(&e.interpreters);
+                (mine[*n].1.file_id, &e.data.deltas[..], offsets)
+            })
+            .collect();
+        let mut loaded = lock(&self.kernel).load_many(&*self.clock, &batch);
+        drop(batch);
+        for (n, extraction) in extracted {
+            let file_id = mine[n].1.file_id;
+            let outcome = match loaded.remove(&file_id) {
+                Some(Ok(_)) => Ok(ExecutableInfo {
+                    interpreters: std::sync::Arc::from(extraction.interpreters),
+                    libc: extraction.libc,
+                }),
+                Some(Err(e)) => {
+                    self.defer_load_failure(&e);
+                    Err(e)
+                }
+                None => Err(Error::ExtractionAborted { file_id }),
+            };
+            outcomes[n] = Some(outcome);
+        }
     }
 
     /// Loads unwind data that was not extracted from a file (the arm64 vDSO).

@@ -372,3 +372,88 @@ fn a_resource_error_of_one_element_is_isolated_safely_for_readers() {
     assert!(results.iter().all(Result::is_ok), "a one-off ENOMEM");
     check(&m, &sources, "one-off");
 }
+
+/// Sim maps that remember which files each page write (one per part of a
+/// batch: a part's pages go in with one op) was for.
+struct PartsSeen {
+    maps: SimMaps,
+    parts: Vec<BTreeSet<FileId>>,
+}
+
+impl eim_core::ops::Backend for PartsSeen {
+    fn apply(&mut self, op: &MapOp) -> Result<(), eim_core::ops::OpFailure> {
+        if let MapOp::PutPages(pages) = op {
+            self.parts
+                .push(pages.iter().map(|(key, _)| FileId(key.file_id)).collect());
+        }
+        self.maps.apply(op)
+    }
+}
+
+#[test]
+fn a_batch_is_published_in_parts_of_at_most_batch_bytes_of_deltas() {
+    let files = files(40);
+    let bytes = |id: &FileId| {
+        let (_, data) = files.iter().find(|(f, _)| f == id).expect("a file");
+        std::mem::size_of_val(&data.deltas[..])
+    };
+    let total: usize = files.iter().map(|(id, _)| bytes(id)).sum();
+    let budget = total / 6;
+    let provider = Arc::new(MemoryProvider::new());
+    for (id, data) in &files {
+        provider.insert(*id, data.clone());
+    }
+    let m = ExecutableInfoManager::with_config(
+        provider,
+        PartsSeen {
+            maps: SimMaps::new(SimConfig::default()).expect("sim maps"),
+            parts: Vec::new(),
+        },
+        Tracers::none(),
+        Config {
+            batch_bytes: budget,
+            ..Config::default()
+        },
+        Box::new(ManualClock::new()),
+    );
+    let ids: Vec<FileId> = files.iter().map(|(id, _)| *id).collect();
+    let batch: Vec<(FileId, &FileId)> = ids.iter().map(|id| (*id, id)).collect();
+    let results = m.load_many(&batch);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    // The same tables as one unbounded batch loads.
+    let (whole, _, _) = setup(&files);
+    assert!(whole.load_many(&batch).iter().all(Result::is_ok));
+    assert_eq!(m.state().book.loaded(), whole.state().book.loaded());
+    whole.with_backend(|w| m.with_backend(|b| assert!(w.maps == b.maps, "same maps")));
+    let parts = m.with_backend(|b| b.parts.clone());
+    assert!(
+        parts.len() >= 6,
+        "{} parts for 6 budgets of deltas",
+        parts.len()
+    );
+    let mut seen = BTreeSet::new();
+    for part in &parts {
+        // Files are extracted in batch order; a part is published once it
+        // holds the budget, so all its files but its last are under it.
+        let sizes: Vec<usize> = ids
+            .iter()
+            .filter(|id| part.contains(id))
+            .map(bytes)
+            .collect();
+        let before_last: usize = sizes[..sizes.len() - 1].iter().sum();
+        assert!(before_last < budget, "{sizes:?} over {budget}");
+        assert!(
+            part.iter().all(|id| seen.insert(*id)),
+            "a file in two parts"
+        );
+    }
+    assert_eq!(
+        seen,
+        m.state()
+            .book
+            .loaded()
+            .keys()
+            .copied()
+            .collect::<BTreeSet<_>>()
+    );
+}
