@@ -49,6 +49,7 @@ pub mod backend;
 pub mod counting;
 pub mod elf_file;
 pub mod elf_provider;
+pub mod heap;
 pub mod host;
 pub mod loaders;
 pub mod lookup;

@@ -396,6 +396,9 @@ impl<B: Inspect> Host<B> {
                 self.counters.release_errors += 1;
             }
         }
+        if report.taken > 0 || report.released > 0 {
+            crate::heap::give_back();
+        }
         progress.finish();
         report.elapsed = started.elapsed();
         self.last = report;
