@@ -28,6 +28,10 @@ use eim::abi::{StackDeltaPageInfo, StackDeltaPageKey, Wire};
 use eim::bpf::{sys, KernelConfig, KernelMaps};
 use eim::scan::{Host, HostConfig, Quiet};
 
+#[path = "../tests/support/libraries.rs"]
+mod libraries;
+use libraries::Libraries;
+
 const LIBS: usize = 1000;
 
 fn have_bpf() -> bool {
@@ -154,68 +158,6 @@ fn start(dir: &Path, host_config: &HostConfig, warm: bool) -> (Duration, String)
     (elapsed, line)
 }
 
-/// Up to `n` distinct shared libraries under /usr, mapped executable in
-/// this process (kept mapped for the life of the process).
-fn map_libraries(n: usize) -> usize {
-    let mut mapped = 0;
-    let mut seen = std::collections::HashSet::new();
-    let mut stack: Vec<PathBuf> = ["/usr/lib", "/usr/lib64", "/usr/libexec"]
-        .iter()
-        .map(PathBuf::from)
-        .collect();
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            if mapped >= n {
-                return mapped;
-            }
-            let path = entry.path();
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if meta.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if !meta.is_file() || !name.contains(".so") || meta.len() < 4096 {
-                continue;
-            }
-            if !seen.insert((meta.len(), std::os::unix::fs::MetadataExt::ino(&meta))) {
-                continue;
-            }
-            let Ok(file) = std::fs::File::open(&path) else {
-                continue;
-            };
-            let mut magic = [0u8; 4];
-            if std::os::unix::fs::FileExt::read_exact_at(&file, &mut magic, 0).is_err()
-                || magic != *b"\x7fELF"
-            {
-                continue;
-            }
-            // SAFETY: a private, read-and-execute mapping of a file we
-            // opened; never read through or executed, only left in place
-            // for eim to see in /proc/self/maps.
-            let at = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    4096,
-                    libc::PROT_READ | libc::PROT_EXEC,
-                    libc::MAP_PRIVATE,
-                    std::os::fd::AsRawFd::as_raw_fd(&file),
-                    0,
-                )
-            };
-            if at != libc::MAP_FAILED {
-                mapped += 1;
-            }
-        }
-    }
-    mapped
-}
-
 fn bench_case(c: &mut Criterion, name: &str, host_config: HostConfig) {
     let dir = pin_dir(name);
     let (cold, line) = start(&dir, &host_config, false);
@@ -274,8 +216,11 @@ fn restart(c: &mut Criterion) {
         return;
     }
     bench_case(c, "host", HostConfig::default());
-    let mapped = map_libraries(LIBS);
-    eprintln!("restart/libs{LIBS}: this process maps {mapped} distinct libraries");
+    let libraries = Libraries::map(LIBS);
+    eprintln!(
+        "restart/libs{LIBS}: this process maps {} distinct libraries",
+        libraries.len()
+    );
     bench_case(
         c,
         &format!("libs{LIBS}"),
@@ -284,6 +229,7 @@ fn restart(c: &mut Criterion) {
             ..HostConfig::default()
         },
     );
+    drop(libraries);
 }
 
 criterion_group!(benches, restart);
