@@ -28,6 +28,8 @@ pub struct HostFile {
 #[derive(Debug, Default)]
 pub struct ExtractionStats {
     nanos: AtomicU64,
+    /// Of `nanos`, the interpreter loaders' part.
+    loaders_nanos: Arc<AtomicU64>,
     per_file: Mutex<HashMap<FileId, FileExtractions>>,
 }
 
@@ -41,9 +43,14 @@ pub struct FileExtractions {
 }
 
 impl ExtractionStats {
-    /// Time spent extracting, all files together.
+    /// Time spent extracting, all files together (the loaders included).
     pub fn time(&self) -> Duration {
         Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
+    }
+
+    /// Of [`Self::time`], the time the interpreter loaders took.
+    pub fn loaders_time(&self) -> Duration {
+        Duration::from_nanos(self.loaders_nanos.load(Ordering::Relaxed))
     }
 
     /// The counts of one file.
@@ -80,10 +87,11 @@ pub struct CountingProvider {
 
 impl CountingProvider {
     pub fn new(inner: ElfProvider) -> Self {
-        Self {
-            inner,
-            stats: Arc::default(),
-        }
+        let stats = Arc::new(ExtractionStats {
+            loaders_nanos: inner.loaders_nanos(),
+            ..ExtractionStats::default()
+        });
+        Self { inner, stats }
     }
 
     pub fn stats(&self) -> Arc<ExtractionStats> {

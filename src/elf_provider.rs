@@ -117,6 +117,9 @@ pub struct ElfProvider {
     max_size: u64,
     success: AtomicU64,
     errors: AtomicU64,
+    /// Nanoseconds spent in the interpreter loaders (shared with whoever
+    /// reports a step's phases).
+    loaders_nanos: Arc<AtomicU64>,
 }
 
 impl Default for ElfProvider {
@@ -152,7 +155,13 @@ impl ElfProvider {
             max_size: DEFAULT_MAX_SIZE,
             success: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            loaders_nanos: Arc::default(),
         }
+    }
+
+    /// The running total of nanoseconds spent in the interpreter loaders.
+    pub fn loaders_nanos(&self) -> Arc<AtomicU64> {
+        self.loaders_nanos.clone()
     }
 
     /// Refuses (`TooLarge`) files larger than `bytes`, whatever the limit
@@ -252,8 +261,12 @@ impl ElfProvider {
         let extracted = self.extract_deltas(file).and_then(|(data, open)| {
             let interpreters = match loaders {
                 Some((file_id, tracers)) => {
+                    let started = std::time::Instant::now();
                     let name = file.path().to_string_lossy();
-                    crate::loaders::detect(file_id, &name, open.elf(), &data, tracers)
+                    let found = crate::loaders::detect(file_id, &name, open.elf(), &data, tracers);
+                    let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.loaders_nanos.fetch_add(nanos, Ordering::Relaxed);
+                    found
                 }
                 None => Vec::new(),
             };

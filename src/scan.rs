@@ -163,6 +163,29 @@ pub struct StepReport {
     /// Stopped part way by the stop flag.
     pub interrupted: bool,
     pub elapsed: Duration,
+    /// Where `elapsed` went.
+    pub phases: Phases,
+}
+
+/// Where a step's time went; the parts add up to the step's time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Phases {
+    /// Listing `/proc`, reading each process's mappings, and the step's
+    /// own bookkeeping.
+    pub walk: Duration,
+    /// Opening mapped files (`/proc/PID/map_files` or the path).
+    pub open: Duration,
+    /// Computing file ids (hashing the head and tail of new files).
+    pub file_ids: Duration,
+    /// Extracting stack deltas (and reading what they need).
+    pub extraction: Duration,
+    /// The interpreter loaders.
+    pub loaders: Duration,
+    /// Applying map ops to the backend (kernel or simulated maps).
+    pub maps: Duration,
+    /// The manager's planning, encoding and locking around the above,
+    /// releases, and giving freed memory back.
+    pub manager: Duration,
 }
 
 /// Told how far a step is.
@@ -217,6 +240,15 @@ pub struct Host<B: Inspect> {
     metric_totals: BTreeMap<MetricId, u64>,
     /// What the warm restart that started this host did.
     restarted: Option<Reconciled>,
+    /// Time the current step spent opening files and computing ids.
+    opening: Opening,
+}
+
+/// See [`Phases::open`] and [`Phases::file_ids`].
+#[derive(Clone, Copy, Debug, Default)]
+struct Opening {
+    open: Duration,
+    file_ids: Duration,
 }
 
 impl<B: Inspect> Host<B> {
@@ -243,6 +275,7 @@ impl<B: Inspect> Host<B> {
             counters: Counters::default(),
             last: StepReport::default(),
             metric_totals: BTreeMap::new(),
+            opening: Opening::default(),
             restarted: None,
         }
     }
@@ -334,6 +367,10 @@ impl<B: Inspect> Host<B> {
         progress: &mut dyn Progress,
     ) -> Result<&StepReport, ListError> {
         let started = Instant::now();
+        let (extraction_before, loaders_before) = (self.stats.time(), self.stats.loaders_time());
+        let maps_before = self.kernel_time();
+        let mut busy = Duration::ZERO;
+        self.opening = Opening::default();
         let pids = self.followed_pids()?;
         let mut report = StepReport {
             processes: pids.len(),
@@ -368,10 +405,13 @@ impl<B: Inspect> Host<B> {
                 }
             }
             if batch.files.len() >= self.config.batch_files.max(1) {
+                let flushing = Instant::now();
                 self.flush(&mut batch, progress, &mut report);
+                busy += flushing.elapsed();
             }
             progress.advance();
         }
+        let flushing = Instant::now();
         self.flush(&mut batch, progress, &mut report);
         if !report.interrupted {
             for pid in self.processes.gone(&alive) {
@@ -399,10 +439,41 @@ impl<B: Inspect> Host<B> {
         if report.taken > 0 || report.released > 0 {
             crate::heap::give_back();
         }
+        busy += flushing.elapsed();
         progress.finish();
         report.elapsed = started.elapsed();
+        report.phases = self.phases(
+            report.elapsed,
+            busy,
+            self.stats.time().saturating_sub(extraction_before),
+            self.stats.loaders_time().saturating_sub(loaders_before),
+            self.kernel_time().saturating_sub(maps_before),
+        );
         self.last = report;
         Ok(&self.last)
+    }
+
+    /// The step's phases from its time, the time spent loading and
+    /// releasing (`busy`), and what extraction (`extracted`, the loaders
+    /// included), the loaders and the maps took of it.
+    fn phases(
+        &self,
+        elapsed: Duration,
+        busy: Duration,
+        extracted: Duration,
+        loaders: Duration,
+        maps: Duration,
+    ) -> Phases {
+        let Opening { open, file_ids } = self.opening;
+        Phases {
+            walk: elapsed.saturating_sub(busy + open + file_ids),
+            open,
+            file_ids,
+            extraction: extracted.saturating_sub(loaders),
+            loaders,
+            maps,
+            manager: busy.saturating_sub(extracted + maps),
+        }
     }
 
     /// The processes of `/proc` this host follows (all, or `only`).
@@ -504,7 +575,10 @@ impl<B: Inspect> Host<B> {
     /// Opens a mapping's file, computes its id and records the file. `None`
     /// if it has gone.
     fn identify(&mut self, pid: i32, m: &ExecMapping) -> Option<Identified> {
-        let opened = match open::open_mapping(pid, m, self.config.strategy) {
+        let opening = Instant::now();
+        let opened = open::open_mapping(pid, m, self.config.strategy);
+        self.opening.open += opening.elapsed();
+        let opened = match opened {
             Ok(opened) => opened,
             Err(e) if e.is_vanished() => return None,
             Err(e) => {
@@ -512,7 +586,10 @@ impl<B: Inspect> Host<B> {
                 return Some(Identified::Unusable);
             }
         };
-        let id128 = match self.ids.get(&opened.file, opened.identity) {
+        let identifying = Instant::now();
+        let id128 = self.ids.get(&opened.file, opened.identity);
+        self.opening.file_ids += identifying.elapsed();
+        let id128 = match id128 {
             Ok(id) => id,
             Err(e) => {
                 let e = OpenError::Io {

@@ -251,6 +251,34 @@ pub struct Seconds {
     pub last_step: f64,
     pub extraction: f64,
     pub kernel: f64,
+    /// Where the last step's time went (they add up to `last_step`).
+    pub phases: PhaseSeconds,
+}
+
+/// [`crate::scan::Phases`] in seconds.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PhaseSeconds {
+    pub walk: f64,
+    pub open: f64,
+    pub file_ids: f64,
+    pub extraction: f64,
+    pub loaders: f64,
+    pub maps: f64,
+    pub manager: f64,
+}
+
+impl PhaseSeconds {
+    fn of(p: &crate::scan::Phases) -> Self {
+        Self {
+            walk: secs(p.walk),
+            open: secs(p.open),
+            file_ids: secs(p.file_ids),
+            extraction: secs(p.extraction),
+            loaders: secs(p.loaders),
+            maps: secs(p.maps),
+            manager: secs(p.manager),
+        }
+    }
 }
 
 fn secs(d: Duration) -> f64 {
@@ -366,6 +394,7 @@ impl Summary {
                 last_step: secs(step.elapsed),
                 extraction: extraction_seconds,
                 kernel: secs(kernel_time),
+                phases: PhaseSeconds::of(&step.phases),
             },
         })
     }
@@ -479,6 +508,12 @@ impl Summary {
         out.push_str(&format!(
             "time: {:.3} s for the scan; {:.3} s extracting, {:.3} s in the {} maps\n",
             self.seconds.last_step, self.seconds.extraction, self.seconds.kernel, self.backend
+        ));
+        let p = &self.seconds.phases;
+        out.push_str(&format!(
+            "last step: walking /proc {:.3} s, opening files {:.3} s, file ids {:.3} s, \
+             extraction {:.3} s, loaders {:.3} s, maps {:.3} s, manager {:.3} s\n",
+            p.walk, p.open, p.file_ids, p.extraction, p.loaders, p.maps, p.manager
         ));
         if let Some(p) = &self.pins {
             out.push_str(&format!(

@@ -126,6 +126,7 @@ impl<B: Inspect> Host<B> {
             last,
             metric_totals,
             restarted: _,
+            opening,
         } = host;
         let (provider, backend) = manager.into_parts();
         let strategy = config.strategy;
@@ -243,6 +244,7 @@ impl<B: Inspect> Host<B> {
             last,
             metric_totals,
             restarted: Some(reconciled),
+            opening,
         })
     }
 
