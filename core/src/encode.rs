@@ -254,10 +254,16 @@ impl Draft {
     /// out new slots in).
     pub fn slot_rules(&self) -> Vec<UnwindInfo> {
         let mut seen = std::collections::HashSet::new();
+        // Neighbouring deltas often share a rule: hashing it again for each
+        // of them was a tenth of a big host's first step.
+        let mut last = None;
         self.entries
             .iter()
             .filter_map(|(_, rule)| match rule {
-                Rule::Slot(info) if seen.insert(*info) => Some(*info),
+                Rule::Slot(info) if last != Some(*info) => {
+                    last = Some(*info);
+                    seen.insert(*info).then_some(*info)
+                }
                 _ => None,
             })
             .collect()
@@ -270,13 +276,21 @@ impl Draft {
         file_id: u64,
         mut slot_of: impl FnMut(&UnwindInfo) -> Option<u16>,
     ) -> Option<KernelTable> {
+        let mut last: Option<(UnwindInfo, u16)> = None;
         let deltas = self
             .entries
             .iter()
             .map(|&(addr_low, rule)| {
                 let unwind_info = match rule {
                     Rule::Command(value) => value,
-                    Rule::Slot(info) => slot_of(&info)?,
+                    Rule::Slot(info) => match last {
+                        Some((seen, slot)) if seen == info => slot,
+                        _ => {
+                            let slot = slot_of(&info)?;
+                            last = Some((info, slot));
+                            slot
+                        }
+                    },
                 };
                 Some(abi::StackDelta {
                     addr_low,
