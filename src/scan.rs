@@ -62,8 +62,10 @@ pub struct HostConfig {
     /// it stays loaded until unused for `d` (newer upstream's delayed
     /// unload), so processes that come and go do not reload it.
     pub unload_delay: Option<Duration>,
-    /// Distinct new files per `load_many` batch (also bounds the files
-    /// held open at once).
+    /// Distinct new files per `load_many` batch. Each is held open until
+    /// its batch is loaded, so this bounds the files open at once: `eim`
+    /// sizes it from the descriptor limit
+    /// ([`crate::descriptors::files_per_batch`]).
     pub batch_files: usize,
     /// Only these processes (`eim lookup --pid`); all when `None`.
     pub only: Option<BTreeSet<i32>>,
@@ -350,7 +352,7 @@ impl<B: Inspect> Host<B> {
                 break;
             }
             self.counters.processes_read += 1;
-            match self.visit(pid, &mut batch, &mut releases, &mut report) {
+            match self.visit(pid, &mut batch, &mut releases, &mut report, progress) {
                 Ok(()) => {
                     alive.insert(pid);
                 }
@@ -367,7 +369,7 @@ impl<B: Inspect> Host<B> {
                     alive.insert(pid);
                 }
             }
-            if batch.files.len() >= self.config.batch_files.max(1) {
+            if batch.files.len() >= self.batch_limit() {
                 self.flush(&mut batch, progress, &mut report);
             }
             progress.advance();
@@ -411,13 +413,21 @@ impl<B: Inspect> Host<B> {
         Ok(pids)
     }
 
-    /// Reads process `pid` and queues the references it needs.
+    /// The most files a batch holds open.
+    fn batch_limit(&self) -> usize {
+        self.config.batch_files.max(1)
+    }
+
+    /// Reads process `pid` and queues the references it needs, loading
+    /// the batch whenever it is full: a process mapping more files than a
+    /// batch holds never has more of them open at once.
     fn visit(
         &mut self,
         pid: i32,
         batch: &mut Batch,
         releases: &mut Vec<FileId>,
         report: &mut StepReport,
+        progress: &mut dyn Progress,
     ) -> Result<(), ProcessError> {
         let start_time = procs::start_time(pid)?;
         let mappings = procs::exec_mappings(pid)?;
@@ -464,37 +474,47 @@ impl<B: Inspect> Host<B> {
         }
         entry.keep_mappings(&current);
         let changes = entry.changes(&mapped);
-        for id in changes.take {
-            if self.manager.is_deferred(id) {
-                continue;
-            }
-            // A file the batch cannot open (gone meanwhile) is skipped;
-            // the next step tries again.
-            if batch.files.contains_key(&id) || self.open_for_batch(pid, first_mapping[&id], batch)
-            {
-                batch.refs.push((pid, id));
-            }
-        }
         for id in changes.release {
             entry.held.remove(&id);
             releases.push(id);
         }
+        // Back in the table before any load: a batch loaded below records
+        // what this process took in its entry.
         self.processes.put(pid, entry);
+        for id in changes.take {
+            if self.manager.is_deferred(id) {
+                continue;
+            }
+            if !batch.files.contains_key(&id) && batch.files.len() >= self.batch_limit() {
+                self.flush(batch, progress, report);
+            }
+            // A file the batch cannot open (gone meanwhile) is skipped;
+            // the next step tries again.
+            if batch.files.contains_key(&id)
+                || self.open_for_batch(pid, id, first_mapping[&id], batch)
+            {
+                batch.refs.push((pid, id));
+            }
+        }
         Ok(())
     }
 
     /// Opens a mapping's file and computes its id. `None` if it has gone.
-    /// The opened file goes into the batch if the batch has none of its id.
+    /// The opened file goes into the batch if the batch has none of its id
+    /// and has room; otherwise it is closed here, and opened again if it is
+    /// to be loaded (the batch's size bounds the descriptors it holds).
     fn resolve(&mut self, pid: i32, m: &ExecMapping, batch: &mut Batch) -> Option<Resolution> {
         let (id128, file) = match self.identify(pid, m)? {
             Identified::File(id128, file) => (id128, file),
             Identified::Unusable => return Some(Resolution::Unusable),
         };
         let id = id128.host();
-        batch.files.entry(id).or_insert_with(|| HostFile {
-            id: id128,
-            elf: host_elf_ref(pid, m).with_file(file),
-        });
+        if batch.files.len() < self.batch_limit() {
+            batch.files.entry(id).or_insert_with(|| HostFile {
+                id: id128,
+                elf: host_elf_ref(pid, m).with_file(file),
+            });
+        }
         Some(Resolution::File(id))
     }
 
@@ -534,11 +554,16 @@ impl<B: Inspect> Host<B> {
         Some(Identified::File(id128, opened.file))
     }
 
-    /// Opens the file of `m` again for a batch (its mapping was resolved in
-    /// an earlier step). False if it cannot be opened now.
-    fn open_for_batch(&mut self, pid: i32, m: &ExecMapping, batch: &mut Batch) -> bool {
+    /// Opens the file of `m` again for a batch that has room for it (its
+    /// mapping was resolved earlier, in this step or an earlier one).
+    /// False if it cannot be opened now, or is no longer the file `id`.
+    fn open_for_batch(&mut self, pid: i32, id: FileId, m: &ExecMapping, batch: &mut Batch) -> bool {
         match self.resolve(pid, m, batch) {
-            Some(Resolution::File(_)) => true,
+            Some(Resolution::File(now)) if now == id && batch.files.contains_key(&id) => true,
+            Some(Resolution::File(now)) => {
+                tracing::debug!(pid, path = %m.path.display(), was = %id, now = %now, "file changed since it was identified");
+                false
+            }
             Some(Resolution::Unusable) => false,
             None => {
                 self.counters.files_vanished += 1;
