@@ -139,8 +139,29 @@ pub struct LookupArgs {
     pub json: bool,
 }
 
+/// The files a host batch holds open, and the inner arrays a publish
+/// holds, from what the soft limit of open files leaves now (after
+/// `main` raised it; [`eim::descriptors`]).
+fn files_per_batch() -> usize {
+    match eim::descriptors::files_per_batch_now() {
+        Ok(n) => {
+            tracing::debug!(
+                files_per_batch = n,
+                "sized from the soft limit of open files"
+            );
+            n
+        }
+        Err(e) => {
+            let n = eim::descriptors::MAX_FILES_PER_BATCH;
+            tracing::warn!("{e}; batches of {n} files");
+            n
+        }
+    }
+}
+
 fn host_config(args: &BackendArgs, pids: &[i32]) -> HostConfig {
     HostConfig {
+        batch_files: files_per_batch(),
         only: (!pids.is_empty()).then(|| pids.iter().copied().collect()),
         strategy: if args.no_map_files {
             OpenStrategy::RootOnly
@@ -180,7 +201,14 @@ fn privileges_message(what_failed: &str) -> String {
 /// Real maps, after checking that the kernel will let us make them. With
 /// `adopt`, re-opened pins keep their entries for [`kernel_host`]'s
 /// reconcile.
-fn kernel_maps(args: &BackendArgs, pin: bool, adopt: bool) -> anyhow::Result<KernelMaps> {
+/// `arrays_in_flight`: the most inner arrays a publish holds open (the
+/// host's batch size, so that a step publishes each size class at once).
+fn kernel_maps(
+    args: &BackendArgs,
+    pin: bool,
+    adopt: bool,
+    arrays_in_flight: usize,
+) -> anyhow::Result<KernelMaps> {
     match eim::bpf::probe::can_create_maps() {
         Ok(true) => {}
         Ok(false) => bail!(privileges_message(
@@ -193,6 +221,7 @@ fn kernel_maps(args: &BackendArgs, pin: bool, adopt: bool) -> anyhow::Result<Ker
         mount_bpffs: args.mount_bpffs,
         recreate_mismatched: args.recreate_mismatched,
         adopt_pins: pin && adopt,
+        arrays_in_flight,
         ..KernelConfig::default()
     };
     let maps = match KernelMaps::with_config(config) {
@@ -301,7 +330,7 @@ fn kernel_host(
     stop: &AtomicBool,
 ) -> anyhow::Result<Option<Host<KernelMaps>>> {
     let pin = !args.no_pin;
-    let maps = kernel_maps(args, pin, true)?;
+    let maps = kernel_maps(args, pin, true, config.batch_files)?;
     if !maps.pin_report().is_some_and(|r| r.any_reopened()) {
         return Ok(Some(Host::new(maps, config)));
     }
@@ -516,6 +545,9 @@ pub fn lookup(args: &LookupArgs) -> anyhow::Result<ExitCode> {
         BackendKind::Sim => lookup_on(sim_maps()?, args),
         // Private maps: a lookup must not clean the maps a running scan or
         // watch has pinned.
-        BackendKind::Kernel => lookup_on(kernel_maps(&args.backend, false, false)?, args),
+        BackendKind::Kernel => lookup_on(
+            kernel_maps(&args.backend, false, false, files_per_batch())?,
+            args,
+        ),
     }
 }

@@ -47,6 +47,7 @@ pub use eim_sim as sim;
 
 pub mod backend;
 pub mod counting;
+pub mod descriptors;
 pub mod elf_file;
 pub mod elf_provider;
 pub mod heap;

@@ -118,9 +118,28 @@ fn each(
     Ok(outcome.exit_code())
 }
 
+/// Raises the soft limit of open files to the hard limit
+/// ([`eim::descriptors`]), saying so at `-v`; a failure is a warning, not
+/// an error: eim then works within the soft limit.
+fn raise_descriptor_limit() {
+    match eim::descriptors::raise_soft_limit() {
+        Ok(r) if r.changed() => tracing::info!(
+            "raised the soft limit of open files (RLIMIT_NOFILE) from {} to the hard limit {}",
+            r.from,
+            r.to
+        ),
+        Ok(r) => tracing::info!(
+            "the soft limit of open files (RLIMIT_NOFILE) is already the hard limit {}",
+            r.to
+        ),
+        Err(e) => tracing::warn!("{e}; working within the soft limit"),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    raise_descriptor_limit();
     let (name, result) = match &cli.command {
         Command::Demo(args) => ("demo", demo(args)),
         Command::Tables(args) => ("tables", each(|out| tables::run(args, out))),

@@ -62,8 +62,10 @@ pub struct HostConfig {
     /// it stays loaded until unused for `d` (newer upstream's delayed
     /// unload), so processes that come and go do not reload it.
     pub unload_delay: Option<Duration>,
-    /// Distinct new files per `load_many` batch (also bounds the files
-    /// held open at once).
+    /// Distinct new files per `load_many` batch. Each is held open until
+    /// its batch is loaded, so this bounds the files open at once: `eim`
+    /// sizes it from the descriptor limit
+    /// ([`crate::descriptors::files_per_batch`]).
     pub batch_files: usize,
     /// Only these processes (`eim lookup --pid`); all when `None`.
     pub only: Option<BTreeSet<i32>>,
@@ -240,15 +242,17 @@ pub struct Host<B: Inspect> {
     metric_totals: BTreeMap<MetricId, u64>,
     /// What the warm restart that started this host did.
     restarted: Option<Reconciled>,
-    /// Time the current step spent opening files and computing ids.
-    opening: Opening,
+    /// Where the current step's time went so far.
+    clock: StepClock,
 }
 
-/// See [`Phases::open`] and [`Phases::file_ids`].
+/// See [`Phases`]: `busy` is the time spent loading batches and releasing
+/// references (extraction, loaders, maps and the manager's own share).
 #[derive(Clone, Copy, Debug, Default)]
-struct Opening {
+struct StepClock {
     open: Duration,
     file_ids: Duration,
+    busy: Duration,
 }
 
 impl<B: Inspect> Host<B> {
@@ -275,7 +279,7 @@ impl<B: Inspect> Host<B> {
             counters: Counters::default(),
             last: StepReport::default(),
             metric_totals: BTreeMap::new(),
-            opening: Opening::default(),
+            clock: StepClock::default(),
             restarted: None,
         }
     }
@@ -369,8 +373,7 @@ impl<B: Inspect> Host<B> {
         let started = Instant::now();
         let (extraction_before, loaders_before) = (self.stats.time(), self.stats.loaders_time());
         let maps_before = self.kernel_time();
-        let mut busy = Duration::ZERO;
-        self.opening = Opening::default();
+        self.clock = StepClock::default();
         let pids = self.followed_pids()?;
         let mut report = StepReport {
             processes: pids.len(),
@@ -387,7 +390,7 @@ impl<B: Inspect> Host<B> {
                 break;
             }
             self.counters.processes_read += 1;
-            match self.visit(pid, &mut batch, &mut releases, &mut report) {
+            match self.visit(pid, &mut batch, &mut releases, &mut report, progress) {
                 Ok(()) => {
                     alive.insert(pid);
                 }
@@ -404,15 +407,13 @@ impl<B: Inspect> Host<B> {
                     alive.insert(pid);
                 }
             }
-            if batch.files.len() >= self.config.batch_files.max(1) {
-                let flushing = Instant::now();
+            if batch.files.len() >= self.batch_limit() {
                 self.flush(&mut batch, progress, &mut report);
-                busy += flushing.elapsed();
             }
             progress.advance();
         }
-        let flushing = Instant::now();
         self.flush(&mut batch, progress, &mut report);
+        let releasing = Instant::now();
         if !report.interrupted {
             for pid in self.processes.gone(&alive) {
                 if let Some(entry) = self.processes.remove(pid) {
@@ -439,12 +440,11 @@ impl<B: Inspect> Host<B> {
         if report.taken > 0 || report.released > 0 {
             crate::heap::give_back();
         }
-        busy += flushing.elapsed();
+        self.clock.busy += releasing.elapsed();
         progress.finish();
         report.elapsed = started.elapsed();
         report.phases = self.phases(
             report.elapsed,
-            busy,
             self.stats.time().saturating_sub(extraction_before),
             self.stats.loaders_time().saturating_sub(loaders_before),
             self.kernel_time().saturating_sub(maps_before),
@@ -453,18 +453,20 @@ impl<B: Inspect> Host<B> {
         Ok(&self.last)
     }
 
-    /// The step's phases from its time, the time spent loading and
-    /// releasing (`busy`), and what extraction (`extracted`, the loaders
-    /// included), the loaders and the maps took of it.
+    /// The step's phases from its time and what extraction (`extracted`,
+    /// the loaders included), the loaders and the maps took of it.
     fn phases(
         &self,
         elapsed: Duration,
-        busy: Duration,
         extracted: Duration,
         loaders: Duration,
         maps: Duration,
     ) -> Phases {
-        let Opening { open, file_ids } = self.opening;
+        let StepClock {
+            open,
+            file_ids,
+            busy,
+        } = self.clock;
         Phases {
             walk: elapsed.saturating_sub(busy + open + file_ids),
             open,
@@ -485,13 +487,21 @@ impl<B: Inspect> Host<B> {
         Ok(pids)
     }
 
-    /// Reads process `pid` and queues the references it needs.
+    /// The most files a batch holds open.
+    fn batch_limit(&self) -> usize {
+        self.config.batch_files.max(1)
+    }
+
+    /// Reads process `pid` and queues the references it needs, loading
+    /// the batch whenever it is full: a process mapping more files than a
+    /// batch holds never has more of them open at once.
     fn visit(
         &mut self,
         pid: i32,
         batch: &mut Batch,
         releases: &mut Vec<FileId>,
         report: &mut StepReport,
+        progress: &mut dyn Progress,
     ) -> Result<(), ProcessError> {
         let start_time = procs::start_time(pid)?;
         let mappings = procs::exec_mappings(pid)?;
@@ -538,37 +548,47 @@ impl<B: Inspect> Host<B> {
         }
         entry.keep_mappings(&current);
         let changes = entry.changes(&mapped);
-        for id in changes.take {
-            if self.manager.is_deferred(id) {
-                continue;
-            }
-            // A file the batch cannot open (gone meanwhile) is skipped;
-            // the next step tries again.
-            if batch.files.contains_key(&id) || self.open_for_batch(pid, first_mapping[&id], batch)
-            {
-                batch.refs.push((pid, id));
-            }
-        }
         for id in changes.release {
             entry.held.remove(&id);
             releases.push(id);
         }
+        // Back in the table before any load: a batch loaded below records
+        // what this process took in its entry.
         self.processes.put(pid, entry);
+        for id in changes.take {
+            if self.manager.is_deferred(id) {
+                continue;
+            }
+            if !batch.files.contains_key(&id) && batch.files.len() >= self.batch_limit() {
+                self.flush(batch, progress, report);
+            }
+            // A file the batch cannot open (gone meanwhile) is skipped;
+            // the next step tries again.
+            if batch.files.contains_key(&id)
+                || self.open_for_batch(pid, id, first_mapping[&id], batch)
+            {
+                batch.refs.push((pid, id));
+            }
+        }
         Ok(())
     }
 
     /// Opens a mapping's file and computes its id. `None` if it has gone.
-    /// The opened file goes into the batch if the batch has none of its id.
+    /// The opened file goes into the batch if the batch has none of its id
+    /// and has room; otherwise it is closed here, and opened again if it is
+    /// to be loaded (the batch's size bounds the descriptors it holds).
     fn resolve(&mut self, pid: i32, m: &ExecMapping, batch: &mut Batch) -> Option<Resolution> {
         let (id128, file) = match self.identify(pid, m)? {
             Identified::File(id128, file) => (id128, file),
             Identified::Unusable => return Some(Resolution::Unusable),
         };
         let id = id128.host();
-        batch.files.entry(id).or_insert_with(|| HostFile {
-            id: id128,
-            elf: host_elf_ref(pid, m).with_file(file),
-        });
+        if batch.files.len() < self.batch_limit() {
+            batch.files.entry(id).or_insert_with(|| HostFile {
+                id: id128,
+                elf: host_elf_ref(pid, m).with_file(file),
+            });
+        }
         Some(Resolution::File(id))
     }
 
@@ -577,7 +597,7 @@ impl<B: Inspect> Host<B> {
     fn identify(&mut self, pid: i32, m: &ExecMapping) -> Option<Identified> {
         let opening = Instant::now();
         let opened = open::open_mapping(pid, m, self.config.strategy);
-        self.opening.open += opening.elapsed();
+        self.clock.open += opening.elapsed();
         let opened = match opened {
             Ok(opened) => opened,
             Err(e) if e.is_vanished() => return None,
@@ -588,7 +608,7 @@ impl<B: Inspect> Host<B> {
         };
         let identifying = Instant::now();
         let id128 = self.ids.get(&opened.file, opened.identity);
-        self.opening.file_ids += identifying.elapsed();
+        self.clock.file_ids += identifying.elapsed();
         let id128 = match id128 {
             Ok(id) => id,
             Err(e) => {
@@ -614,11 +634,16 @@ impl<B: Inspect> Host<B> {
         Some(Identified::File(id128, opened.file))
     }
 
-    /// Opens the file of `m` again for a batch (its mapping was resolved in
-    /// an earlier step). False if it cannot be opened now.
-    fn open_for_batch(&mut self, pid: i32, m: &ExecMapping, batch: &mut Batch) -> bool {
+    /// Opens the file of `m` again for a batch that has room for it (its
+    /// mapping was resolved earlier, in this step or an earlier one).
+    /// False if it cannot be opened now, or is no longer the file `id`.
+    fn open_for_batch(&mut self, pid: i32, id: FileId, m: &ExecMapping, batch: &mut Batch) -> bool {
         match self.resolve(pid, m, batch) {
-            Some(Resolution::File(_)) => true,
+            Some(Resolution::File(now)) if now == id && batch.files.contains_key(&id) => true,
+            Some(Resolution::File(now)) => {
+                tracing::debug!(pid, path = %m.path.display(), was = %id, now = %now, "file changed since it was identified");
+                false
+            }
             Some(Resolution::Unusable) => false,
             None => {
                 self.counters.files_vanished += 1;
@@ -654,7 +679,9 @@ impl<B: Inspect> Host<B> {
         let files = std::mem::take(&mut batch.files);
         progress.loading(files.len());
         let list: Vec<(FileId, &HostFile)> = refs.iter().map(|(_, id)| (*id, &files[id])).collect();
+        let loading = Instant::now();
         let results = self.manager.load_many(&list);
+        self.clock.busy += loading.elapsed();
         for ((pid, id), result) in refs.into_iter().zip(results) {
             match result {
                 Ok(info) => {

@@ -29,5 +29,7 @@ pub mod sys;
 pub use aya;
 pub use elements::WriteMode;
 pub use lookup::{KernelResolved, LookupResult};
-pub use maps::{Dump, KernelConfig, KernelError, KernelMaps, MapStats, LOOKUP_OBJECT};
+pub use maps::{
+    Dump, KernelConfig, KernelError, KernelMaps, MapStats, DEFAULT_ARRAYS_IN_FLIGHT, LOOKUP_OBJECT,
+};
 pub use pin::{PinReport, PinState};

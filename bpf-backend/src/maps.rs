@@ -16,17 +16,24 @@
 //!   one `UPDATE_BATCH`, publish it with one `BPF_NOEXIST` update of the
 //!   outer map. All or nothing: on any failure the new inner fd is closed
 //!   (freeing the unpublished array) and `done` is 0. On success the fd is
-//!   kept, per (class, file id), so that reading and deleting the table never
-//!   needs `HashOfMaps::get` (which needs CAP_SYS_ADMIN).
+//!   closed too: the outer map's reference keeps the array alive (see
+//!   "Descriptors" below).
 //! * `PutDeltaTables`: create and fill the inner ARRAY of every table (one
 //!   `UPDATE_BATCH` each), then publish them all with ONE `UPDATE_BATCH` of
 //!   the outer map whose values are the inner fds: one map-in-map RCU wait
 //!   (about 8 ms) for the whole batch instead of one per table. A batch
 //!   cannot ask for `BPF_NOEXIST`, so absence is checked against the tables
-//!   this backend holds; the absent prefix is published and `EEXIST`
+//!   this backend published; the absent prefix is published and `EEXIST`
 //!   reported at the first present (or repeated) file id. `done` counts the
-//!   tables published (a failed create or fill publishes nothing); the fds
-//!   of the unpublished arrays are closed, freeing them.
+//!   tables published (a failed create or fill publishes nothing more); the
+//!   fds of every array are closed once the outer map holds it, and those
+//!   of unpublished arrays free them. An op of more tables than
+//!   [`KernelConfig::arrays_in_flight`] is carried out in chunks of that
+//!   many, each created, filled and published before the next is created
+//!   (one outer update per chunk), so that one op never holds more
+//!   descriptors than that, whatever the host: an op of at most that many
+//!   tables behaves exactly as `eim_sim::SimMaps` models it; a longer one
+//!   that fails in a later chunk reports the earlier chunks as `done`.
 //! * `PutPages`: a batch cannot ask for `BPF_NOEXIST`, so absence is checked
 //!   against the page keys this backend wrote (no syscall per key); the
 //!   absent prefix is written with one `UPDATE_BATCH`, and `EEXIST` is
@@ -42,6 +49,36 @@
 //!
 //! The page-key set assumes this backend is the only writer of the page
 //! map, which holds for maps it created itself.
+//!
+//! # Descriptors
+//!
+//! An inner array needs a descriptor only from its creation until the outer
+//! map holds it (create, fill, publish): the outer map's entry is a
+//! reference of its own, and readers (the BPF program) go through it. So
+//! [`KernelMaps`] keeps no descriptor per loaded file: what it keeps per
+//! table is its key, (size class, file id), the set of tables it published,
+//! which is what a batch publish checks absence against and what the dump
+//! checks each outer entry against ([`KernelError::Untracked`]). A host with
+//! thousands of files then holds the same few dozen descriptors as an empty
+//! one (the 19 maps, the program, the lock), and a process limit of 1,024
+//! (a service's default soft limit) or less is no limit on the files it
+//! loads. An array is opened again only where its contents are read, by
+//! the id its outer map's value gives (`BPF_MAP_GET_FD_BY_ID`, read-only),
+//! and closed right after: [`KernelMaps::dump`], [`KernelMaps::observed`],
+//! [`KernelMaps::open_inner`]. Deleting a table is a delete of its outer
+//! entry (the kernel frees the array once no reader holds it), publishing
+//! needs only the creator's fd, and a warm restart adopts a table by its
+//! key alone. The cost: reading a table back needs CAP_SYS_ADMIN (opening
+//! a map by id), where holding the fd did not; eim runs as root, and the
+//! restart's adoption already read the arrays that way. The alternative, an
+//! fd per file, made a host of 2,394 files hold 2,394 descriptors and made
+//! one batch fail whole with EMFILE under a soft limit of 1,024.
+//!
+//! `Dump::live_inner_maps` counts the inner arrays the outer maps keep
+//! alive: each opened by the id its outer entry holds and read. This
+//! backend holds none itself after an op, so an array it created cannot
+//! outlive its publication through it; the simulator's count (arrays
+//! alive, published or leaked) is the same number when nothing leaks.
 //!
 //! # Pinning
 //!
@@ -73,8 +110,8 @@
 //! the process; the maps alone cannot say which of their entries are
 //! right. The files' deltas can: with [`KernelConfig::adopt_pins`] (what
 //! `eim scan` and `eim watch` use), re-opened pins keep their entries (the
-//! backend takes an fd of every published inner array and the page keys,
-//! as if it had written them), and the caller walks the host, extracts the
+//! backend takes the key of every published table and the page keys, as
+//! if it had written them), and the caller walks the host, extracts the
 //! files mapped now and hands [`KernelMaps::observed`] to
 //! [`eim_core::ExecutableInfoManager::restart`], which adopts every table
 //! that is exactly what a fresh load would write, removes the rest
@@ -163,7 +200,17 @@ pub struct KernelConfig {
     /// and cleans ([`KernelMaps::clean_pins`]) only if the reconcile does
     /// not trust what it finds. See "Restarts" above.
     pub adopt_pins: bool,
+    /// The most inner arrays a `PutDeltaTables` holds open at once (created
+    /// and filled, not yet published): each is a descriptor until the
+    /// outer map holds it. A longer op is published in chunks of this many,
+    /// one outer-map update (so one RCU wait) each. See "Descriptors".
+    pub arrays_in_flight: usize,
 }
+
+/// [`KernelConfig::arrays_in_flight`] by default: a host batch of up to 256
+/// files (`eim`'s default `batch_files`) publishes each size class with one
+/// outer update, and 256 descriptors fit a soft limit of 1,024.
+pub const DEFAULT_ARRAYS_IN_FLIGHT: usize = 256;
 
 impl Default for KernelConfig {
     fn default() -> Self {
@@ -177,6 +224,7 @@ impl Default for KernelConfig {
             recreate_mismatched: false,
             write_mode: WriteMode::Batch,
             adopt_pins: false,
+            arrays_in_flight: DEFAULT_ARRAYS_IN_FLIGHT,
         }
     }
 }
@@ -245,11 +293,25 @@ pub enum KernelError {
     Missing(String),
     #[error(transparent)]
     Sys(#[from] SysError),
-    #[error("outer map of class {class} holds file {file_id} with map id {id}, which this backend does not hold")]
+    #[error("outer map of class {class} holds file {file_id} with map id {id}, which this backend did not publish")]
     Untracked {
         class: u16,
         file_id: FileId,
         id: u32,
+    },
+    #[error("opening the inner array (map id {id}) of file {file_id} in the outer map of class {class}: {source}")]
+    InnerArray {
+        class: u16,
+        file_id: FileId,
+        id: u32,
+        #[source]
+        source: SysError,
+    },
+    #[error("the outer map of class {class} holds a value of {len} bytes for file {file_id}, not a map id")]
+    OuterValue {
+        class: u16,
+        file_id: FileId,
+        len: usize,
     },
     #[error("the lookup result could not be decoded")]
     Result,
@@ -279,7 +341,8 @@ pub struct Dump {
     /// Every `unwind_info_array` slot.
     pub unwind_infos: Vec<UnwindInfo>,
     pub interpreter_offsets: BTreeMap<FileId, OffsetRange>,
-    /// Inner arrays kept alive by this backend.
+    /// Inner arrays the outer maps keep alive: each opened by the id its
+    /// outer entry holds, and read (see "Descriptors" in the module docs).
     pub live_inner_maps: usize,
 }
 
@@ -359,8 +422,9 @@ pub struct KernelMaps {
     interpreter_offsets: MapData,
     outers: Vec<MapData>,
     result: MapData,
-    /// The inner array published for each (class, file id).
-    inner: BTreeMap<(u16, FileId), OwnedFd>,
+    /// The tables this backend published (or adopted), by (class, file
+    /// id): their keys only, no descriptor (see "Descriptors").
+    published: BTreeSet<(u16, FileId)>,
     /// The page keys present in the page map.
     page_keys: BTreeSet<StackDeltaPageKey>,
     pin_report: Option<PinReport>,
@@ -461,7 +525,7 @@ impl KernelMaps {
             interpreter_offsets,
             outers,
             result,
-            inner: BTreeMap::new(),
+            published: BTreeSet::new(),
             page_keys: BTreeSet::new(),
             pin_report,
             outer_updates: 0,
@@ -502,10 +566,10 @@ impl KernelMaps {
     }
 
     /// Takes over the entries of re-opened pins as if this backend had
-    /// written them: an fd for every published inner array (by the id the
-    /// outer map holds) and the present page keys, so that the ops a
-    /// reconcile plans (removals of tables and pages, new pages) apply
-    /// exactly as on maps this process filled.
+    /// written them: the key of every published table (no descriptor: the
+    /// outer map keeps each array alive) and the present page keys, so that
+    /// the ops a reconcile plans (removals of tables and pages, new pages)
+    /// apply exactly as on maps this process filled.
     fn track_pinned(&mut self) -> Result<(), KernelError> {
         self.page_keys = self
             .page_keys_raw()?
@@ -513,20 +577,12 @@ impl KernelMaps {
             .filter_map(StackDeltaPageKey::read)
             .collect();
         for (class, outer) in (SIZE_CLASS_MIN..=SIZE_CLASS_MAX).zip(&self.outers) {
-            let (keys, ids) = sys::lookup_all(fd(outer), u64::SIZE, u32::SIZE, 1024)?;
-            for (key, id) in keys.chunks(u64::SIZE).zip(ids.chunks(u32::SIZE)) {
-                let (Some(file), Some(id)) = (u64::read(key), u32::read(id)) else {
-                    continue;
-                };
-                // An array freed since the lookup is no table any more.
-                match sys::map_get_fd_by_id(id, 0) {
-                    Ok(inner) => {
-                        self.inner.insert((class, FileId(file)), inner);
-                    }
-                    Err(e) if e.is(libc::ENOENT) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
+            let (keys, _) = sys::lookup_all(fd(outer), u64::SIZE, u32::SIZE, 1024)?;
+            self.published.extend(
+                keys.chunks(u64::SIZE)
+                    .filter_map(u64::read)
+                    .map(|file| (class, FileId(file))),
+            );
         }
         Ok(())
     }
@@ -611,7 +667,7 @@ impl KernelMaps {
             &zeros,
             keys.unwind_slots.len(),
         )?;
-        self.inner.clear();
+        self.published.clear();
         self.page_keys.clear();
         Ok(stats)
     }
@@ -630,9 +686,29 @@ impl KernelMaps {
             .get(usize::from(class.checked_sub(SIZE_CLASS_MIN)?))
     }
 
-    /// The fd of the inner array published for `file_id` in `class`.
-    pub fn inner_fd(&self, class: u16, file_id: FileId) -> Option<BorrowedFd<'_>> {
-        self.inner.get(&(class, file_id)).map(AsFd::as_fd)
+    /// A read-only fd of the inner array the outer map of `class` holds for
+    /// `file_id` (opened by the id the outer map gives, which needs
+    /// CAP_SYS_ADMIN), or `None` if it holds none. The backend keeps no
+    /// descriptor of its own: the caller's is closed when it is dropped.
+    pub fn open_inner(&self, class: u16, file_id: FileId) -> Result<Option<OwnedFd>, KernelError> {
+        let Some(outer) = self.outer(class) else {
+            return Ok(None);
+        };
+        let Some(value) = sys::lookup_elem(fd(outer), &file_id.0.to_bytes(), u32::SIZE)? else {
+            return Ok(None);
+        };
+        let id = u32::read(&value).ok_or(KernelError::OuterValue {
+            class,
+            file_id,
+            len: value.len(),
+        })?;
+        open_by_id(class, file_id, id).map(Some)
+    }
+
+    /// How many tables this backend published (or adopted) and has not
+    /// deleted: what it keeps per table is its key, never a descriptor.
+    pub fn published_tables(&self) -> usize {
+        self.published.len()
     }
 
     /// The fds of eim's maps, for tests that poke at the kernel directly:
@@ -659,8 +735,8 @@ impl KernelMaps {
         let fail = |errno: i32| OpFailure::new(Errno(errno), 0);
         let outer = self.outer(class).ok_or(fail(libc::EINVAL))?;
         let entries = abi::class_entries(class).ok_or(fail(libc::EINVAL))?;
-        // On any failure below, `inner` is dropped: its fd closes and the
-        // unpublished array is freed.
+        // `inner` is dropped on every path below: its fd closes, freeing
+        // the array if it was not published.
         let inner = self.filled_array(entries, deltas).map_err(fail)?;
         let inner_id = (std::os::fd::AsRawFd::as_raw_fd(&inner) as u32).to_le_bytes();
         let published = sys::update_elem(
@@ -671,7 +747,7 @@ impl KernelMaps {
         );
         self.outer_updates += 1;
         published.map_err(|e| fail(e.errno))?;
-        self.inner.insert((class, file_id), inner);
+        self.published.insert((class, file_id));
         Ok(())
     }
 
@@ -724,18 +800,49 @@ impl KernelMaps {
             return Err(fail(libc::EINVAL));
         }
         let entries = abi::class_entries(class).ok_or(fail(libc::EINVAL))?;
-        // Create and fill every inner array. On any failure the arrays
-        // created so far are dropped: their fds close and they are freed.
-        let mut created = Vec::with_capacity(tables.len());
-        for (_, deltas) in tables {
-            created.push(self.filled_array(entries, deltas).map_err(fail)?);
-        }
         let mut seen = BTreeSet::new();
         let absent = tables
             .iter()
-            .position(|(id, _)| !seen.insert(*id) || self.inner.contains_key(&(class, *id)))
+            .position(|(id, _)| !seen.insert(*id) || self.published.contains(&(class, *id)))
             .unwrap_or(tables.len());
-        let keys = flatten(tables[..absent].iter().map(|(id, _)| id.0));
+        let mut done = 0;
+        for chunk in tables.chunks(self.config.arrays_in_flight.max(1)) {
+            self.publish_chunk(at, entries, chunk, absent - done)
+                .map_err(|e| OpFailure::new(e.errno, done + e.done))?;
+            done += chunk.len();
+            if done >= absent {
+                break;
+            }
+        }
+        if absent < tables.len() {
+            return Err(OpFailure::new(Errno::EEXIST, absent));
+        }
+        Ok(())
+    }
+
+    /// Creates and fills the inner array of every table of `chunk`, then
+    /// publishes the first `absent` (at most all) with one update of the
+    /// outer map `at`, and closes every array's fd: the published ones live
+    /// on through the outer map, the others are freed. A failed create or
+    /// fill publishes nothing; `done` of a failed publish is the kernel's
+    /// processed count.
+    fn publish_chunk(
+        &mut self,
+        at: usize,
+        entries: u32,
+        chunk: &[(FileId, std::sync::Arc<[StackDelta]>)],
+        absent: usize,
+    ) -> Result<(), OpFailure> {
+        let fail = |errno: i32| OpFailure::new(Errno(errno), 0);
+        let class = SIZE_CLASS_MIN + at as u16;
+        // On any failure the arrays created so far are dropped: their fds
+        // close and they are freed.
+        let mut created = Vec::with_capacity(chunk.len());
+        for (_, deltas) in chunk {
+            created.push(self.filled_array(entries, deltas).map_err(fail)?);
+        }
+        let absent = absent.min(chunk.len());
+        let keys = flatten(chunk[..absent].iter().map(|(id, _)| id.0));
         let values = flatten(
             created[..absent]
                 .iter()
@@ -756,15 +863,10 @@ impl KernelMaps {
             Ok(()) => absent,
             Err(e) => e.processed.min(absent),
         };
-        // Keep the published arrays' fds; the others close here.
-        for ((file_id, _), inner) in tables.iter().zip(created).take(done) {
-            self.inner.insert((class, *file_id), inner);
-        }
-        published.map_err(failure)?;
-        if absent < tables.len() {
-            return Err(OpFailure::new(Errno::EEXIST, absent));
-        }
-        Ok(())
+        self.published
+            .extend(chunk[..done].iter().map(|(file_id, _)| (class, *file_id)));
+        // `created` drops here: no descriptor outlives the publication.
+        published.map_err(failure)
     }
 
     fn put_pages(
@@ -822,20 +924,25 @@ impl KernelMaps {
     pub fn observed(&self) -> Result<eim_core::machine::Observed, KernelError> {
         let source = self.dump_source();
         let dump = dump_reaching(&source, |class, file_id, id, reached| {
-            read_deltas_below(self.tracked_inner(class, file_id, id)?, class, reached)
+            let inner = self.published_inner(class, file_id, id)?;
+            read_deltas_below(inner.as_fd(), class, reached)
         })?;
         let mut observed = dump.observed();
         observed.zeroed_ago = self.owner.as_ref().and_then(PinLock::slots_zeroed_ago);
         Ok(observed)
     }
 
-    /// Reads every map (several batch lookups per map).
+    /// Reads every map (several batch lookups per map; each inner array
+    /// opened by id, read and closed in turn).
     pub fn dump(&self) -> Result<Dump, KernelError> {
         let source = self.dump_source();
+        let mut arrays = 0;
         let mut dump = dump_from(&source, |class, file_id, id| {
-            read_deltas(self.tracked_inner(class, file_id, id)?, class)
+            let inner = self.published_inner(class, file_id, id)?;
+            arrays += 1;
+            read_deltas(inner.as_fd(), class)
         })?;
-        dump.live_inner_maps = self.inner.len();
+        dump.live_inner_maps = arrays;
         Ok(dump)
     }
 
@@ -849,19 +956,19 @@ impl KernelMaps {
         }
     }
 
-    /// The inner array this backend holds for (`class`, `file_id`), which
-    /// must be the one the outer map names (`id`).
-    fn tracked_inner(
+    /// A read-only fd of the inner array the outer map of `class` holds
+    /// for `file_id` under map id `id`, which must be a table this backend
+    /// published (or adopted).
+    fn published_inner(
         &self,
         class: u16,
         file_id: FileId,
         id: u32,
-    ) -> Result<BorrowedFd<'_>, KernelError> {
-        self.inner
-            .get(&(class, file_id))
-            .filter(|inner| sys::map_info(inner.as_fd()).is_ok_and(|info| info.id == id))
-            .map(|inner| inner.as_fd())
-            .ok_or(KernelError::Untracked { class, file_id, id })
+    ) -> Result<OwnedFd, KernelError> {
+        if !self.published.contains(&(class, file_id)) {
+            return Err(KernelError::Untracked { class, file_id, id });
+        }
+        open_by_id(class, file_id, id)
     }
 
     /// Runs the lookup program for `address` of `file_id`
@@ -880,6 +987,17 @@ impl KernelMaps {
             .ok_or(KernelError::Result)?;
         LookupResult::decode(run.return_value, &bytes).ok_or(KernelError::Result)
     }
+}
+
+/// A read-only fd of the inner array with map id `id`, which the outer map
+/// of `class` holds for `file_id` (`BPF_MAP_GET_FD_BY_ID`, CAP_SYS_ADMIN).
+pub(crate) fn open_by_id(class: u16, file_id: FileId, id: u32) -> Result<OwnedFd, KernelError> {
+    sys::map_get_fd_by_id(id, sys::BPF_F_RDONLY).map_err(|source| KernelError::InnerArray {
+        class,
+        file_id,
+        id,
+        source,
+    })
 }
 
 /// The maps a [`Dump`] reads.
@@ -1038,7 +1156,7 @@ impl Backend for KernelMaps {
                     .ok_or(OpFailure::new(Errno::EINVAL, 0))?;
                 sys::delete_elem(fd(outer), &file_id.0.to_bytes())
                     .map_err(|e| OpFailure::new(Errno(e.errno), 0))?;
-                self.inner.remove(&(*map_id, *file_id));
+                self.published.remove(&(*map_id, *file_id));
                 Ok(())
             }
             MapOp::PutInterpreterOffsets { file_id, range } => sys::update_elem(

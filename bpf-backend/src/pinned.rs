@@ -11,7 +11,9 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-use crate::maps::{dump_from, read_deltas, Dump, DumpSource, KernelConfig, KernelError};
+use crate::maps::{
+    dump_from, open_by_id, read_deltas, Dump, DumpSource, KernelConfig, KernelError,
+};
 use crate::sys;
 
 /// Reads every map eim pins in `dir`. A pin missing, not a map, or of
@@ -57,9 +59,9 @@ pub fn dump_pinned(dir: &Path) -> Result<Dump, KernelError> {
         outers: outers.iter().map(|(fd, _)| fd.as_fd()).collect(),
     };
     let mut tables = 0;
-    let mut dump = dump_from(&source, |class, _, id| {
+    let mut dump = dump_from(&source, |class, file_id, id| {
         tables += 1;
-        let inner = sys::map_get_fd_by_id(id, sys::BPF_F_RDONLY)?;
+        let inner = open_by_id(class, file_id, id)?;
         read_deltas(inner.as_fd(), class)
     })?;
     dump.live_inner_maps = tables;

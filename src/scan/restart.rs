@@ -126,7 +126,7 @@ impl<B: Inspect> Host<B> {
             last,
             metric_totals,
             restarted: _,
-            opening,
+            clock,
         } = host;
         let (provider, backend) = manager.into_parts();
         let strategy = config.strategy;
@@ -244,7 +244,7 @@ impl<B: Inspect> Host<B> {
             last,
             metric_totals,
             restarted: Some(reconciled),
-            opening,
+            clock,
         })
     }
 
