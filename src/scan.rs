@@ -258,6 +258,7 @@ struct StepClock {
 impl<B: Inspect> Host<B> {
     /// A host over `backend` with eim's extraction.
     pub fn new(backend: B, config: HostConfig) -> Self {
+        crate::heap::configure();
         let provider = CountingProvider::new(ElfProvider::new());
         let stats = provider.stats();
         let manager = ExecutableInfoManager::with_config(
