@@ -237,6 +237,7 @@ impl KernelConfig {
             key_size: key as u32,
             value_size: value as u32,
             max_entries,
+            inner_entries: None,
         };
         let mut maps = vec![
             (
@@ -270,12 +271,15 @@ impl KernelConfig {
         maps.extend((SIZE_CLASS_MIN..=SIZE_CLASS_MAX).map(|class| {
             (
                 abi::map_name::outer(class),
-                shape(
-                    sys::map_type::HASH_OF_MAPS,
-                    u64::SIZE,
-                    u32::SIZE,
-                    self.outer,
-                ),
+                MapShape {
+                    inner_entries: abi::class_entries(class),
+                    ..shape(
+                        sys::map_type::HASH_OF_MAPS,
+                        u64::SIZE,
+                        u32::SIZE,
+                        self.outer,
+                    )
+                },
             )
         }));
         maps
@@ -451,10 +455,22 @@ fn failure(e: SysError) -> OpFailure {
     OpFailure::new(Errno(e.errno), e.processed)
 }
 
-fn flatten<T: Wire>(items: impl Iterator<Item = T>) -> Vec<u8> {
-    let mut out = Vec::new();
-    for item in items {
-        out.extend_from_slice(&item.to_bytes());
+/// An ARRAY's elements as its mapping lays them out: each value in a slot
+/// of its size rounded up to 8 bytes (the kernel's `elem_size`).
+fn mapped_values(deltas: &[StackDelta]) -> Vec<u8> {
+    let stride = StackDelta::SIZE.next_multiple_of(8);
+    let mut out = vec![0u8; deltas.len() * stride];
+    for (slot, delta) in out.chunks_exact_mut(stride).zip(deltas) {
+        delta.write(&mut slot[..StackDelta::SIZE]);
+    }
+    out
+}
+
+fn flatten<T: Wire>(items: impl ExactSizeIterator<Item = T>) -> Vec<u8> {
+    // Written in place: a buffer per element was a tenth of a big load.
+    let mut out = vec![0u8; items.len() * T::SIZE];
+    for (slot, item) in out.chunks_exact_mut(T::SIZE.max(1)).zip(items) {
+        item.write(slot);
     }
     out
 }
@@ -756,26 +772,36 @@ impl KernelMaps {
     /// filled (the array is then freed with its fd).
     fn filled_array(&self, entries: u32, deltas: &[StackDelta]) -> Result<OwnedFd, i32> {
         let count = u32::try_from(deltas.len()).map_err(|_| libc::E2BIG)?;
+        if count > entries {
+            return Err(libc::E2BIG);
+        }
         let inner = sys::map_create(&sys::MapSpec {
             map_type: sys::map_type::ARRAY,
             key_size: u32::SIZE as u32,
             value_size: StackDelta::SIZE as u32,
             max_entries: entries,
-            map_flags: 0,
+            // The outer maps' templates are mappable (bpf/eim_maps.h).
+            map_flags: sys::BPF_F_MMAPABLE,
             inner_map: None,
             name: "eim_deltas",
         })
         .map_err(|e| e.errno)?;
-        let keys = flatten(0..count);
-        let values = flatten(deltas.iter().copied());
-        elements::update(
-            self.config.write_mode,
-            inner.as_fd(),
-            &keys,
-            &values,
-            deltas.len(),
-        )
-        .map_err(|e| e.errno)?;
+        match self.config.write_mode {
+            // Not yet published: no reader sees the array while it fills.
+            WriteMode::Batch => sys::write_mapped(inner.as_fd(), &mapped_values(deltas))?,
+            WriteMode::PerElement => {
+                let keys = flatten(0..count);
+                let values = flatten(deltas.iter().copied());
+                elements::update(
+                    WriteMode::PerElement,
+                    inner.as_fd(),
+                    &keys,
+                    &values,
+                    deltas.len(),
+                )
+                .map_err(|e| e.errno)?;
+            }
+        }
         Ok(inner)
     }
 

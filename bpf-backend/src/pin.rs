@@ -14,7 +14,7 @@
 //! pins it under the same name; the report says which and why.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
 use crate::maps::{KernelError, MapStats};
@@ -27,6 +27,9 @@ pub struct MapShape {
     pub key_size: u32,
     pub value_size: u32,
     pub max_entries: u32,
+    /// For an outer map: the size of its inner arrays, whose template must
+    /// be [`sys::BPF_F_MMAPABLE`] (checked by [`inner_template_mismatch`]).
+    pub inner_entries: Option<u32>,
 }
 
 impl MapShape {
@@ -148,12 +151,80 @@ fn look(path: &Path, want: &MapShape) -> Result<Found, KernelError> {
         }
     };
     Ok(match sys::map_info(fd.as_fd()) {
-        Ok(info) => want.mismatch(&info).map_or(Found::Fits, Found::Differs),
+        Ok(info) => match want.mismatch(&info) {
+            Some(why) => Found::Differs(why),
+            None => match want.inner_entries {
+                Some(entries) => inner_template_mismatch(fd.as_fd(), entries)
+                    .map_err(|e| {
+                        pin_error(
+                            path,
+                            "checking the inner template of",
+                            io::Error::from_raw_os_error(e.errno),
+                        )
+                    })?
+                    .map_or(Found::Fits, Found::Differs),
+                None => Found::Fits,
+            },
+        },
         Err(e) => Found::Differs(format!(
             "not a map ({})",
             io::Error::from_raw_os_error(e.errno)
         )),
     })
+}
+
+/// Why the inner-map template of the outer map `outer` is not the
+/// mappable ARRAY of `entries` values eim writes (pins of an eim from
+/// before the arrays were mappable), or `None` if it is. The kernel does
+/// not report a template's flags: they are read off an inner array the map
+/// holds, or, from an empty map, tried: a fresh mappable array is inserted
+/// under a key no page entry names and removed again (an empty outer map
+/// has no reader to see it).
+pub fn inner_template_mismatch(
+    outer: BorrowedFd<'_>,
+    entries: u32,
+) -> Result<Option<String>, sys::SysError> {
+    let refused = || {
+        Some(format!(
+            "its inner arrays are not BPF_F_MMAPABLE (map_flags {:#x}), which eim writes",
+            sys::BPF_F_MMAPABLE
+        ))
+    };
+    if let Some(key) = sys::first_key(outer, 8)? {
+        let Some(id) = sys::lookup_elem(outer, &key, 4)? else {
+            return Ok(None);
+        };
+        let id = u32::from_le_bytes([id[0], id[1], id[2], id[3]]);
+        let inner = match sys::map_get_fd_by_id(id, sys::BPF_F_RDONLY) {
+            Ok(fd) => fd,
+            // Removed meanwhile: nothing to say about the template.
+            Err(e) if e.is(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let info = sys::map_info(inner.as_fd())?;
+        return Ok((info.map_flags & sys::BPF_F_MMAPABLE == 0)
+            .then(refused)
+            .flatten());
+    }
+    let probe = sys::map_create(&sys::MapSpec {
+        map_type: sys::map_type::ARRAY,
+        key_size: 4,
+        value_size: 4,
+        max_entries: entries,
+        map_flags: sys::BPF_F_MMAPABLE,
+        inner_map: None,
+        name: "eim_probe",
+    })?;
+    let key = u64::MAX.to_le_bytes();
+    let value = (probe.as_raw_fd() as u32).to_le_bytes();
+    match sys::update_elem(outer, &key, &value, sys::BPF_NOEXIST) {
+        Ok(()) => {
+            sys::delete_elem(outer, &key)?;
+            Ok(None)
+        }
+        Err(e) if e.is(libc::EINVAL) => Ok(refused()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Checks the pin of every map in `owned` under `dir`: nothing pinned

@@ -23,6 +23,7 @@ pub enum Cmd {
     MapLookupElem = 1,
     MapUpdateElem = 2,
     MapDeleteElem = 3,
+    MapGetNextKey = 4,
     ObjGet = 7,
     MapGetFdById = 14,
     ObjGetInfoByFd = 15,
@@ -44,6 +45,9 @@ pub const BPF_NOEXIST: u64 = 1;
 pub const BPF_EXIST: u64 = 2;
 /// `map_flags`: the inner-map template accepts arrays of other sizes.
 pub const BPF_F_INNER_MAP: u32 = 1 << 12;
+/// `map_flags`: an ARRAY whose values user space can map (and write) with
+/// `mmap`.
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 /// Open flag of `BPF_OBJ_GET` and `BPF_MAP_GET_FD_BY_ID`: a read-only fd.
 pub const BPF_F_RDONLY: u32 = 1 << 3;
 
@@ -322,6 +326,30 @@ pub fn lookup_elem(
         Ok(()) => Ok(Some(value)),
         Err(e) if e.is(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+/// `BPF_MAP_GET_NEXT_KEY` from no key: some key of the map
+/// (`key_size` bytes), or `None` if it is empty.
+pub fn first_key(fd: BorrowedFd<'_>, key_size: usize) -> Result<Option<Vec<u8>>, SysError> {
+    let mut next = vec![0u8; key_size];
+    let mut attr = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        _pad: 0,
+        key: 0,
+        value: next.as_mut_ptr() as u64,
+        flags: 0,
+    };
+    // SAFETY: no key (the first one is asked for), and `next` has the map's
+    // key size.
+    match unsafe { bpf(Cmd::MapGetNextKey, &mut attr) } {
+        Ok(_) => Ok(Some(next)),
+        Err(libc::ENOENT) => Ok(None),
+        Err(errno) => Err(SysError {
+            cmd: Cmd::MapGetNextKey,
+            errno,
+            processed: 0,
+        }),
     }
 }
 
@@ -702,4 +730,43 @@ mod tests {
         .expect_err("size mismatch");
         assert_eq!(err.errno, libc::EINVAL);
     }
+}
+
+/// Writes `values` at the start of the values of a [`BPF_F_MMAPABLE`]
+/// ARRAY through a shared mapping of its first `values.len()` bytes
+/// (rounded up to whole pages, which the array's allocation covers):
+/// one copy instead of a syscall that copies and checks each element.
+/// `Err(errno)` if the array cannot be mapped; nothing is written then.
+pub fn write_mapped(fd: BorrowedFd<'_>, values: &[u8]) -> Result<(), i32> {
+    if values.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let len = values.len().div_ceil(page) * page;
+    // SAFETY: a new shared mapping of the array's value area (offset 0),
+    // which the kernel checks against the array's size; nothing else
+    // refers to it, and it is unmapped below.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO));
+    }
+    // SAFETY: `at` maps `len >= values.len()` writable bytes that only this
+    // function uses; the source is a distinct buffer of ours.
+    unsafe {
+        std::ptr::copy_nonoverlapping(values.as_ptr(), at.cast::<u8>(), values.len());
+        libc::munmap(at, len);
+    }
+    Ok(())
 }

@@ -825,6 +825,123 @@ fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs(
     );
 }
 
+/// Pins `outer` (an outer map of class `class` whose inner template is a
+/// plain, unmappable ARRAY, as an eim before mappable arrays made it) in
+/// place of the pin of that class under `dir`, holding one inner array if
+/// `holding`.
+fn pin_unmappable_outer(dir: &Path, class: u16, holding: bool) {
+    let name = eim_core::abi::map_name::outer(class);
+    let entries = eim_core::abi::class_entries(class).expect("a class");
+    let array = || {
+        sys::map_create(&sys::MapSpec {
+            map_type: sys::map_type::ARRAY,
+            key_size: 4,
+            value_size: 4,
+            max_entries: entries,
+            map_flags: 0,
+            inner_map: None,
+            name: "eim_old_inner",
+        })
+        .expect("array")
+    };
+    let template = array();
+    let outer = sys::map_create(&sys::MapSpec {
+        map_type: sys::map_type::HASH_OF_MAPS,
+        key_size: 8,
+        value_size: 4,
+        max_entries: eim_core::abi::capacity::OUTER,
+        map_flags: 0,
+        inner_map: Some(std::os::fd::AsFd::as_fd(&template)),
+        name: "eim_old_outer",
+    })
+    .expect("outer");
+    if holding {
+        let inner = array();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&inner) as u32;
+        sys::update_elem(
+            std::os::fd::AsFd::as_fd(&outer),
+            &7u64.to_le_bytes(),
+            &fd.to_le_bytes(),
+            sys::BPF_NOEXIST,
+        )
+        .expect("insert");
+    }
+    let path = dir.join(&name);
+    std::fs::remove_file(&path).expect("unpin");
+    eim_bpf::aya::maps::MapData::from_fd(outer)
+        .expect("map data")
+        .pin(&path)
+        .expect("pin");
+}
+
+#[test]
+fn outer_pins_whose_inner_arrays_are_not_mappable_are_refused_and_replaced_when_asked() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = PinDir::under_sys_fs_bpf("unmappable");
+    drop(KernelMaps::with_config(dir.config()).expect("maps"));
+    // Class 8 empty (its template is tried), class 9 holding an array
+    // (read off it); the other classes are eim's own and pass.
+    pin_unmappable_outer(&dir.path, 8, false);
+    pin_unmappable_outer(&dir.path, 9, true);
+    let names = [8u16, 9].map(eim_core::abi::map_name::outer);
+    let ids = names.clone().map(|n| map_id(&dir.path, &n));
+    match KernelMaps::with_config(dir.config()) {
+        Err(eim_bpf::KernelError::Shape(e)) => {
+            let named: Vec<&str> = e.maps.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(named, names.iter().map(String::as_str).collect::<Vec<_>>());
+            assert!(
+                e.maps.iter().all(|(_, why)| why.contains("BPF_F_MMAPABLE")),
+                "{e}"
+            );
+        }
+        Err(e) => panic!("not a shape mismatch: {e}"),
+        Ok(_) => panic!("unmappable outer pins were used"),
+    }
+    assert_eq!(
+        names.clone().map(|n| map_id(&dir.path, &n)),
+        ids,
+        "untouched"
+    );
+    // The empty one was tried and left empty.
+    let empty = sys::obj_get(&dir.path.join(&names[0])).expect("pinned");
+    assert_eq!(
+        sys::first_key(std::os::fd::AsFd::as_fd(&empty), 8).expect("read"),
+        None
+    );
+    let maps = KernelMaps::with_config(KernelConfig {
+        recreate_mismatched: true,
+        ..dir.config()
+    })
+    .expect("maps");
+    let got = states(&maps);
+    for name in &names {
+        assert!(
+            matches!(&got[name], PinState::Recreated { why } if why.contains("BPF_F_MMAPABLE")),
+            "{name}: {:?}",
+            got[name]
+        );
+    }
+    assert_eq!(
+        got.values().filter(|s| **s == PinState::Reopened).count(),
+        17
+    );
+    // Tables load into the replaced maps, and read back right.
+    let (_, data) = small_files(1).pop().expect("a file");
+    let provider = Arc::new(MemoryProvider::new());
+    let id = FileId(0x78);
+    provider.insert(id, data.clone());
+    let manager = ExecutableInfoManager::new(provider, maps, Tracers::none());
+    manager.add_or_inc_ref(id, &id).expect("load");
+    manager.with_backend(|k| {
+        for addr in probes(&data, 50, 3) {
+            let r = k.lookup(id, addr).expect("lookup");
+            assert_eq!(kernel_answer(&r), expected(&data, addr), "{addr:#x}");
+        }
+    });
+}
+
 #[test]
 fn a_pin_directory_off_bpffs_gets_a_bpffs_mounted_on_it_only_when_asked() {
     if !require_bpf() {
