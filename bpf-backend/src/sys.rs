@@ -586,6 +586,45 @@ pub fn lookup_all(
     }
 }
 
+/// Writes `values` at the start of the values of a [`BPF_F_MMAPABLE`]
+/// ARRAY through a shared mapping of its first `values.len()` bytes
+/// (rounded up to whole pages, which the array's allocation covers):
+/// one copy instead of a syscall that copies and checks each element.
+/// `Err(errno)` if the array cannot be mapped; nothing is written then.
+pub fn write_mapped(fd: BorrowedFd<'_>, values: &[u8]) -> Result<(), i32> {
+    if values.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let len = values.len().div_ceil(page) * page;
+    // SAFETY: a new shared mapping of the array's value area (offset 0),
+    // which the kernel checks against the array's size; nothing else
+    // refers to it, and it is unmapped below.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO));
+    }
+    // SAFETY: `at` maps `len >= values.len()` writable bytes that only this
+    // function uses; the source is a distinct buffer of ours.
+    unsafe {
+        std::ptr::copy_nonoverlapping(values.as_ptr(), at.cast::<u8>(), values.len());
+        libc::munmap(at, len);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd;
@@ -730,43 +769,4 @@ mod tests {
         .expect_err("size mismatch");
         assert_eq!(err.errno, libc::EINVAL);
     }
-}
-
-/// Writes `values` at the start of the values of a [`BPF_F_MMAPABLE`]
-/// ARRAY through a shared mapping of its first `values.len()` bytes
-/// (rounded up to whole pages, which the array's allocation covers):
-/// one copy instead of a syscall that copies and checks each element.
-/// `Err(errno)` if the array cannot be mapped; nothing is written then.
-pub fn write_mapped(fd: BorrowedFd<'_>, values: &[u8]) -> Result<(), i32> {
-    if values.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    let len = values.len().div_ceil(page) * page;
-    // SAFETY: a new shared mapping of the array's value area (offset 0),
-    // which the kernel checks against the array's size; nothing else
-    // refers to it, and it is unmapped below.
-    let at = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if at == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO));
-    }
-    // SAFETY: `at` maps `len >= values.len()` writable bytes that only this
-    // function uses; the source is a distinct buffer of ours.
-    unsafe {
-        std::ptr::copy_nonoverlapping(values.as_ptr(), at.cast::<u8>(), values.len());
-        libc::munmap(at, len);
-    }
-    Ok(())
 }
