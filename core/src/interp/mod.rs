@@ -13,6 +13,10 @@
 //! does (weakness 11): one loader's error is reported in its own
 //! [`LoaderMatch`] and hides nothing.
 //!
+//! What is costly to build of a file is built on first use and shared by
+//! all loaders: the symbol index, and the gaps (a walk over every delta,
+//! which only V8 needs, on a file named like node).
+//!
 //! One module per interpreter; [`access`] holds the ELF reading they share
 //! and [`names`] the file-name patterns of spec 8.2.
 
@@ -29,12 +33,15 @@ pub mod python;
 pub mod ruby;
 pub mod v8;
 
+use std::cell::OnceCell;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
 use crate::abi::OffsetRange;
+use crate::deltas::StackDelta;
 use crate::elf::Elf;
+use crate::encode;
 use crate::info::InterpreterData;
 use crate::manager::Tracers;
 use crate::FileId;
@@ -47,27 +54,66 @@ pub struct LoaderInfo<'a, 'd> {
     /// The path the file was mapped from (upstream's `FileName()`).
     pub name: &'a str,
     pub elf: &'a Elf<'d>,
-    /// Ranges after an end-of-function marker of at least 512 KiB
-    /// (upstream's `Gaps()`, see [`crate::encode::gaps`]).
-    pub gaps: &'a [Range<u64>],
-    symbols: std::cell::OnceCell<Symbols<'d>>,
+    deltas: &'a [StackDelta],
+    gaps: OnceCell<Vec<Range<u64>>>,
+    symbols: OnceCell<Symbols<'d>>,
 }
 
 impl<'a, 'd> LoaderInfo<'a, 'd> {
-    pub fn new(file_id: FileId, name: &'a str, elf: &'a Elf<'d>, gaps: &'a [Range<u64>]) -> Self {
+    /// A file whose stack deltas are `deltas` (the gaps come from them,
+    /// when a loader asks).
+    pub fn new(file_id: FileId, name: &'a str, elf: &'a Elf<'d>, deltas: &'a [StackDelta]) -> Self {
         Self {
             file_id,
             name,
             elf,
-            gaps,
-            symbols: std::cell::OnceCell::new(),
+            deltas,
+            gaps: OnceCell::new(),
+            symbols: OnceCell::new(),
         }
+    }
+
+    /// A file whose gaps are already known.
+    pub fn with_gaps(
+        file_id: FileId,
+        name: &'a str,
+        elf: &'a Elf<'d>,
+        gaps: Vec<Range<u64>>,
+    ) -> Self {
+        let info = Self::new(file_id, name, elf, &[]);
+        info.gaps.get_or_init(|| gaps);
+        info
+    }
+
+    /// Ranges after an end-of-function marker of at least 512 KiB
+    /// (upstream's `Gaps()`, see [`encode::gaps`]): a walk over every
+    /// delta, so only on first use (V8, on a file named like node).
+    pub fn gaps(&self) -> &[Range<u64>] {
+        self.gaps.get_or_init(|| encode::gaps(self.deltas))
     }
 
     /// The file's symbols (dynamic first, then `.symtab`), indexed once.
     pub fn symbols(&self) -> &Symbols<'d> {
         self.symbols.get_or_init(|| Symbols::of(self.elf))
     }
+
+    /// What the loaders have built so far, the costly parts of asking them
+    /// about a file: for tests that a file no loader claims costs nothing.
+    pub fn built(&self) -> Built {
+        Built {
+            symbols: self.symbols.get().is_some(),
+            gaps: self.gaps.get().is_some(),
+        }
+    }
+}
+
+/// Which of a [`LoaderInfo`]'s costly parts were built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Built {
+    /// The symbol index (every dynamic and `.symtab` symbol, hashed).
+    pub symbols: bool,
+    /// The gaps (a walk over every stack delta).
+    pub gaps: bool,
 }
 
 /// Why a loader refused a file it recognised. Every message names what was

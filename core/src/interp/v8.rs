@@ -81,7 +81,7 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
         });
     }
     let snapshot = syms.get(SNAPSHOT_BLOB).and_then(|blob| {
-        info.gaps
+        info.gaps()
             .iter()
             .find(|gap| gap.start.wrapping_sub(blob.address) < SNAPSHOT_GAP_DISTANCE)
             .cloned()
