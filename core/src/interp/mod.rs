@@ -13,16 +13,23 @@
 //! does (weakness 11): one loader's error is reported in its own
 //! [`LoaderMatch`] and hides nothing.
 //!
-//! What is costly to build of a file is built on first use and shared by
-//! all loaders: the symbol index, and the gaps (a walk over every delta,
-//! which only V8 needs, on a file named like node).
+//! Every loader asks a file it does not claim no more than it must: the
+//! loaders upstream keys on the file's name test the name before anything
+//! else, and the Go loaders, which key on the contents, test the cheap
+//! [`evidence`] first (section names, Go's note). What is costly to build
+//! is built on first use and shared by all loaders: the symbol index, and
+//! the gaps (a walk over every delta, which only V8 needs, on a file named
+//! like node). On a file no loader claims neither is built, and nothing of
+//! the file is read but its note segments (`tests/loaders_evidence.rs`).
 //!
-//! One module per interpreter; [`access`] holds the ELF reading they share
-//! and [`names`] the file-name patterns of spec 8.2.
+//! One module per interpreter; [`access`] holds the ELF reading they share,
+//! [`evidence`] what they test first, and [`names`] the file-name patterns
+//! of spec 8.2.
 
 pub mod access;
 pub mod apm;
 pub mod dotnet;
+pub mod evidence;
 pub mod go;
 pub mod hotspot;
 pub mod names;
@@ -47,6 +54,7 @@ use crate::manager::Tracers;
 use crate::FileId;
 
 pub use access::Symbols;
+pub use evidence::Evidence;
 
 /// What a loader sees of a file.
 pub struct LoaderInfo<'a, 'd> {
@@ -57,6 +65,7 @@ pub struct LoaderInfo<'a, 'd> {
     deltas: &'a [StackDelta],
     gaps: OnceCell<Vec<Range<u64>>>,
     symbols: OnceCell<Symbols<'d>>,
+    evidence: Evidence<'a, 'd>,
 }
 
 impl<'a, 'd> LoaderInfo<'a, 'd> {
@@ -70,6 +79,7 @@ impl<'a, 'd> LoaderInfo<'a, 'd> {
             deltas,
             gaps: OnceCell::new(),
             symbols: OnceCell::new(),
+            evidence: Evidence::new(elf),
         }
     }
 
@@ -95,6 +105,11 @@ impl<'a, 'd> LoaderInfo<'a, 'd> {
     /// The file's symbols (dynamic first, then `.symtab`), indexed once.
     pub fn symbols(&self) -> &Symbols<'d> {
         self.symbols.get_or_init(|| Symbols::of(self.elf))
+    }
+
+    /// The cheap evidence of what the file is (section names, Go's note).
+    pub fn evidence(&self) -> &Evidence<'a, 'd> {
+        &self.evidence
     }
 
     /// What the loaders have built so far, the costly parts of asking them
