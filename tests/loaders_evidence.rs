@@ -49,7 +49,9 @@ impl ByteSource for Recording {
 }
 
 fn u16_at(b: &[u8], at: usize) -> u64 {
-    u64::from(u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes")))
+    u64::from(u16::from_le_bytes(
+        b[at..at + 2].try_into().expect("2 bytes"),
+    ))
 }
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
@@ -228,7 +230,10 @@ fn spoil_go_note(bytes: &mut [u8]) -> bool {
 fn rename_go_sections(bytes: &mut [u8]) {
     let (shoff, shstrndx) = (u64_at(bytes, 0x28) as usize, u16_at(bytes, 0x3e) as usize);
     let header = shoff + shstrndx * 64;
-    let (offset, size) = (u64_at(bytes, header + 0x18) as usize, u64_at(bytes, header + 0x20));
+    let (offset, size) = (
+        u64_at(bytes, header + 0x18) as usize,
+        u64_at(bytes, header + 0x20),
+    );
     let names = &mut bytes[offset..offset + size as usize];
     for name in [&b".gopclntab\0"[..], b".go.buildinfo\0"] {
         let at = names
@@ -266,8 +271,7 @@ fn a_go_binary_without_go_sections_is_claimed_by_its_note() {
     // No section names Go's: the go loader (upstream's test) does not
     // claim the file; the labels loader does, by the note, with the
     // version it reads from the build information.
-    let Some((renamed, unnoted)) = go_changed(dir.path(), "go-renamed", rename_go_sections)
-    else {
+    let Some((renamed, unnoted)) = go_changed(dir.path(), "go-renamed", rename_go_sections) else {
         return;
     };
     assert_eq!(loaders(&renamed), ["golabels"]);
