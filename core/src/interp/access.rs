@@ -31,22 +31,42 @@ impl Symbol {
 
 /// The defined symbols of a file by name: the dynamic table first (what
 /// upstream's `LookupSymbol` reads), then `.symtab` for names it lacks.
+/// Either all of them, or only those whose name starts with one of a few
+/// prefixes ([`Symbols::with_prefixes`]).
 #[derive(Default)]
 pub struct Symbols<'d> {
     by_name: HashMap<&'d [u8], Symbol>,
+    /// The prefixes every indexed name starts with; empty: every name.
+    prefixes: &'static [&'static str],
 }
 
 impl<'d> Symbols<'d> {
+    /// Every symbol.
     pub fn of(elf: &Elf<'d>) -> Self {
+        Self::with_prefixes(elf, &[])
+    }
+
+    /// The symbols whose name starts with one of `prefixes` (none: every
+    /// symbol), for a loader whose names all do. Only those are hashed
+    /// and kept: on node's 185k symbols, V8's few hundred. A name that
+    /// starts with none is [`Symbols::get`]'s `None`. The prefixes have no
+    /// `@`, so a name starts with one exactly when its unversioned name
+    /// does.
+    pub fn with_prefixes(elf: &Elf<'d>, prefixes: &'static [&'static str]) -> Self {
+        debug_assert!(prefixes.iter().all(|p| !p.is_empty() && !p.contains('@')));
         let endian = LittleEndian;
         let tables = [
             elf.file.elf_dynamic_symbol_table(),
             elf.file.elf_symbol_table(),
         ];
+        let wanted = |name: &[u8]| {
+            prefixes.is_empty() || prefixes.iter().any(|p| name.starts_with(p.as_bytes()))
+        };
         // Each table is bounded by its section, so the reservation is too;
         // capped, as a table's size is the file's word.
         let count: usize = tables.iter().map(|t| t.len()).sum();
-        let mut by_name = HashMap::with_capacity(count.min(MAX_RESERVED_SYMBOLS));
+        let reserve = if prefixes.is_empty() { count } else { 0 };
+        let mut by_name = HashMap::with_capacity(reserve.min(MAX_RESERVED_SYMBOLS));
         for table in tables {
             // The whole string table in one read: reading name after name
             // through the file's view cost a cache lookup each, and read
@@ -60,10 +80,19 @@ impl<'d> Symbols<'d> {
                     continue;
                 }
                 let name = match whole {
-                    Some(strings) => name_in(strings, sym.st_name(endian)),
+                    Some(strings) => {
+                        let at = usize::try_from(sym.st_name(endian)).unwrap_or(usize::MAX);
+                        // The prefix before the NUL: most names are
+                        // rejected without their end being looked for.
+                        let head = strings.get(at..).unwrap_or_default();
+                        if !wanted(head) {
+                            continue;
+                        }
+                        name_in(head)
+                    }
                     None => sym.name(endian, table.strings()).ok(),
                 };
-                let Some(name) = name else {
+                let Some(name) = name.filter(|n| wanted(n)) else {
                     continue;
                 };
                 // `name@@VERSION` in .dynsym is looked up without its version.
@@ -78,10 +107,15 @@ impl<'d> Symbols<'d> {
                 });
             }
         }
-        Self { by_name }
+        Self { by_name, prefixes }
     }
 
     pub fn get(&self, name: &str) -> Option<Symbol> {
+        debug_assert!(
+            self.prefixes.is_empty() || self.prefixes.iter().any(|p| name.starts_with(p)),
+            "{name} is not indexed: it starts with none of {:?}",
+            self.prefixes
+        );
         self.by_name.get(name.as_bytes()).copied()
     }
 
@@ -124,10 +158,10 @@ fn string_table<'d>(
         .bytes_at(section.sh_offset(endian), section.sh_size(endian))
 }
 
-/// The NUL-terminated name at `offset` of a string table, as `object`'s
-/// `StringTable::get` finds it: `None` past the table or without a NUL.
-fn name_in(strings: &[u8], offset: u32) -> Option<&[u8]> {
-    let rest = strings.get(usize::try_from(offset).ok()?..)?;
+/// The NUL-terminated name at the start of `rest` (a string table from a
+/// name's offset on), as `object`'s `StringTable::get` finds it: `None`
+/// without a NUL.
+fn name_in(rest: &[u8]) -> Option<&[u8]> {
     let end = memchr::memchr(0, rest)?;
     Some(&rest[..end])
 }

@@ -153,7 +153,10 @@ fn runtime_code<'d>(
     max: usize,
 ) -> Result<(u64, std::borrow::Cow<'d, [u8]>), LoaderError> {
     let elf = info.elf;
-    let range = match names.iter().find_map(|n| info.symbols().get(n)) {
+    // Go binaries carry 100k symbols and more; only the runtime's are
+    // looked up.
+    let syms = info.symbols_with(&["runtime."]);
+    let range = match names.iter().find_map(|n| syms.get(n)) {
         Some(sym) => sym.range(),
         None => names
             .iter()

@@ -40,7 +40,7 @@ pub mod python;
 pub mod ruby;
 pub mod v8;
 
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell};
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
@@ -65,6 +65,7 @@ pub struct LoaderInfo<'a, 'd> {
     deltas: &'a [StackDelta],
     gaps: OnceCell<Vec<Range<u64>>>,
     symbols: OnceCell<Symbols<'d>>,
+    prefixed_symbols: Cell<bool>,
     evidence: Evidence<'a, 'd>,
 }
 
@@ -79,6 +80,7 @@ impl<'a, 'd> LoaderInfo<'a, 'd> {
             deltas,
             gaps: OnceCell::new(),
             symbols: OnceCell::new(),
+            prefixed_symbols: Cell::new(false),
             evidence: Evidence::new(elf),
         }
     }
@@ -107,6 +109,15 @@ impl<'a, 'd> LoaderInfo<'a, 'd> {
         self.symbols.get_or_init(|| Symbols::of(self.elf))
     }
 
+    /// The file's symbols whose names start with one of `prefixes`,
+    /// indexed now: for a loader whose names all do, on a file only it
+    /// claims (V8 on node, Go labels on a Go binary), where the whole
+    /// index would hash every name of tables of 100k symbols and more.
+    pub fn symbols_with(&self, prefixes: &'static [&'static str]) -> Symbols<'d> {
+        self.prefixed_symbols.set(true);
+        Symbols::with_prefixes(self.elf, prefixes)
+    }
+
     /// The cheap evidence of what the file is (section names, Go's note).
     pub fn evidence(&self) -> &Evidence<'a, 'd> {
         &self.evidence
@@ -116,7 +127,7 @@ impl<'a, 'd> LoaderInfo<'a, 'd> {
     /// about a file: for tests that a file no loader claims costs nothing.
     pub fn built(&self) -> Built {
         Built {
-            symbols: self.symbols.get().is_some(),
+            symbols: self.symbols.get().is_some() || self.prefixed_symbols.get(),
             gaps: self.gaps.get().is_some(),
         }
     }
@@ -125,7 +136,8 @@ impl<'a, 'd> LoaderInfo<'a, 'd> {
 /// Which of a [`LoaderInfo`]'s costly parts were built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Built {
-    /// The symbol index (every dynamic and `.symtab` symbol, hashed).
+    /// A symbol index (every dynamic and `.symtab` symbol, or those of
+    /// some prefixes, hashed).
     pub symbols: bool,
     /// The gaps (a walk over every stack delta).
     pub gaps: bool,
