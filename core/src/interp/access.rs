@@ -254,7 +254,12 @@ pub fn named_entries(
 /// per file, bounded by its `SHT_RELA` sections.
 #[derive(Default)]
 pub struct Relocations {
-    targets: HashMap<u64, Target>,
+    /// By place, in file order among equal places: the last one of a place
+    /// is what the dynamic loader leaves there. A sorted list, not a hash
+    /// map: the tables come sorted by place, or in a few sorted runs, so a
+    /// stable sort is about a copy (libjvm's 200k relocations: a map's
+    /// inserts took most of the HotSpot loader's time).
+    targets: Vec<(u64, Target)>,
 }
 
 /// What a relocated place holds once the dynamic loader is done.
@@ -296,7 +301,7 @@ impl Relocations {
             },
         };
         let e = LittleEndian;
-        let mut targets = HashMap::new();
+        let mut targets = Vec::new();
         let Ok(sections) = elf.file.elf_header().sections(e, elf.data) else {
             return Self { targets };
         };
@@ -350,9 +355,10 @@ impl Relocations {
                 } else {
                     continue;
                 };
-                targets.insert(place, target);
+                targets.push((place, target));
             }
         }
+        targets.sort_by_key(|&(place, _)| place);
         Self { targets }
     }
 
@@ -361,7 +367,14 @@ impl Relocations {
     /// position-dependent file). A place relocated against a symbol the
     /// file does not define has no value here: an error.
     pub fn pointer(&self, elf: &Elf<'_>, addr: u64, what: &str) -> Result<u64, LoaderError> {
-        match self.targets.get(&addr) {
+        // The last relocation of the place, as a map's last insert was.
+        let end = self.targets.partition_point(|&(place, _)| place <= addr);
+        let last = end
+            .checked_sub(1)
+            .and_then(|i| self.targets.get(i))
+            .filter(|&&(place, _)| place == addr)
+            .map(|(_, target)| target);
+        match last {
             Some(&Target::Address(target)) => Ok(target),
             Some(Target::Unresolved) => Err(LoaderError::Invalid(format!(
                 "{what} at {addr:#x} is relocated against a symbol this file does not define"
