@@ -3,7 +3,9 @@
 //! loader claims, asking every loader builds nothing costly (no symbol
 //! index, no gaps) and reads nothing of the file but its note segments;
 //! and a file that is Go's by its evidence alone (section headers
-//! stripped, Go's note kept) is still claimed.
+//! stripped, Go's note kept) is still claimed. The symbol indexes the
+//! loaders look names up in (all names, or those of some prefixes) hold
+//! what `object`'s symbol reader reads.
 //!
 //! What the loaders read is seen through a byte source that records every
 //! read of the `LazyFile` the file is parsed from, as `eim` reads it; the
@@ -16,6 +18,7 @@
 mod common;
 use common::{loaded, loaders, matches_of, present, skip_or_fail};
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,7 +27,8 @@ use std::sync::{Arc, Mutex};
 use eim::elf::ehframe::Parallelism;
 use eim::elf::source::BLOCK;
 use eim::elf::{extract_with, ByteSource, Elf, LazyFile, SourceError};
-use eim::interp::{self, Built, LoaderError, LoaderInfo, LoaderMatch};
+use eim::interp::access::Symbol;
+use eim::interp::{self, Built, LoaderError, LoaderInfo, LoaderMatch, Symbols};
 use eim::loaders::ALL_TRACERS;
 use eim::FileId;
 
@@ -294,4 +298,86 @@ fn a_go_binary_without_go_sections_is_claimed_by_its_note() {
         other => panic!("golabels: {other:?}"),
     }
     assert!(unnoted.is_empty(), "{unnoted:?}");
+}
+
+/// The symbol index as `object`'s symbol iterator gives it, name by name
+/// (what the index was built from before it read string tables whole):
+/// defined symbols, the dynamic table first, the first of a name (without
+/// its `@version`) wins.
+fn reference_symbols(elf: &Elf<'_>) -> HashMap<Vec<u8>, Symbol> {
+    use object::{Object, ObjectSymbol, SymbolKind};
+    let mut out = HashMap::new();
+    for table in [elf.file.dynamic_symbols(), elf.file.symbols()] {
+        for sym in table {
+            let Ok(name) = sym.name_bytes() else {
+                continue;
+            };
+            if sym.is_undefined() {
+                continue;
+            }
+            let name = name.split(|&b| b == b'@').next().unwrap_or_default();
+            out.entry(name.to_vec()).or_insert(Symbol {
+                address: sym.address(),
+                size: sym.size(),
+                tls: sym.kind() == SymbolKind::Tls,
+            });
+        }
+    }
+    out
+}
+
+/// Every entry of `index`, by name.
+fn entries(index: &Symbols<'_>) -> HashMap<Vec<u8>, Symbol> {
+    index
+        .with_prefix("")
+        .map(|(name, sym)| (name.to_vec(), sym))
+        .collect()
+}
+
+#[test]
+fn symbol_indexes_hold_what_objects_symbol_reader_reads() {
+    let mut files = vec![
+        testdata().join("ccorpus-x86_64-O2"),
+        testdata().join("gocorpus-go1.23-amd64"),
+        PathBuf::from("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0"),
+        PathBuf::from("/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so"),
+    ];
+    // Node (nodesource's, 185k symbols) when this host has it.
+    files.extend(Some(PathBuf::from("/usr/bin/node")).filter(|p| p.exists()));
+    let prefixes: &[&[&str]] = &[
+        &["runtime."],
+        &["_ZN2v88internal", "v8dbg_"],
+        &["_ZN19Abstract_VM_Version", "gHotSpotVM"],
+        &["Py", "_Py"],
+    ];
+    for path in files {
+        if !present(&path) {
+            continue;
+        }
+        let bytes = std::fs::read(&path).expect("read");
+        let len = bytes.len() as u64;
+        let file = LazyFile::new(Box::new(bytes), len);
+        let elf = Elf::parse_lazy(&file).expect("parses");
+        let reference = reference_symbols(&elf);
+        assert!(!reference.is_empty(), "{}", path.display());
+        assert_eq!(
+            entries(&Symbols::of(&elf)),
+            reference,
+            "{}: every symbol",
+            path.display()
+        );
+        for &wanted in prefixes {
+            let expected: HashMap<_, _> = reference
+                .iter()
+                .filter(|(name, _)| wanted.iter().any(|p| name.starts_with(p.as_bytes())))
+                .map(|(name, sym)| (name.clone(), *sym))
+                .collect();
+            assert_eq!(
+                entries(&Symbols::with_prefixes(&elf, wanted)),
+                expected,
+                "{}: the symbols of {wanted:?}",
+                path.display()
+            );
+        }
+    }
 }
