@@ -109,7 +109,7 @@ fn claim_lines(path: &Path, matches: &[LoaderMatch]) -> String {
 }
 
 /// The two libraries the issue names, from the stable toolchain, and the
-/// files `EIM_BENCH_FILES` names (`:`-separated), under their own names.
+/// files `EIM_BENCH_FILES` names (`:`-separated), by their file names.
 fn big_files() -> Vec<(String, PathBuf)> {
     let mut files = Vec::new();
     match common::stable_toolchain_lib() {
@@ -124,7 +124,13 @@ fn big_files() -> Vec<(String, PathBuf)> {
         None => eprintln!("no stable toolchain: librustc_driver and libLLVM are skipped"),
     }
     if let Some(more) = std::env::var_os("EIM_BENCH_FILES") {
-        files.extend(std::env::split_paths(&more).map(|p| (p.display().to_string(), p)));
+        files.extend(std::env::split_paths(&more).map(|p| {
+            let name = p.file_name().map_or_else(
+                || p.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            (name, p)
+        }));
     }
     files
 }
