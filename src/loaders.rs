@@ -6,7 +6,6 @@ use std::path::Path;
 
 use eim_core::deltas::IntervalData;
 use eim_core::elf::Elf;
-use eim_core::encode;
 use eim_core::interp::{self, LoaderInfo, LoaderMatch};
 use eim_core::provider::{ExtractError, Provider};
 use eim_core::{FileId, Tracers};
@@ -19,7 +18,8 @@ pub use eim_core::interp::{InterpreterOffsets, Loaded, LoaderError};
 pub const ALL_TRACERS: Tracers = Tracers(u32::MAX);
 
 /// Asks the loaders `tracers` enables about a file whose deltas are `data`
-/// (the gaps of at least 512 KiB come from them, as the encoder finds them).
+/// (the gaps of at least 512 KiB come from them, as the encoder finds
+/// them, if a loader needs them).
 pub fn detect(
     file_id: FileId,
     name: &str,
@@ -27,8 +27,7 @@ pub fn detect(
     data: &IntervalData,
     tracers: Tracers,
 ) -> Vec<LoaderMatch> {
-    let gaps = encode::gaps(&data.deltas);
-    let info = LoaderInfo::new(file_id, name, elf, &gaps);
+    let info = LoaderInfo::new(file_id, name, elf, &data.deltas);
     interp::detect(&info, tracers)
 }
 

@@ -604,7 +604,7 @@ fn mutated_interpreter_files_never_panic() {
                     start: 0x1000,
                     end: 0x90_0000,
                 }];
-                let info = LoaderInfo::new(FileId(1), name, &elf, &gaps);
+                let info = LoaderInfo::with_gaps(FileId(1), name, &elf, gaps);
                 let _ = interp::detect(&info, ALL_TRACERS);
             }
             bytes.copy_from_slice(&original);

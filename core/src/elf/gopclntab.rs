@@ -196,6 +196,12 @@ pub fn go_version<'d>(elf: &Elf<'d>) -> Option<&'d [u8]> {
     buildinfo::go_version(elf)
 }
 
+/// Whether a note segment of the file holds Go's build-id note
+/// (`.note.go.buildid`, which the Go linker writes into every ELF file).
+pub fn has_go_build_id_note(elf: &Elf<'_>) -> bool {
+    buildinfo::has_build_id_note(elf)
+}
+
 /// What the Go interpreter loader learns from the table: its size in bytes
 /// and its number of functions; `None` when the file has no Go table.
 pub fn table_summary(elf: &Elf<'_>) -> Result<Option<(usize, usize)>, GoError> {

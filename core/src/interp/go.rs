@@ -1,11 +1,13 @@
 //! Go executables: the `go` loader (symbolization data) and `golabels`
 //! (the goroutine labels of Go before 1.25).
 //!
-//! go: a file with a `.go.buildinfo` or `.gopclntab` section; extracts the
+//! go: a file with a readable `.go.buildinfo` or `.gopclntab` section
+//! (tested by name first, [`super::evidence`]); extracts the
 //! toolchain version from the build information (may be absent), and the
 //! size and function count of the pc/line table, which must parse.
 //!
-//! golabels: a file whose build information names a Go version; go1.25 or
+//! golabels: a file whose build information names a Go version, searched
+//! for only in a file that is Go's by its evidence; go1.25 or
 //! later is an error (upstream's gate: newer runtimes publish labels
 //! differently); extracts the offset of the current goroutine pointer `g`
 //! from the thread pointer: on x86-64 what `runtime.stackcheck` reads
@@ -20,6 +22,7 @@ pub mod load_g;
 pub mod stackcheck;
 
 use super::access::read_u8;
+use super::evidence::{GO_BUILDINFO, GO_PCLNTAB};
 use super::{Loaded, LoaderError, LoaderInfo};
 use crate::elf::gopclntab::{function_range, go_version, table_summary};
 use crate::elf::Arch;
@@ -64,7 +67,14 @@ impl InterpreterData for GoLabelsData {
     }
 }
 
+/// The Go version in the build information, empty when there is none.
+/// Searched only in a file that is Go's by its evidence: without
+/// `.go.buildinfo`, the search is through the whole first writable
+/// segment, which upstream makes only for a file it takes for Go's.
 fn version_string(info: &LoaderInfo<'_, '_>) -> String {
+    if !info.evidence().is_go() {
+        return String::new();
+    }
     go_version(info.elf)
         .map(|v| String::from_utf8_lossy(v).into_owned())
         .unwrap_or_default()
@@ -72,7 +82,10 @@ fn version_string(info: &LoaderInfo<'_, '_>) -> String {
 
 pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
     let elf = info.elf;
-    if elf.section(".go.buildinfo").is_none() && elf.section(".gopclntab").is_none() {
+    let evidence = info.evidence();
+    // By name first; a section is then the one whose contents can be read.
+    let has = |name: &str| evidence.has_section(name) && elf.section(name).is_some();
+    if !has(GO_BUILDINFO) && !has(GO_PCLNTAB) {
         return Ok(None);
     }
     let (pclntab_bytes, functions) = table_summary(elf)
@@ -140,7 +153,10 @@ fn runtime_code<'d>(
     max: usize,
 ) -> Result<(u64, std::borrow::Cow<'d, [u8]>), LoaderError> {
     let elf = info.elf;
-    let range = match names.iter().find_map(|n| info.symbols().get(n)) {
+    // Go binaries carry 100k symbols and more; only the runtime's are
+    // looked up.
+    let syms = info.symbols_with(&["runtime."]);
+    let range = match names.iter().find_map(|n| syms.get(n)) {
         Some(sym) => sym.range(),
         None => names
             .iter()

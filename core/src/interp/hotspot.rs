@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use super::access::{named_entries, read_u32, read_u64, string_at, Relocations};
+use super::access::{named_entries, read_u32, read_u64, string_at, Relocations, Symbols};
 use super::names::HOTSPOT;
 use super::{Loaded, LoaderError, LoaderInfo};
 use crate::elf::Elf;
@@ -56,9 +56,18 @@ impl InterpreterData for HotspotData {
     }
 }
 
-fn version_int(info: &LoaderInfo<'_, '_>, name: &str) -> Result<u32, LoaderError> {
-    let symbol = format!("_ZN19Abstract_VM_Version{}{name}E", name.len());
-    let sym = info.symbols().require(&symbol)?;
+/// What every name this loader looks up starts with (libjvm has 58k
+/// symbols; only these are indexed).
+const PREFIXES: &[&str] = &[VERSION_PREFIX, "gHotSpotVM"];
+const VERSION_PREFIX: &str = "_ZN19Abstract_VM_Version";
+
+fn version_int(
+    info: &LoaderInfo<'_, '_>,
+    syms: &Symbols<'_>,
+    name: &str,
+) -> Result<u32, LoaderError> {
+    let symbol = format!("{VERSION_PREFIX}{}{name}E", name.len());
+    let sym = syms.require(&symbol)?;
     read_u32(info.elf, sym.address, &symbol)
 }
 
@@ -66,12 +75,12 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
     if !HOTSPOT.is_match(info.name) {
         return Ok(None);
     }
-    let major = version_int(info, "_vm_major_version")?;
+    let syms = &info.symbols_with(PREFIXES);
+    let major = version_int(info, syms, "_vm_major_version")?;
     if major == 0 {
         return Err(LoaderError::Invalid("the VM major version is 0".into()));
     }
     let relocations = Relocations::of(info.elf);
-    let syms = info.symbols();
     let table = |name: &str| -> Result<u64, LoaderError> {
         let sym = syms.require(name)?;
         relocations.pointer(info.elf, sym.address, name)
@@ -81,10 +90,10 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
     Ok(Some(Loaded::new(
         HotspotData {
             major,
-            minor: version_int(info, "_vm_minor_version")?,
-            security: version_int(info, "_vm_security_version")?,
-            patch: version_int(info, "_vm_patch_version").unwrap_or(0),
-            build: version_int(info, "_vm_build_number")?,
+            minor: version_int(info, syms, "_vm_minor_version")?,
+            security: version_int(info, syms, "_vm_security_version")?,
+            patch: version_int(info, syms, "_vm_patch_version").unwrap_or(0),
+            build: version_int(info, syms, "_vm_build_number")?,
             fields,
             types,
         },

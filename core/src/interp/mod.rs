@@ -13,12 +13,23 @@
 //! does (weakness 11): one loader's error is reported in its own
 //! [`LoaderMatch`] and hides nothing.
 //!
-//! One module per interpreter; [`access`] holds the ELF reading they share
-//! and [`names`] the file-name patterns of spec 8.2.
+//! Every loader asks a file it does not claim no more than it must: the
+//! loaders upstream keys on the file's name test the name before anything
+//! else, and the Go loaders, which key on the contents, test the cheap
+//! [`evidence`] first (section names, Go's note). What is costly to build
+//! is built on first use and shared by all loaders: the symbol index, and
+//! the gaps (a walk over every delta, which only V8 needs, on a file named
+//! like node). On a file no loader claims neither is built, and nothing of
+//! the file is read but its note segments (`tests/loaders_evidence.rs`).
+//!
+//! One module per interpreter; [`access`] holds the ELF reading they share,
+//! [`evidence`] what they test first, and [`names`] the file-name patterns
+//! of spec 8.2.
 
 pub mod access;
 pub mod apm;
 pub mod dotnet;
+pub mod evidence;
 pub mod go;
 pub mod hotspot;
 pub mod names;
@@ -29,17 +40,21 @@ pub mod python;
 pub mod ruby;
 pub mod v8;
 
+use std::cell::{Cell, OnceCell};
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
 use crate::abi::OffsetRange;
+use crate::deltas::StackDelta;
 use crate::elf::Elf;
+use crate::encode;
 use crate::info::InterpreterData;
 use crate::manager::Tracers;
 use crate::FileId;
 
 pub use access::Symbols;
+pub use evidence::Evidence;
 
 /// What a loader sees of a file.
 pub struct LoaderInfo<'a, 'd> {
@@ -47,27 +62,85 @@ pub struct LoaderInfo<'a, 'd> {
     /// The path the file was mapped from (upstream's `FileName()`).
     pub name: &'a str,
     pub elf: &'a Elf<'d>,
-    /// Ranges after an end-of-function marker of at least 512 KiB
-    /// (upstream's `Gaps()`, see [`crate::encode::gaps`]).
-    pub gaps: &'a [Range<u64>],
-    symbols: std::cell::OnceCell<Symbols<'d>>,
+    deltas: &'a [StackDelta],
+    gaps: OnceCell<Vec<Range<u64>>>,
+    symbols: OnceCell<Symbols<'d>>,
+    prefixed_symbols: Cell<bool>,
+    evidence: Evidence<'a, 'd>,
 }
 
 impl<'a, 'd> LoaderInfo<'a, 'd> {
-    pub fn new(file_id: FileId, name: &'a str, elf: &'a Elf<'d>, gaps: &'a [Range<u64>]) -> Self {
+    /// A file whose stack deltas are `deltas` (the gaps come from them,
+    /// when a loader asks).
+    pub fn new(file_id: FileId, name: &'a str, elf: &'a Elf<'d>, deltas: &'a [StackDelta]) -> Self {
         Self {
             file_id,
             name,
             elf,
-            gaps,
-            symbols: std::cell::OnceCell::new(),
+            deltas,
+            gaps: OnceCell::new(),
+            symbols: OnceCell::new(),
+            prefixed_symbols: Cell::new(false),
+            evidence: Evidence::new(elf),
         }
+    }
+
+    /// A file whose gaps are already known.
+    pub fn with_gaps(
+        file_id: FileId,
+        name: &'a str,
+        elf: &'a Elf<'d>,
+        gaps: Vec<Range<u64>>,
+    ) -> Self {
+        let info = Self::new(file_id, name, elf, &[]);
+        info.gaps.get_or_init(|| gaps);
+        info
+    }
+
+    /// Ranges after an end-of-function marker of at least 512 KiB
+    /// (upstream's `Gaps()`, see [`encode::gaps`]): a walk over every
+    /// delta, so only on first use (V8, on a file named like node).
+    pub fn gaps(&self) -> &[Range<u64>] {
+        self.gaps.get_or_init(|| encode::gaps(self.deltas))
     }
 
     /// The file's symbols (dynamic first, then `.symtab`), indexed once.
     pub fn symbols(&self) -> &Symbols<'d> {
         self.symbols.get_or_init(|| Symbols::of(self.elf))
     }
+
+    /// The file's symbols whose names start with one of `prefixes`,
+    /// indexed now: for a loader whose names all do, on a file only it
+    /// claims (V8 on node, Go labels on a Go binary), where the whole
+    /// index would hash every name of tables of 100k symbols and more.
+    pub fn symbols_with(&self, prefixes: &'static [&'static str]) -> Symbols<'d> {
+        self.prefixed_symbols.set(true);
+        Symbols::with_prefixes(self.elf, prefixes)
+    }
+
+    /// The cheap evidence of what the file is (section names, Go's note).
+    pub fn evidence(&self) -> &Evidence<'a, 'd> {
+        &self.evidence
+    }
+
+    /// What the loaders have built so far, the costly parts of asking them
+    /// about a file: for tests that a file no loader claims costs nothing.
+    pub fn built(&self) -> Built {
+        Built {
+            symbols: self.symbols.get().is_some() || self.prefixed_symbols.get(),
+            gaps: self.gaps.get().is_some(),
+        }
+    }
+}
+
+/// Which of a [`LoaderInfo`]'s costly parts were built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Built {
+    /// A symbol index (every dynamic and `.symtab` symbol, or those of
+    /// some prefixes, hashed).
+    pub symbols: bool,
+    /// The gaps (a walk over every stack delta).
+    pub gaps: bool,
 }
 
 /// Why a loader refused a file it recognised. Every message names what was

@@ -14,10 +14,11 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use super::access::read_u32;
+use super::access::{read_u32, Symbols};
 use super::names::V8;
 use super::{InterpreterOffsets, Loaded, LoaderError, LoaderInfo};
 use crate::abi::program;
+use crate::elf::Elf;
 use crate::info::InterpreterData;
 
 pub const NAME: &str = "v8";
@@ -31,6 +32,9 @@ const BYTECODE_SIZES: &str = "_ZN2v88internal11interpreter9Bytecodes14kBytecodeS
 /// How far after the blob accessor the snapshot gap may start.
 const SNAPSHOT_GAP_DISTANCE: u64 = 1024;
 const INTROSPECTION_PREFIX: &str = "v8dbg_";
+/// What every name this loader looks up starts with (node has 185k
+/// symbols; only these are indexed).
+const PREFIXES: &[&str] = &["_ZN2v88internal", INTROSPECTION_PREFIX];
 /// Bound on a hostile symbol table (V8 has about 500 constants).
 const MAX_INTROSPECTION: usize = 16_384;
 
@@ -64,7 +68,7 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
     if !V8.is_match(info.name) {
         return Ok(None);
     }
-    let syms = info.symbols();
+    let syms = &info.symbols_with(PREFIXES);
     let elf = info.elf;
     let word = |name: &str| -> Result<u32, LoaderError> {
         read_u32(elf, syms.require(name)?.address, name)
@@ -81,7 +85,7 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
         });
     }
     let snapshot = syms.get(SNAPSHOT_BLOB).and_then(|blob| {
-        info.gaps
+        info.gaps()
             .iter()
             .find(|gap| gap.start.wrapping_sub(blob.address) < SNAPSHOT_GAP_DISTANCE)
             .cloned()
@@ -96,7 +100,7 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
             build,
             patch,
             bytecode_sizes: syms.get(BYTECODE_SIZES).map(|s| s.address),
-            introspection: introspection(info)?,
+            introspection: introspection(info.elf, syms)?,
             snapshot,
         },
         offsets,
@@ -105,9 +109,9 @@ pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {
 
 /// Every `v8dbg_` constant of the file. Each is a 4-byte int (zero ones
 /// live in `.bss`, which reads as zeros); there are about 500.
-fn introspection(info: &LoaderInfo<'_, '_>) -> Result<BTreeMap<String, i32>, LoaderError> {
+fn introspection(elf: &Elf<'_>, syms: &Symbols<'_>) -> Result<BTreeMap<String, i32>, LoaderError> {
     let mut constants = BTreeMap::new();
-    for (name, sym) in info.symbols().with_prefix(INTROSPECTION_PREFIX) {
+    for (name, sym) in syms.with_prefix(INTROSPECTION_PREFIX) {
         if constants.len() >= MAX_INTROSPECTION {
             return Err(LoaderError::Invalid(format!(
                 "more than {MAX_INTROSPECTION} {INTROSPECTION_PREFIX} symbols"
@@ -118,11 +122,7 @@ fn introspection(info: &LoaderInfo<'_, '_>) -> Result<BTreeMap<String, i32>, Loa
         if sym.size != 4 {
             continue;
         }
-        let value = read_u32(
-            info.elf,
-            sym.address,
-            &format!("{INTROSPECTION_PREFIX}{name}"),
-        )?;
+        let value = read_u32(elf, sym.address, &format!("{INTROSPECTION_PREFIX}{name}"))?;
         constants.insert(name, value as i32);
     }
     Ok(constants)

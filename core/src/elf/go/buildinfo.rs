@@ -13,7 +13,7 @@
 
 use std::cmp::Ordering;
 
-use object::elf::{PF_W, PF_X, PT_LOAD};
+use object::elf::{PF_W, PF_X, PT_LOAD, PT_NOTE};
 use object::read::elf::ProgramHeader;
 
 use super::super::Elf;
@@ -27,6 +27,38 @@ const HEADER_SIZE: usize = 32;
 const MAX_STRING: u64 = 4 * 1024;
 const FLAG_BIG_ENDIAN: u8 = 1;
 const FLAG_INLINE_STRINGS: u8 = 2;
+/// The owner and type of the note the Go linker writes into every ELF file
+/// it links (`.note.go.buildid`).
+const GO_NOTE_OWNER: &[u8] = b"Go";
+const NT_GO_BUILD_ID: u32 = 4;
+/// Note segments larger than this are not read: Go's holds one note of
+/// about 100 bytes, and a hostile header must not make a check a big read.
+const MAX_NOTE_SEGMENT: u64 = 64 * 1024;
+
+/// Whether a `PT_NOTE` segment of the file holds Go's build-id note: the
+/// evidence, besides its sections, that a file is Go's even when its
+/// section headers are stripped. Every note segment is looked at, not only
+/// the first, because a C linker puts notes of other alignments (such as
+/// `.note.gnu.property`) in a segment of their own ahead of Go's.
+pub(crate) fn has_build_id_note(elf: &Elf<'_>) -> bool {
+    let endian = elf.file.endian();
+    elf.file
+        .elf_program_headers()
+        .iter()
+        .filter(|ph| ph.p_type(endian) == PT_NOTE && ph.p_filesz(endian) <= MAX_NOTE_SEGMENT)
+        .any(|ph| {
+            let Ok(Some(mut notes)) = ph.notes(endian, elf.data) else {
+                return false;
+            };
+            // Each note takes at least its header: bounded by the segment.
+            while let Ok(Some(note)) = notes.next() {
+                if note.name() == GO_NOTE_OWNER && note.n_type(endian) == NT_GO_BUILD_ID {
+                    return true;
+                }
+            }
+            false
+        })
+}
 
 /// The bytes build information is searched in.
 fn region<'d>(elf: &Elf<'d>) -> Option<&'d [u8]> {
