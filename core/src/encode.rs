@@ -253,7 +253,8 @@ impl Draft {
     /// The distinct slot rules in first-use order (the order upstream hands
     /// out new slots in).
     pub fn slot_rules(&self) -> Vec<UnwindInfo> {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen: std::collections::HashSet<UnwindInfo, foldhash::fast::RandomState> =
+            Default::default();
         // Neighbouring deltas often share a rule: hashing it again for each
         // of them was a tenth of a big host's first step.
         let mut last = None;

@@ -67,7 +67,7 @@ pub struct UnwindSlots {
     /// What the kernel holds in each slot below the high-water mark; `None`
     /// is a zeroed (never written, or restored) slot.
     contents: Vec<Option<UnwindInfo>>,
-    index: HashMap<UnwindInfo, u16>,
+    index: HashMap<UnwindInfo, u16, foldhash::fast::RandomState>,
     /// Kernel tables that reference each slot.
     users: Vec<u32>,
     /// Free slots below the high-water mark, reused lowest first.
@@ -85,7 +85,7 @@ impl UnwindSlots {
         Self {
             capacity: capacity.min(u32::from(crate::abi::DELTA_COMMAND_FLAG)),
             contents: Vec::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
             users: Vec::new(),
             free: BTreeSet::new(),
             cooling: BTreeSet::new(),
