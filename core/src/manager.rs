@@ -29,7 +29,7 @@ use crate::machine::{
 };
 use crate::metrics::{self, Summary};
 use crate::ops::{Backend, MapKind};
-use crate::provider::{Extraction, Provider};
+use crate::provider::{ExtractError, Extraction, Provider};
 use crate::sync::{lock, Arc, Condvar, Mutex};
 use crate::FileId;
 
@@ -128,7 +128,7 @@ pub struct Config {
 /// keeps a host's first step within a few tens of MB of deltas while the
 /// parts stay big enough that their one outer-map update per size class
 /// (one RCU wait each) costs little beside writing them.
-pub const DEFAULT_BATCH_BYTES: usize = 32 << 20;
+pub const DEFAULT_BATCH_BYTES: usize = 64 << 20;
 
 impl Default for Config {
     fn default() -> Self {
@@ -446,6 +446,10 @@ pub struct ExecutableInfoManager<P: Provider, B: Backend> {
     extracted: AtomicU64,
     extraction_errors: AtomicU64,
 }
+
+/// Files of a [`ExecutableInfoManager::load_many`] extracted together:
+/// each one's index in the call's own files, and its extraction.
+type Part = Vec<(usize, Result<Extraction, ExtractError>)>;
 
 /// Spreads file ids over shards (ids in tests are often small integers).
 fn shard_index(id: FileId, shards: usize) -> usize {
@@ -794,36 +798,49 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 },
             ));
         }
-        // Extraction, no lock held; published in parts of at most
-        // `batch_bytes` of deltas, each dropped once its part is in.
+        // Extraction, no lock held, in parts of at most `batch_bytes` of
+        // deltas; each part is published (and its deltas dropped) while the
+        // next one is extracted on a thread of its own, so extraction
+        // overlaps the kernel's writes and RCU waits.
         let mut outcomes: Vec<Option<Result<ExecutableInfo, Error>>> = vec![None; mine.len()];
-        let mut extracted = Vec::new();
-        let mut held = 0usize;
-        for (n, (i, guard)) in mine.iter().enumerate() {
-            let file_id = guard.file_id;
-            match self
-                .provider
-                .extract_for(file_id, files[*i].1, self.tracers)
-            {
-                Ok(extraction) => {
-                    self.extracted.fetch_add(1, Ordering::Relaxed);
-                    held = held.saturating_add(std::mem::size_of_val(&extraction.data.deltas[..]));
-                    extracted.push((n, extraction));
-                    if held >= self.batch_bytes {
-                        self.publish_part(&mine, std::mem::take(&mut extracted), &mut outcomes);
-                        held = 0;
+        let jobs: Vec<(FileId, &P::Elf)> = mine
+            .iter()
+            .map(|(i, guard)| (guard.file_id, files[*i].1))
+            .collect();
+        let mut publish = |part: Part| {
+            let mut extracted = Vec::with_capacity(part.len());
+            for (n, result) in part {
+                match result {
+                    Ok(extraction) => extracted.push((n, extraction)),
+                    Err(source) => {
+                        let file_id = mine[n].1.file_id;
+                        if !source.is_not_found() {
+                            self.extraction_errors.fetch_add(1, Ordering::Relaxed);
+                            self.defer(file_id);
+                        }
+                        outcomes[n] = Some(Err(Error::Extraction { file_id, source }));
                     }
-                }
-                Err(source) => {
-                    if !source.is_not_found() {
-                        self.extraction_errors.fetch_add(1, Ordering::Relaxed);
-                        self.defer(file_id);
-                    }
-                    outcomes[n] = Some(Err(Error::Extraction { file_id, source }));
                 }
             }
+            self.publish_part(&mine, extracted, &mut outcomes);
+        };
+        if cfg!(loom) || jobs.len() < 2 {
+            self.extract_parts(&jobs, |part| {
+                publish(part);
+                true
+            });
+        } else {
+            std::thread::scope(|scope| {
+                // One part queued while one is extracted and one published:
+                // at most three parts of deltas in memory.
+                let (ready, parts) = std::sync::mpsc::sync_channel::<Part>(1);
+                let jobs = &jobs;
+                scope.spawn(move || self.extract_parts(jobs, |part| ready.send(part).is_ok()));
+                for part in parts {
+                    publish(part);
+                }
+            });
         }
-        self.publish_part(&mine, extracted, &mut outcomes);
         // Land every flight of the batch, then wait for the others' (never
         // before: two batches waiting on each other's flights would hang).
         for ((i, mut guard), outcome) in mine.into_iter().zip(outcomes) {
@@ -841,6 +858,31 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 r.unwrap_or(Err(Error::ExtractionAborted { file_id: *file_id }))
             })
             .collect()
+    }
+
+    /// Extracts `jobs` in order, handing `part` each run of them whose
+    /// deltas reach `batch_bytes` (and the rest at the end), with each
+    /// job's index; stops when `part` returns false.
+    fn extract_parts(&self, jobs: &[(FileId, &P::Elf)], mut part: impl FnMut(Part) -> bool) {
+        let mut current: Part = Vec::new();
+        let mut held = 0usize;
+        for (n, &(file_id, elf)) in jobs.iter().enumerate() {
+            let result = self.provider.extract_for(file_id, elf, self.tracers);
+            if let Ok(extraction) = &result {
+                self.extracted.fetch_add(1, Ordering::Relaxed);
+                held = held.saturating_add(std::mem::size_of_val(&extraction.data.deltas[..]));
+            }
+            current.push((n, result));
+            if held >= self.batch_bytes {
+                held = 0;
+                if !part(std::mem::take(&mut current)) {
+                    return;
+                }
+            }
+        }
+        if !current.is_empty() {
+            part(current);
+        }
     }
 
     /// One part of a [`Self::load_many`]: the extracted files `extracted`
