@@ -32,7 +32,7 @@ use rlimit::Resource;
 
 /// The largest batch: what a soft limit of 1,024 or more gives, and what
 /// the host's timings were measured with (`docs/BENCHMARKS.md`).
-pub const MAX_FILES_PER_BATCH: usize = 256;
+pub const MAX_FILES_PER_BATCH: usize = 1024;
 
 /// Why the limit could not be read or raised, or the descriptors counted.
 #[derive(Debug, thiserror::Error)]
