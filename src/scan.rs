@@ -169,7 +169,10 @@ pub struct StepReport {
     pub phases: Phases,
 }
 
-/// Where a step's time went; the parts add up to the step's time.
+/// Where a step's time went. `walk`, `open`, `file_ids` and `loading` add
+/// up to the step's time; extraction and the loaders run on a thread of
+/// their own beside `loading` (the next part of a batch is extracted while
+/// the last one is written), so they are that thread's time, not a share.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Phases {
     /// Listing `/proc`, reading each process's mappings, and the step's
@@ -179,15 +182,18 @@ pub struct Phases {
     pub open: Duration,
     /// Computing file ids (hashing the head and tail of new files).
     pub file_ids: Duration,
-    /// Extracting stack deltas (and reading what they need).
-    pub extraction: Duration,
-    /// The interpreter loaders.
-    pub loaders: Duration,
-    /// Applying map ops to the backend (kernel or simulated maps).
+    /// Loading batches and releasing references: waiting for extraction,
+    /// the manager's planning and encoding, the maps, giving freed memory
+    /// back.
+    pub loading: Duration,
+    /// Of `loading`, applying map ops to the backend (kernel or simulated
+    /// maps).
     pub maps: Duration,
-    /// The manager's planning, encoding and locking around the above,
-    /// releases, and giving freed memory back.
-    pub manager: Duration,
+    /// Extracting stack deltas (and reading what they need), beside
+    /// `loading`.
+    pub extraction: Duration,
+    /// The interpreter loaders, beside `loading`.
+    pub loaders: Duration,
 }
 
 /// Told how far a step is.
@@ -455,7 +461,7 @@ impl<B: Inspect> Host<B> {
     }
 
     /// The step's phases from its time and what extraction (`extracted`,
-    /// the loaders included), the loaders and the maps took of it.
+    /// the loaders included), the loaders and the maps took.
     fn phases(
         &self,
         elapsed: Duration,
@@ -472,10 +478,10 @@ impl<B: Inspect> Host<B> {
             walk: elapsed.saturating_sub(busy + open + file_ids),
             open,
             file_ids,
+            loading: busy,
+            maps,
             extraction: extracted.saturating_sub(loaders),
             loaders,
-            maps,
-            manager: busy.saturating_sub(extracted + maps),
         }
     }
 

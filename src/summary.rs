@@ -261,10 +261,10 @@ pub struct PhaseSeconds {
     pub walk: f64,
     pub open: f64,
     pub file_ids: f64,
+    pub loading: f64,
+    pub maps: f64,
     pub extraction: f64,
     pub loaders: f64,
-    pub maps: f64,
-    pub manager: f64,
 }
 
 impl PhaseSeconds {
@@ -273,10 +273,10 @@ impl PhaseSeconds {
             walk: secs(p.walk),
             open: secs(p.open),
             file_ids: secs(p.file_ids),
+            loading: secs(p.loading),
+            maps: secs(p.maps),
             extraction: secs(p.extraction),
             loaders: secs(p.loaders),
-            maps: secs(p.maps),
-            manager: secs(p.manager),
         }
     }
 }
@@ -512,8 +512,8 @@ impl Summary {
         let p = &self.seconds.phases;
         out.push_str(&format!(
             "last step: walking /proc {:.3} s, opening files {:.3} s, file ids {:.3} s, \
-             extraction {:.3} s, loaders {:.3} s, maps {:.3} s, manager {:.3} s\n",
-            p.walk, p.open, p.file_ids, p.extraction, p.loaders, p.maps, p.manager
+             loading {:.3} s (in the maps {:.3} s); beside it, extraction {:.3} s, loaders {:.3} s\n",
+            p.walk, p.open, p.file_ids, p.loading, p.maps, p.extraction, p.loaders
         ));
         if let Some(p) = &self.pins {
             out.push_str(&format!(
