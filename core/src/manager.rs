@@ -124,10 +124,13 @@ pub struct Config {
     pub batch_bytes: usize,
 }
 
-/// The default [`Config::batch_bytes`]: about 1.4 M stack deltas, which
-/// keeps a host's first step within a few tens of MB of deltas while the
-/// parts stay big enough that their one outer-map update per size class
-/// (one RCU wait each) costs little beside writing them.
+/// The default [`Config::batch_bytes`]: a host's first step holds at most
+/// three parts of this many bytes of deltas (one extracted, one queued,
+/// one published), and each part costs one outer-map publication (an RCU
+/// wait) per size class it uses; measured on a 2,657-file host
+/// (docs/BENCHMARKS.md), 64 MiB kept the peak under 256 MB and the scan
+/// under 3 s, where 32 MiB cost 1 s more in RCU waits and 128 MiB went
+/// over the peak.
 pub const DEFAULT_BATCH_BYTES: usize = 64 << 20;
 
 impl Default for Config {
