@@ -3,9 +3,10 @@
 //! this test process maps at least 1,000 distinct libraries of `/usr`, and
 //! a `Host` over `KernelMaps` loads them, unloads them when they are
 //! unmapped, and loads them again, three times. After each load step the
-//! process's resident anonymous memory stays within 10% of the first
-//! round's and under 64 MB: nothing of the deltas stays once their tables
-//! are published, and what the step freed goes back to the kernel.
+//! process's resident anonymous memory stays within 10% (or 2 MiB, if
+//! more) of the first round's and under 64 MB: nothing of the deltas stays
+//! once their tables are published, and what the step freed goes back to
+//! the kernel.
 //!
 //! Alone in its test binary: the measure is the whole process's.
 
@@ -22,6 +23,7 @@ use libraries::Libraries;
 
 const LIBRARIES: usize = 1000;
 const TARGET: u64 = 64 << 20;
+const SLACK: u64 = 2 << 20;
 
 #[test]
 fn resident_memory_after_loading_stays_flat_and_small_over_three_rounds() {
@@ -69,10 +71,13 @@ fn resident_memory_after_loading_stays_flat_and_small_over_three_rounds() {
     );
     assert!(loaded[0] >= LIBRARIES / 2, "{loaded:?}");
     assert!(loaded.iter().all(|n| *n == loaded[0]), "{loaded:?}");
+    // 10% of the first round's, or 2 MiB when that is less: a few MB
+    // resident move by more than 10% with the allocator's own pages.
+    let slack = (after_load[0] / 10).max(SLACK);
     for (round, rss) in after_load.iter().enumerate() {
         assert!(
-            *rss <= after_load[0] + after_load[0] / 10,
-            "round {round}: {rss} bytes, more than 10% over the first round's {}",
+            *rss <= after_load[0] + slack,
+            "round {round}: {rss} bytes, more than {slack} over the first round's {}",
             after_load[0]
         );
         assert!(*rss < TARGET, "round {round}: {rss} bytes, over {TARGET}");
