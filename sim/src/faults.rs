@@ -46,6 +46,8 @@ pub struct FaultPlan {
     /// big batch (its table too big for what is left, the descriptor or
     /// memory its array needs), met again on every attempt.
     poisoned: BTreeMap<FileId, Errno>,
+    /// Writes a poisoned file made fail so far.
+    poison_hits: u64,
 }
 
 /// The first element of a write `op` that belongs to a file of `poisoned`,
@@ -122,9 +124,15 @@ impl SimMaps {
     }
 
     /// A poisoned file's element in `op`, as [`Fault::StopAfter`] there.
-    pub(crate) fn poison_fault(&self, op: &MapOp) -> Option<Fault> {
-        poisoned_element(op, &self.faults.poisoned)
-            .map(|(after, errno)| Fault::StopAfter { after, errno })
+    pub(crate) fn poison_fault(&mut self, op: &MapOp) -> Option<Fault> {
+        let (after, errno) = poisoned_element(op, &self.faults.poisoned)?;
+        self.faults.poison_hits += 1;
+        Some(Fault::StopAfter { after, errno })
+    }
+
+    /// Writes that failed because they wrote a poisoned file's entries.
+    pub fn poison_hits(&self) -> u64 {
+        self.faults.poison_hits
     }
 
     /// Number of `apply` calls so far, faulty or not.

@@ -389,7 +389,14 @@ impl Backend for Watch {
         } else if self.rate > 0.0 && self.dice.chance(self.rate) {
             self.inject(op)
         } else {
-            self.maps.apply(op)
+            let poisoned_before = self.maps.poison_hits();
+            let result = self.maps.apply(op);
+            // A poisoned file's write failing again is the same injected
+            // fault: the API model must expect its error.
+            if self.maps.poison_hits() > poisoned_before {
+                self.faults_now += 1;
+            }
+            result
         };
         self.digest.update(op.name().as_bytes());
         self.digest.update((op.len() as u64).to_le_bytes());
