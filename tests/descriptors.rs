@@ -13,16 +13,19 @@
 //! Every child is killed and reaped when its guard drops, and every wait
 //! has a deadline.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+#[path = "support/libraries.rs"]
+mod libraries;
+use libraries::Libraries;
 
 /// Distinct libraries the test process maps.
 const LIBRARIES: usize = 1000;
@@ -32,74 +35,11 @@ fn kernel_ready(test: &str) -> bool {
     eim::bpf::probe::require_bpf(test)
 }
 
-/// Maps up to `n` distinct ELF files named `*.so*` under `/usr/lib`,
-/// `/usr/lib64` and `/usr/libexec` into this process (one page each,
-/// read and execute, never touched), as a process loading them would
-/// show in `/proc/self/maps`; how many it mapped.
-fn map_libraries(n: usize) -> usize {
-    let mut mapped = 0;
-    let mut seen = BTreeSet::new();
-    let mut stack: Vec<PathBuf> = ["/usr/lib", "/usr/lib64", "/usr/libexec"]
-        .iter()
-        .map(PathBuf::from)
-        .collect();
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            if mapped >= n {
-                return mapped;
-            }
-            let path = entry.path();
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if meta.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if !meta.is_file() || !name.contains(".so") || meta.len() < 4096 {
-                continue;
-            }
-            if !seen.insert((meta.len(), std::os::unix::fs::MetadataExt::ino(&meta))) {
-                continue;
-            }
-            let Ok(file) = std::fs::File::open(&path) else {
-                continue;
-            };
-            let mut magic = [0u8; 4];
-            if std::os::unix::fs::FileExt::read_exact_at(&file, &mut magic, 0).is_err()
-                || magic != *b"\x7fELF"
-            {
-                continue;
-            }
-            // SAFETY: a private, read-and-execute mapping of a file we
-            // opened; never read through or executed, only left in place
-            // for eim to see in /proc/self/maps.
-            let at = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    4096,
-                    libc::PROT_READ | libc::PROT_EXEC,
-                    libc::MAP_PRIVATE,
-                    std::os::fd::AsRawFd::as_raw_fd(&file),
-                    0,
-                )
-            };
-            if at != libc::MAP_FAILED {
-                mapped += 1;
-            }
-        }
-    }
-    mapped
-}
-
 /// This process, mapping the libraries (once for every test).
 fn mapping_process() -> String {
-    static MAPPED: OnceLock<usize> = OnceLock::new();
-    let mapped = *MAPPED.get_or_init(|| map_libraries(LIBRARIES));
+    // Kept mapped for the life of the test process.
+    static MAPPED: OnceLock<Libraries> = OnceLock::new();
+    let mapped = MAPPED.get_or_init(|| Libraries::map(LIBRARIES)).len();
     assert!(
         mapped >= LIBRARIES,
         "only {mapped} distinct ELF libraries found under /usr to map"

@@ -26,14 +26,16 @@
 
 use std::fs::File;
 use std::hint::black_box;
-use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use eim_core::elf::ehframe::Parallelism;
-use eim_core::elf::{extract, extract_with, ByteSource, Elf, LazyFile, SourceError};
+use eim_core::elf::{extract, extract_with, Elf, LazyFile};
+
+mod common;
+use common::Pread;
 
 fn testdata() -> PathBuf {
     match std::env::var_os("EIM_TESTDATA") {
@@ -191,41 +193,6 @@ fn per_file(c: &mut Criterion) {
     group.finish();
 }
 
-/// Every regular 64-bit ELF file under `root`, once per inode, largest
-/// first (so that the two workers finish together).
-fn elf_files(root: &Path) -> Vec<PathBuf> {
-    let mut seen = std::collections::HashSet::new();
-    let mut files = Vec::new();
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.metadata() else {
-                continue; // symlink_metadata: links are not followed
-            };
-            if meta.is_dir() {
-                dirs.push(entry.path());
-                continue;
-            }
-            if !meta.is_file() || !seen.insert((meta.dev(), meta.ino())) {
-                continue;
-            }
-            let mut head = [0u8; 5];
-            let is_elf64 = File::open(entry.path())
-                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
-                .is_ok()
-                && head == *b"\x7fELF\x02";
-            if is_elf64 {
-                files.push((meta.len(), entry.path()));
-            }
-        }
-    }
-    files.sort_by(|a, b| b.cmp(a));
-    files.into_iter().map(|(_, p)| p).collect()
-}
-
 /// How a file's bytes reach the parser.
 #[derive(Clone, Copy)]
 enum Reading {
@@ -233,21 +200,6 @@ enum Reading {
     Mapped,
     /// `pread` on demand into a `LazyFile` (what eim does).
     Pread,
-}
-
-/// A file read with `pread`, as `eim::elf_file` reads one.
-struct Pread(File);
-
-impl ByteSource for Pread {
-    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), SourceError> {
-        std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, offset).map_err(|e| {
-            SourceError::Io {
-                offset,
-                len: buf.len() as u64,
-                message: e.to_string(),
-            }
-        })
-    }
 }
 
 /// Open, read (as `how` says), parse and extract one file: its delta count.
@@ -301,7 +253,7 @@ fn usr_walk(c: &mut Criterion) {
     if std::env::var_os("EIM_BENCH_USR").is_some_and(|v| v == "0") {
         return;
     }
-    let files = elf_files(Path::new("/usr"));
+    let files = common::elf_files(&[PathBuf::from("/usr")]);
     let bytes: u64 = files
         .iter()
         .filter_map(|p| std::fs::metadata(p).ok())
