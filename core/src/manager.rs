@@ -838,9 +838,26 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 // at most three parts of deltas in memory.
                 let (ready, parts) = std::sync::mpsc::sync_channel::<Part>(1);
                 let jobs = &jobs;
-                scope.spawn(move || self.extract_parts(jobs, |part| ready.send(part).is_ok()));
-                for part in parts {
-                    publish(part);
+                let extractor = std::thread::Builder::new()
+                    .name("eim-extract".into())
+                    .spawn_scoped(scope, move || {
+                        self.extract_parts(jobs, |part| ready.send(part).is_ok())
+                    });
+                match extractor {
+                    Ok(_) => {
+                        for part in parts {
+                            publish(part);
+                        }
+                    }
+                    // No thread to be had (the host out of processes):
+                    // the same parts, one after the other.
+                    Err(e) => {
+                        tracing::warn!("extracting on this thread: no thread for it: {e}");
+                        self.extract_parts(jobs, |part| {
+                            publish(part);
+                            true
+                        });
+                    }
                 }
             });
         }
