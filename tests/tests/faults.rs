@@ -212,3 +212,77 @@ fn every_unload_failure_is_cleaned_up_later() {
         m.with_backend(|b| assert!(b.maps.holds_no_file_data(), "back to the baseline"));
     }
 }
+
+/// Rules no other file uses (for `a_batch_rollback_stopped_before_its_slot_zeroing_keeps_the_rules_the_book_believes`).
+fn lone_rules() -> IntervalData {
+    let mut d = IntervalData::new();
+    d.add(StackDelta::new(0x2_0100, hint::KEEP, sp(48)));
+    d.add(StackDelta::new(0x2_0180, hint::KEEP, sp(56)));
+    d.add(StackDelta::new(0x2_0200, hint::GAP, info::INVALID));
+    d
+}
+
+#[test]
+fn a_batch_rollback_stopped_before_its_slot_zeroing_keeps_the_rules_the_book_believes() {
+    // A double fault (issue 15): a batch of FILE and LONE fails at its
+    // page write; its rollback deletes FILE's table, then fails to delete
+    // LONE's, and never reaches the op that zeroes the new slots. LONE's
+    // table stays (a leftover, its slots kept); FILE's table is gone, and
+    // its new slots still hold their rules in the kernel: the book must
+    // say so too (a book believing them zeroed would hand a slot "holding
+    // zeros" to the next file without writing it).
+    const LONE: FileId = FileId(0x1011e);
+    let sources: Sources = [
+        (FILE, three_pages()),
+        (OTHER, other()),
+        (LONE, lone_rules()),
+    ]
+    .into_iter()
+    .collect();
+    let sources = Arc::new(sources);
+    let provider = Arc::new(MemoryProvider::new());
+    for (id, data) in sources.iter() {
+        provider.insert(*id, data.clone());
+    }
+    let clock = Arc::new(ManualClock::new());
+    let m: Manager = ExecutableInfoManager::with_config(
+        provider,
+        Observed::new(
+            SimMaps::new(SimConfig::default()).expect("sim maps"),
+            sources.clone(),
+            64,
+        ),
+        Tracers::none(),
+        Config::default(),
+        Box::new(clock.clone()),
+    );
+    // Plan: new slots, one table op (both files are class 8), the pages.
+    // The rollback: delete FILE's table, delete LONE's, zero the slots.
+    m.with_backend(|b| {
+        b.maps.fail_op(2, Errno::EBUSY);
+        b.maps.fail_op(4, Errno::EBUSY);
+    });
+    let results = m.load_many(&[(FILE, &FILE), (LONE, &LONE)]);
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+    let state = m.state();
+    assert!(
+        state.book.leftovers().contains_key(&LONE),
+        "LONE's table stays"
+    );
+    assert!(
+        !state.book.leftovers().contains_key(&FILE),
+        "FILE's table went"
+    );
+    m.with_backend(|b| {
+        check_all(&state, &b.maps, &sources).unwrap_or_else(|v| panic!("{v}"));
+        assert_eq!(b.violation, None);
+    });
+    // Later calls finish the removal and load both again.
+    clock.advance(Duration::from_secs(91));
+    m.add_or_inc_ref(FILE, &FILE).expect("FILE");
+    m.add_or_inc_ref(LONE, &LONE).expect("LONE");
+    let state = m.state();
+    assert_eq!(state.book.leftover_ops(), 0);
+    m.with_backend(|b| check_all(&state, &b.maps, &sources))
+        .unwrap_or_else(|v| panic!("{v}"));
+}
