@@ -38,9 +38,19 @@ fn other() -> IntervalData {
 type Manager = ExecutableInfoManager<Arc<MemoryProvider>, Observed>;
 
 fn setup() -> (Manager, Arc<ManualClock>, Arc<Sources>) {
-    let sources: Sources = [(FILE, three_pages()), (OTHER, other())]
-        .into_iter()
-        .collect();
+    let (m, clock, sources) = manager_over([(FILE, three_pages()), (OTHER, other())]);
+    // Another file is loaded already, so the failing load shares a slot
+    // with it and must not disturb it.
+    m.add_or_inc_ref(OTHER, &OTHER)
+        .expect("load the other file");
+    (m, clock, sources)
+}
+
+/// A manager over checked sim maps that knows `files`, none loaded.
+fn manager_over(
+    files: impl IntoIterator<Item = (FileId, IntervalData)>,
+) -> (Manager, Arc<ManualClock>, Arc<Sources>) {
+    let sources: Sources = files.into_iter().collect();
     let sources = Arc::new(sources);
     let provider = Arc::new(MemoryProvider::new());
     for (id, data) in sources.iter() {
@@ -56,10 +66,6 @@ fn setup() -> (Manager, Arc<ManualClock>, Arc<Sources>) {
         Config::default(),
         Box::new(clock.clone()),
     );
-    // Another file is loaded already, so the failing load shares a slot
-    // with it and must not disturb it.
-    m.add_or_inc_ref(OTHER, &OTHER)
-        .expect("load the other file");
     (m, clock, sources)
 }
 
@@ -232,30 +238,11 @@ fn a_batch_rollback_stopped_before_its_slot_zeroing_keeps_the_rules_the_book_bel
     // say so too (a book believing them zeroed would hand a slot "holding
     // zeros" to the next file without writing it).
     const LONE: FileId = FileId(0x1011e);
-    let sources: Sources = [
+    let (m, clock, sources) = manager_over([
         (FILE, three_pages()),
         (OTHER, other()),
         (LONE, lone_rules()),
-    ]
-    .into_iter()
-    .collect();
-    let sources = Arc::new(sources);
-    let provider = Arc::new(MemoryProvider::new());
-    for (id, data) in sources.iter() {
-        provider.insert(*id, data.clone());
-    }
-    let clock = Arc::new(ManualClock::new());
-    let m: Manager = ExecutableInfoManager::with_config(
-        provider,
-        Observed::new(
-            SimMaps::new(SimConfig::default()).expect("sim maps"),
-            sources.clone(),
-            64,
-        ),
-        Tracers::none(),
-        Config::default(),
-        Box::new(clock.clone()),
-    );
+    ]);
     // Plan: new slots, one table op (both files are class 8), the pages.
     // The rollback: delete FILE's table, delete LONE's, zero the slots.
     m.with_backend(|b| {
