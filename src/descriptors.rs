@@ -22,16 +22,18 @@
 //!   of `/proc` a few transient ones.
 //!
 //! So [`files_per_batch`] gives each of the first two a quarter of what
-//! the soft limit leaves (at most 256, which is the batch size the host
-//! is measured with), and the other half stays for the rest: the maps,
+//! the soft limit leaves (at most 1,024, the batch size the host's
+//! timings were measured with), and the other half stays for the rest: the maps,
 //! the metrics server's connections, the transient ones.
 
 use std::io;
 
 use rlimit::Resource;
 
-/// The largest batch: what a soft limit of 1,024 or more gives, and what
-/// the host's timings were measured with (`docs/BENCHMARKS.md`).
+/// The largest batch: what a soft limit of about 4,200 or more gives (a
+/// quarter of what it leaves), and what the host's timings were measured
+/// with (`docs/BENCHMARKS.md`): fewer batches, fewer outer-map
+/// publications, each an RCU wait.
 pub const MAX_FILES_PER_BATCH: usize = 1024;
 
 /// Why the limit could not be read or raised, or the descriptors counted.

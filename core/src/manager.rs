@@ -119,8 +119,9 @@ pub struct Config {
     pub slot_grace: Duration,
     /// How many bytes of extracted stack deltas a [`ExecutableInfoManager::load_many`]
     /// holds before it publishes them: the batch is written to the kernel
-    /// in parts of about this size (one file bigger than this goes alone),
-    /// so its peak memory follows this bound, not the batch's file count.
+    /// in parts that end with the file whose deltas reach this size, so
+    /// its peak memory follows this bound (plus one file), not the
+    /// batch's file count.
     pub batch_bytes: usize,
 }
 
