@@ -50,28 +50,30 @@ pub struct FaultPlan {
     poison_hits: u64,
 }
 
+/// The file element `i` of a write `op` belongs to (tables, pages,
+/// interpreter offsets). Deletes and slot writes belong to no file here (a
+/// rollback must be able to remove what went in).
+pub(crate) fn element_file(op: &MapOp, i: usize) -> Option<FileId> {
+    match op {
+        MapOp::PutDeltaTable { file_id, .. } | MapOp::PutInterpreterOffsets { file_id, .. } => {
+            (i == 0).then_some(*file_id)
+        }
+        MapOp::PutDeltaTables { tables, .. } => tables.get(i).map(|(file, _)| *file),
+        MapOp::PutPages(pages) => pages.get(i).map(|(key, _)| FileId(key.file_id)),
+        _ => None,
+    }
+}
+
 /// The first element of a write `op` that belongs to a file of `poisoned`,
-/// with that file's errno. Deletes and slot writes belong to no file here
-/// (a rollback must be able to remove what went in).
+/// with that file's errno.
 fn poisoned_element(op: &MapOp, poisoned: &BTreeMap<FileId, Errno>) -> Option<(usize, Errno)> {
     if poisoned.is_empty() {
         return None;
     }
-    let hit = |file: &FileId| poisoned.get(file).copied();
-    match op {
-        MapOp::PutDeltaTable { file_id, .. } | MapOp::PutInterpreterOffsets { file_id, .. } => {
-            hit(file_id).map(|e| (0, e))
-        }
-        MapOp::PutDeltaTables { tables, .. } => tables
-            .iter()
-            .enumerate()
-            .find_map(|(i, (file, _))| hit(file).map(|e| (i, e))),
-        MapOp::PutPages(pages) => pages
-            .iter()
-            .enumerate()
-            .find_map(|(i, (key, _))| hit(&FileId(key.file_id)).map(|e| (i, e))),
-        _ => None,
-    }
+    (0..op.len()).find_map(|i| {
+        let errno = poisoned.get(&element_file(op, i)?)?;
+        Some((i, *errno))
+    })
 }
 
 impl FaultPlan {

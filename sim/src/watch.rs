@@ -36,6 +36,7 @@ use eim_core::FileId;
 use sha2::{Digest, Sha256};
 
 use crate::checker::{Sources, Violation};
+use crate::faults::element_file;
 use crate::kernel::SimMaps;
 use crate::rng::SimRng;
 use crate::sampled::{check_pages_safe, present_pages, Sampling};
@@ -60,15 +61,6 @@ pub struct WatchStats {
     pub checked_pages: u64,
     /// Faults that made one file's writes fail for the rest of a step.
     pub poisoned: u64,
-}
-
-/// The file element `i` of a write op belongs to (tables and pages).
-fn element_file(op: &MapOp, i: usize) -> Option<FileId> {
-    match op {
-        MapOp::PutDeltaTables { tables, .. } => tables.get(i).map(|(file, _)| *file),
-        MapOp::PutPages(pages) => pages.get(i).map(|(key, _)| FileId(key.file_id)),
-        _ => None,
-    }
 }
 
 /// [`SimMaps`] plus faults and per-op checks.
