@@ -76,18 +76,9 @@ fn oracle_inputs() -> Vec<(String, PathBuf)> {
     out
 }
 
+/// The stable toolchain's librustc_driver, if rustup has one.
 fn rustc_driver() -> Option<PathBuf> {
-    let home = std::env::var_os("HOME")?;
-    let lib = Path::new(&home).join(".rustup/toolchains/stable-x86_64-unknown-linux-gnu/lib");
-    std::fs::read_dir(lib)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("librustc_driver-") && n.ends_with(".so"))
-        })
+    common::file_named(&common::stable_toolchain_lib()?, "librustc_driver-")
 }
 
 /// One extraction as measured: parse the ELF view, extract, no debug link.
