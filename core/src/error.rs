@@ -31,7 +31,7 @@ pub enum Error {
     },
     #[error(
         "file {file_id}: {op} on {map} failed with {errno} after {done} of {len} elements; {}",
-        if *rolled_back { "everything written was removed again" } else { "entries that could not be removed yet will be retried" }
+        if *rolled_back { "nothing it wrote is left in use" } else { "entries that could not be removed yet will be retried" }
     )]
     Kernel {
         file_id: FileId,

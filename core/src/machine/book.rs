@@ -121,6 +121,19 @@ struct Reservation {
     offsets: Option<OffsetRange>,
 }
 
+impl Reservation {
+    /// What a file takes before any slot: nothing but its identity and its
+    /// offsets entry. One constructor for the files with and without a
+    /// table, so neither can lose the file it belongs to.
+    fn new(file_id: FileId, offsets: Option<OffsetRange>) -> Self {
+        Self {
+            file_id,
+            offsets,
+            ..Self::default()
+        }
+    }
+}
+
 /// Ops that undo the applied part of a failed plan (top-down).
 #[derive(Clone, Debug)]
 pub struct Rollback {
@@ -216,22 +229,25 @@ fn class_index(map_id: u16) -> usize {
     usize::from(map_id.saturating_sub(abi::SIZE_CLASS_MIN)).min(abi::SIZE_CLASS_COUNT - 1)
 }
 
-/// The slots a rollback's slot writes (all zeros) set back to zero, as far
-/// as the ops got.
+/// The slots a rollback really set back to zero, as far as its ops got.
 fn zeroed_slots(ops: &[MapOp], result: Result<(), Stopped>) -> BTreeSet<u16> {
-    let mut zeroed = BTreeSet::new();
-    for (i, op) in ops.iter().enumerate() {
-        let in_effect = match result {
-            Ok(()) => op.len(),
-            Err(stopped) if i < stopped.at => op.len(),
-            Err(stopped) if i == stopped.at => stopped.failure.done.min(op.len()),
-            Err(_) => 0,
-        };
-        if let MapOp::PutUnwindInfos(v) = op {
-            zeroed.extend(v[..in_effect].iter().map(|(slot, _)| *slot));
-        }
+    // The rollback builders put the one slot-zeroing op last, after every
+    // table is gone: a rollback that stopped at an earlier op zeroed
+    // nothing, one that stopped at that op zeroed the elements before the
+    // stop. Looking only at the op the rollback ended with says exactly
+    // that, with no guard that could be wrong without a test noticing.
+    let (ended_at, in_effect) = match result {
+        Ok(()) => (ops.last(), usize::MAX),
+        Err(stopped) => (ops.get(stopped.at), stopped.failure.done),
+    };
+    match ended_at {
+        Some(MapOp::PutUnwindInfos(zeros)) => zeros
+            .iter()
+            .take(in_effect)
+            .map(|(slot, _)| *slot)
+            .collect(),
+        _ => BTreeSet::new(),
     }
-    zeroed
 }
 
 impl KernelBook {
@@ -292,10 +308,6 @@ impl KernelBook {
         }
     }
 
-    pub fn slot_grace(&self) -> Duration {
-        self.grace
-    }
-
     /// Tells the book the time (monotonic: an earlier time is ignored). The
     /// caller should do so before planning and again before recording an
     /// outcome, so that a slot's cooling starts no earlier than the moment
@@ -315,10 +327,6 @@ impl KernelBook {
 
     fn reusable_after_grace(&self) -> Timestamp {
         self.now.after(self.grace)
-    }
-
-    pub fn capacities(&self) -> Capacities {
-        self.caps
     }
 
     pub fn slots(&self) -> &UnwindSlots {
@@ -439,11 +447,7 @@ impl KernelBook {
                 map_ref: MapRef::default(),
                 gaps: Vec::new(),
                 dead_pages: Vec::new(),
-                reserved: Reservation {
-                    file_id,
-                    offsets,
-                    ..Reservation::default()
-                },
+                reserved: Reservation::new(file_id, offsets),
             });
         };
         // Only the entries written count against the map's capacity.
@@ -468,11 +472,7 @@ impl KernelBook {
             });
         }
         let rules = draft.slot_rules();
-        let mut reserved = Reservation {
-            file_id,
-            offsets,
-            ..Reservation::default()
-        };
+        let mut reserved = Reservation::new(file_id, offsets);
         // Rules already in a slot first, so that a cooling slot this file
         // revives is never reassigned to another of its rules.
         let mut missing = Vec::new();
@@ -703,8 +703,11 @@ impl KernelBook {
         }
     }
 
-    /// Records how far a rollback got. Returns true when everything was
-    /// undone. What could not be removed becomes a leftover; a table that
+    /// Records how far a rollback got. Returns true when nothing is owed:
+    /// every page, table and offsets entry the plan wrote is gone (a slot it
+    /// wrote whose zeroing failed keeps its rule, unreferenced, and the book
+    /// knows it; that is not a debt). What could not be removed becomes a
+    /// leftover; a table that
     /// stays published keeps its slots in use; the other slots the plan took
     /// are settled (see [`Self::settle`]).
     pub fn finish_rollback(&mut self, rollback: Rollback, result: Result<(), Stopped>) -> bool {
@@ -738,7 +741,7 @@ impl KernelBook {
             rollback.published,
         );
         if remaining.is_empty() {
-            return result.is_ok();
+            return true;
         }
         self.leftovers.insert(rollback.file_id, remaining);
         false
@@ -1468,6 +1471,28 @@ mod tests {
         book.commit_load(plan);
         assert_eq!(book.slots().slot_of(&sp(8)), None, "the old rules are gone");
         assert_eq!(book.slots().live(), 3);
+    }
+
+    #[test]
+    fn the_books_clock_never_goes_back() {
+        // A caller's clock may be read on two threads and arrive out of
+        // order; an earlier time must not restart a slot's cooling.
+        let mut book = three_slots();
+        book.advance_to(at(10));
+        book.advance_to(at(4));
+        assert_eq!(book.now(), at(10));
+        load(&mut book, 1, &three_pages());
+        unload(&mut book, 1);
+        book.advance_to(at(12));
+        assert!(
+            book.plan_load(FileId(2), &three_other_pages()).is_err(),
+            "still cooling"
+        );
+        book.advance_to(at(15));
+        assert!(
+            book.plan_load(FileId(2), &three_other_pages()).is_ok(),
+            "the grace counts from 10, not 4"
+        );
     }
 
     #[test]
