@@ -23,6 +23,9 @@ pub struct Observed {
     pub violation: Option<(MapOp, Violation)>,
     /// Ops checked so far.
     pub checked: u64,
+    /// Every op applied, by name and number of elements, in order: where a
+    /// test can place its next fault.
+    pub applied: Vec<(&'static str, usize)>,
     /// Slot reuse against readers still in flight, when watched.
     pub watch: Option<SlotWatch>,
     /// Whether reader safety is checked after each op (on by default; a
@@ -38,6 +41,7 @@ impl Observed {
             spread,
             violation: None,
             checked: 0,
+            applied: Vec::new(),
             watch: None,
             reader_checks: true,
         }
@@ -61,6 +65,7 @@ impl Backend for Observed {
         }
         let result = self.maps.apply(op);
         self.checked += 1;
+        self.applied.push((op.name(), op.len()));
         if self.violation.is_none() {
             let reuse = self
                 .watch
