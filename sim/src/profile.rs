@@ -51,6 +51,21 @@ impl Profile {
         }
     }
 
+    /// The fault rate of the ops that follow a fault in the same action
+    /// (its rollback, a batch's isolation, the leftover retries): high
+    /// where faults are the point, so that double and triple faults (a
+    /// rollback failing, then its retry) are common, not one run in a
+    /// hundred.
+    pub fn recovery_fault_rate(self) -> f64 {
+        match self {
+            Profile::Churn => 0.05,
+            Profile::Capacity => 0.1,
+            Profile::Faults => 0.4,
+            Profile::Mixed => 0.2,
+            Profile::Restart => 0.3,
+        }
+    }
+
     /// The profile's fault rate (per backend op) unless overridden.
     pub fn fault_rate(self) -> f64 {
         match self {
@@ -123,6 +138,9 @@ pub struct Setup {
     pub profile: Profile,
     pub seed: u64,
     pub fault_rate: f64,
+    /// The rate after a fault in the same action
+    /// ([`Profile::recovery_fault_rate`]; never below `fault_rate`).
+    pub recovery_fault_rate: f64,
     pub kernel: SimConfig,
     /// What the book believes the maps hold (at least the kernel's sizes).
     pub capacities: Capacities,
@@ -319,6 +337,12 @@ impl Setup {
             profile,
             seed,
             fault_rate: fault_rate.unwrap_or(profile.fault_rate()),
+            // No faults asked for: none in recoveries either (a recovery
+            // needs a first fault, but poisoned files count as one).
+            recovery_fault_rate: match fault_rate {
+                Some(rate) if rate <= 0.0 => 0.0,
+                _ => profile.recovery_fault_rate(),
+            },
             kernel,
             capacities,
             pool,

@@ -177,6 +177,7 @@ impl Sim {
         let clock = Arc::new(ManualClock::new());
         let maps = SimMaps::new(setup.kernel)?;
         let mut watch = Watch::new(maps, sources.clone(), setup.fault_rate, setup.checks.per_op);
+        watch.recovery_rate = setup.recovery_fault_rate;
         watch.sabotage = setup.sabotage;
         let config = Config {
             capacities: setup.capacities,

@@ -1,7 +1,9 @@
 //! The simulator's backend: [`SimMaps`] with seeded fault injection and a
 //! reader-safety check after every op, proportionate to what the op did.
 //!
-//! Faults. Before each op a die is rolled at the fault rate; on a hit the op
+//! Faults. Before each op a die is rolled at the fault rate (at the higher
+//! recovery rate once the action has seen a fault, so that its rollback and
+//! its leftover retries fail too, at any depth); on a hit the op
 //! fails with one of the errnos the map syscalls return (ENOMEM, E2BIG,
 //! EEXIST, ENOENT, EINVAL, EBUSY), either whole (`done = 0`) or, for a batch,
 //! after a random number of elements. Every injected failure is one a real
@@ -61,6 +63,11 @@ pub struct WatchStats {
     pub checked_pages: u64,
     /// Faults that made one file's writes fail for the rest of a step.
     pub poisoned: u64,
+    /// Faults injected after an earlier fault of the same action: into a
+    /// rollback, an isolation retry or a leftover retry.
+    pub recovery_faults: u64,
+    /// The most faults injected into one action.
+    pub deepest: u64,
 }
 
 /// [`SimMaps`] plus faults and per-op checks.
@@ -69,6 +76,9 @@ pub struct Watch {
     pub maps: SimMaps,
     sources: Arc<Sources>,
     rate: f64,
+    /// The fault rate once an action has seen a fault (see
+    /// [`crate::profile::Profile::recovery_fault_rate`]); 0: as `rate`.
+    pub recovery_rate: f64,
     dice: SimRng,
     sampling: Sampling,
     pub stats: WatchStats,
@@ -107,6 +117,7 @@ impl Watch {
             maps,
             sources,
             rate,
+            recovery_rate: 0.0,
             dice: SimRng::from_parts(0, 0),
             sampling,
             stats: WatchStats::default(),
@@ -226,9 +237,23 @@ impl Watch {
             .collect()
     }
 
+    /// Rolls the die for the next op, at the recovery rate once the action
+    /// has seen a fault.
+    fn fault_due(&mut self) -> bool {
+        let rate = match self.faults_now {
+            0 => self.rate,
+            _ => self.rate.max(self.recovery_rate),
+        };
+        rate > 0.0 && self.dice.chance(rate)
+    }
+
     fn inject(&mut self, op: &MapOp) -> Result<(), OpFailure> {
         self.stats.faults += 1;
+        if self.faults_now > 0 {
+            self.stats.recovery_faults += 1;
+        }
         self.faults_now += 1;
+        self.stats.deepest = self.stats.deepest.max(self.faults_now);
         let errno = ERRNOS[self.dice.index(ERRNOS.len())];
         let len = op.len();
         // A resource error tied to one element of a big batch (its table
@@ -378,7 +403,7 @@ impl Backend for Watch {
             Ok(())
         } else if let Some(result) = self.crash_point(op) {
             result
-        } else if self.rate > 0.0 && self.dice.chance(self.rate) {
+        } else if self.fault_due() {
             self.inject(op)
         } else {
             let poisoned_before = self.maps.poison_hits();

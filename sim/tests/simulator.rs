@@ -33,7 +33,7 @@ fn run(setup: &Setup, steps: usize) -> (Outcome, Arc<Vec<PoolFile>>) {
 #[test]
 fn every_profile_keeps_every_invariant() {
     let mut tally: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let (mut faults, mut stopped) = (0, 0);
+    let (mut faults, mut stopped, mut recovery, mut deepest) = (0, 0, 0, 0);
     for profile in Profile::ALL {
         for seed in [11, 12] {
             let setup = Setup::new(profile, seed, None);
@@ -45,6 +45,8 @@ fn every_profile_keeps_every_invariant() {
             }
             faults += outcome.stats.faults;
             stopped += outcome.stats.stopped_batches;
+            recovery += outcome.stats.recovery_faults;
+            deepest = deepest.max(outcome.stats.deepest);
         }
     }
     // The workload reaches every outcome the manager has.
@@ -67,6 +69,11 @@ fn every_profile_keeps_every_invariant() {
     assert!(
         faults > 100 && stopped > 10,
         "{faults} faults, {stopped} stopped batches"
+    );
+    // Rollbacks and leftover retries fail too, and not only once.
+    assert!(
+        recovery > faults / 10 && deepest >= 3,
+        "{recovery} of {faults} faults in recoveries, at most {deepest} in one action"
     );
 }
 

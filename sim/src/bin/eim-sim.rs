@@ -99,6 +99,8 @@ struct Ran {
     ops: u64,
     faults: u64,
     poisoned: u64,
+    recovery_faults: u64,
+    deepest: u64,
     secs: f64,
 }
 
@@ -173,6 +175,8 @@ fn run_seed(args: &Args, corpus: &[RealFile], setup: Setup) -> Fallible<Option<R
             ops: stats.ops,
             faults: stats.faults,
             poisoned: stats.poisoned,
+            recovery_faults: stats.recovery_faults,
+            deepest: stats.deepest,
             secs,
         })),
         Some(failure) => {
@@ -259,12 +263,14 @@ fn seeds(args: &Args, corpus: &[RealFile], corpus_secs: f64) -> Fallible<bool> {
             return Ok(false);
         };
         println!(
-            "seed {seed} profile {}: {} steps, {} ops, {} faults injected ({} poisoning one file), {:.2} s ({:.0} steps/s)",
+            "seed {seed} profile {}: {} steps, {} ops, {} faults injected ({} poisoning one file, {} into recoveries, at most {} in one action), {:.2} s ({:.0} steps/s)",
             args.profile,
             ran.steps,
             ran.ops,
             ran.faults,
             ran.poisoned,
+            ran.recovery_faults,
+            ran.deepest,
             ran.secs,
             ran.steps as f64 / ran.secs.max(1e-9)
         );
