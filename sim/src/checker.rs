@@ -274,6 +274,43 @@ pub fn check_projection(state: &StateView, maps: &SimMaps) -> Result<(), Violati
     check_accounting(book)
 }
 
+/// What "rolled back" promises about a failed load's call: the maps hold
+/// what they held `before` it, but for `unwind_info_array` slots no table
+/// references (a rollback zeroes the slots it wrote, and one whose zeroing
+/// failed leaves an unreferenced rule the book keeps as cooling; neither
+/// is in use). Call it right after the call, with the book after it.
+pub fn check_rolled_back(
+    before: &SimMaps,
+    after: &SimMaps,
+    book: &KernelBook,
+) -> Result<(), Violation> {
+    let rolled = |what: &str| {
+        projection(format!(
+            "a rolled-back load changed {what} (only unreferenced slots may change)"
+        ))
+    };
+    if after.pages() != before.pages() {
+        return Err(rolled("the page map"));
+    }
+    if after.delta_tables() != before.delta_tables() {
+        return Err(rolled("the delta tables"));
+    }
+    if after.interpreter_offsets() != before.interpreter_offsets() {
+        return Err(rolled("interpreter_offsets"));
+    }
+    let (now, then) = (after.unwind_infos(), before.unwind_infos());
+    for slot in 0..now.len().max(then.len()) {
+        let (n, t) = (now.get(slot), then.get(slot));
+        let users = u16::try_from(slot).map_or(0, |s| book.slots().users(s));
+        if n != t && users > 0 {
+            return Err(rolled(&format!(
+                "unwind_info_array[{slot}] ({t:?} -> {n:?}), which {users} tables use"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Invariant 4 for the book: counters equal a recount.
 pub fn check_accounting(book: &KernelBook) -> Result<(), Violation> {
     // Recounted from the keys each file's load wrote (dead pages have none).

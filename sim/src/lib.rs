@@ -53,7 +53,7 @@ pub mod workload;
 
 pub use checker::{
     check_accounting, check_all, check_lookup_equivalence, check_projection, check_reader_safety,
-    Sources, Violation,
+    check_rolled_back, Sources, Violation,
 };
 pub use faults::{Fault, FaultPlan};
 pub use kernel::{inner_spec, InnerTable, SimConfig, SimError, SimMaps};

@@ -30,7 +30,7 @@ use eim_core::manager::ManualClock;
 use eim_core::ops::Errno;
 use eim_core::provider::{Extraction, MemoryProvider};
 use eim_core::{Config, Error, ExecutableInfoManager, FileId, InterpreterData, LibcInfo, Tracers};
-use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+use eim_sim::{check_all, check_rolled_back, Observed, SimConfig, SimMaps, Sources};
 
 const FILE: FileId = FileId(0xf11e);
 const OTHER: FileId = FileId(0x07e7);
@@ -297,36 +297,6 @@ fn checked(w: &World, what: &str) {
     });
 }
 
-/// The maps hold what they held before the call, but for slots nothing
-/// references (zeroed, or holding a rule whose zeroing failed).
-fn as_before(w: &World, before: &SimMaps, what: &str) {
-    let state = w.m.state();
-    w.m.with_backend(|b| {
-        assert_eq!(b.maps.pages(), before.pages(), "{what}: pages");
-        assert_eq!(
-            b.maps.delta_tables(),
-            before.delta_tables(),
-            "{what}: tables"
-        );
-        assert_eq!(
-            b.maps.interpreter_offsets(),
-            before.interpreter_offsets(),
-            "{what}: offsets"
-        );
-        let (now, then) = (b.maps.unwind_infos(), before.unwind_infos());
-        for slot in 0..now.len().max(then.len()) {
-            let (n, t) = (now.get(slot).copied(), then.get(slot).copied());
-            if n != t {
-                let users = state.book.slots().users(slot as u16);
-                assert_eq!(
-                    users, 0,
-                    "{what}: slot {slot} changed ({t:?} -> {n:?}) and is in use"
-                );
-            }
-        }
-    });
-}
-
 fn run(action: Action, schedule: &Schedule) -> Seen {
     let what = format!("{action:?} under {schedule:?}");
     let w = action.prepare();
@@ -359,7 +329,9 @@ fn run(action: Action, schedule: &Schedule) -> Seen {
                 let owed = w.m.state().book.leftovers().contains_key(id);
                 assert_eq!(*rolled_back, !owed, "{what}: {r:?}");
                 if *rolled_back {
-                    as_before(&w, &maps_before, &what);
+                    let book = w.m.state().book;
+                    w.m.with_backend(|b| check_rolled_back(&maps_before, &b.maps, &book))
+                        .unwrap_or_else(|v| panic!("{what}: {v}"));
                 }
             }
             Ok(()) | Err(Error::Kernel { .. }) | Err(Error::UnloadIncomplete { .. }) => {}
