@@ -1,0 +1,405 @@
+//! The checker's own tests: the simulator, the model test and the fault
+//! tests all pass when the checker says nothing, so a checker that cannot
+//! fail would make every one of them pass. Each test here breaks one thing
+//! of a healthy state (the kernel maps written behind the manager's back,
+//! or the state view the checker is given) and requires the violation that
+//! names it, and the healthy state first passes.
+
+use std::sync::Arc;
+
+use eim_core::abi::{program, OffsetRange, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
+use eim_core::deltas::info::sp;
+use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+use eim_core::interp::{InterpreterOffsets, Loaded, LoaderMatch};
+use eim_core::manager::{ManualClock, StateView};
+use eim_core::ops::{Backend, MapOp};
+use eim_core::provider::{Extraction, MemoryProvider};
+use eim_core::{Config, ExecutableInfoManager, FileId, InterpreterData, LibcInfo, Tracers};
+use eim_sim::{
+    check_all, check_lookup_equivalence, check_projection, check_reader_safety, check_rolled_back,
+    SimConfig, SimMaps, Sources, Violation,
+};
+
+/// Three pages, an interpreter entry.
+const FILE: FileId = FileId(0xf11e);
+/// One page before a gap whose middle pages are dead, then one more.
+const GAPPY: FileId = FileId(0x6a9);
+/// Known to the sources, never loaded.
+const STRANGER: FileId = FileId(0x5e7);
+
+fn deltas(rows: &[(u64, u8, i32)]) -> IntervalData {
+    let mut d = IntervalData::new();
+    for &(addr, h, cfa) in rows {
+        let rule = if cfa == 0 { info::INVALID } else { sp(cfa) };
+        d.add(StackDelta::new(addr, h, rule));
+    }
+    d
+}
+
+#[derive(Debug)]
+struct Python;
+
+impl InterpreterData for Python {
+    fn loader(&self) -> &'static str {
+        "python"
+    }
+}
+
+struct Healthy {
+    state: StateView,
+    maps: SimMaps,
+    sources: Sources,
+}
+
+/// FILE and GAPPY loaded by the manager over plain sim maps.
+fn healthy() -> Healthy {
+    let files = [
+        (
+            FILE,
+            deltas(&[
+                (0x7_0100, hint::KEEP, 8),
+                (0x7_0104, hint::NONE, 16),
+                (0x8_0200, hint::KEEP, 24),
+                (0x9_0300, hint::KEEP, 40),
+                (0x9_0340, hint::GAP, 0),
+            ]),
+        ),
+        (
+            GAPPY,
+            deltas(&[
+                (0x10_0000, hint::KEEP, 8),
+                (0x10_0100, hint::GAP, 0),
+                (0x30_0000, hint::KEEP, 56),
+                (0x30_0100, hint::GAP, 0),
+            ]),
+        ),
+        (
+            STRANGER,
+            deltas(&[(0x1000, hint::KEEP, 8), (0x1100, hint::GAP, 0)]),
+        ),
+    ];
+    let sources: Sources = files.iter().cloned().collect();
+    let provider = Arc::new(MemoryProvider::new());
+    for (id, data) in files {
+        let interpreters = match id {
+            FILE => vec![LoaderMatch {
+                loader: "python",
+                outcome: Ok(Loaded::new(
+                    Python,
+                    Some(InterpreterOffsets {
+                        program: program::PYTHON,
+                        first: 0x1000..0x2000,
+                        second: None,
+                    }),
+                )),
+            }],
+            _ => Vec::new(),
+        };
+        provider.set(
+            id,
+            Ok(Extraction {
+                data,
+                libc: LibcInfo::default(),
+                interpreters,
+            }),
+        );
+    }
+    let m = ExecutableInfoManager::with_config(
+        provider,
+        SimMaps::new(SimConfig::default()).expect("sim maps"),
+        Tracers::none(),
+        Config::default(),
+        Box::new(Arc::new(ManualClock::new())),
+    );
+    m.add_or_inc_ref(FILE, &FILE).expect("FILE");
+    m.add_or_inc_ref(GAPPY, &GAPPY).expect("GAPPY");
+    let state = m.state();
+    let maps = m.with_backend(|b| b.clone());
+    check_all(&state, &maps, &sources).expect("the healthy state passes");
+    Healthy {
+        state,
+        maps,
+        sources,
+    }
+}
+
+impl Healthy {
+    /// The maps with `op` applied behind the manager's back.
+    fn written(&self, op: MapOp) -> SimMaps {
+        let mut maps = self.maps.clone();
+        maps.apply(&op).expect("the corruption applies");
+        maps
+    }
+
+    /// The maps with FILE's page `n` replaced by `info`.
+    fn page_replaced(&self, n: usize, info: StackDeltaPageInfo) -> SimMaps {
+        let (key, _) = self.page_of(FILE, n);
+        let mut maps = self.written(MapOp::DeletePages(vec![key]));
+        maps.apply(&MapOp::PutPages(vec![(key, info)]))
+            .expect("the corruption applies");
+        maps
+    }
+
+    fn page_of(&self, file_id: FileId, n: usize) -> (StackDeltaPageKey, StackDeltaPageInfo) {
+        let key = self.state.book.loaded()[&file_id]
+            .page_keys(file_id)
+            .nth(n)
+            .expect("the page");
+        (key, self.maps.page(&key).expect("in the kernel"))
+    }
+
+    /// A slot FILE's table uses and GAPPY's does not.
+    fn file_slot(&self) -> u16 {
+        let gappy = &self.state.book.loaded()[&GAPPY].slots;
+        let file = &self.state.book.loaded()[&FILE].slots;
+        let slot = file.iter().find(|s| !gappy.contains(s));
+        *slot.expect("FILE has a rule of its own")
+    }
+}
+
+fn projection_says(result: Result<(), Violation>, words: &str) {
+    match result {
+        Err(Violation::Projection(text)) => assert!(text.contains(words), "{text}"),
+        other => panic!("wanted a projection violation with {words:?}, got {other:?}"),
+    }
+}
+
+fn reader_unsafe(result: Result<(), Violation>) {
+    assert!(
+        matches!(result, Err(Violation::ReaderSafety { .. })),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn an_orphan_page_entry_is_caught() {
+    let h = healthy();
+    let (_, info) = h.page_of(FILE, 0);
+    let stray = StackDeltaPageKey {
+        file_id: STRANGER.0,
+        page: 0,
+    };
+    let maps = h.written(MapOp::PutPages(vec![(stray, info)]));
+    projection_says(check_projection(&h.state, &maps), "orphan page entry");
+}
+
+#[test]
+fn a_missing_page_entry_is_caught() {
+    let h = healthy();
+    let (key, _) = h.page_of(FILE, 1);
+    let maps = h.written(MapOp::DeletePages(vec![key]));
+    projection_says(check_projection(&h.state, &maps), "missing from the kernel");
+}
+
+#[test]
+fn a_page_naming_another_class_is_caught() {
+    let h = healthy();
+    let (_, info) = h.page_of(FILE, 0);
+    let wrong = StackDeltaPageInfo {
+        map_id: info.map_id + 1,
+        ..info
+    };
+    let maps = h.page_replaced(0, wrong);
+    projection_says(check_projection(&h.state, &maps), "names class");
+    reader_unsafe(check_reader_safety(&maps, &h.sources, 4));
+}
+
+#[test]
+fn a_page_starting_at_the_wrong_delta_is_caught() {
+    let h = healthy();
+    let (_, info) = h.page_of(FILE, 1);
+    let shifted = StackDeltaPageInfo {
+        first_delta: info.first_delta + 1,
+        ..info
+    };
+    let maps = h.page_replaced(1, shifted);
+    projection_says(check_projection(&h.state, &maps), "starts at delta");
+}
+
+#[test]
+fn pages_claiming_more_deltas_than_the_class_holds_are_caught() {
+    let h = healthy();
+    let (_, info) = h.page_of(FILE, 2);
+    let long = StackDeltaPageInfo {
+        num_deltas: u16::MAX,
+        ..info
+    };
+    let maps = h.page_replaced(2, long);
+    projection_says(check_projection(&h.state, &maps), "do not fit class");
+}
+
+#[test]
+fn a_missing_or_orphan_table_is_caught() {
+    let h = healthy();
+    let class = h.state.book.loaded()[&FILE].map_ref.map_id;
+    let maps = h.written(MapOp::DeleteDeltaTable {
+        file_id: FILE,
+        map_id: class,
+    });
+    projection_says(check_projection(&h.state, &maps), "missing [(");
+    // Pages that lead to no table: a reader would fail there.
+    reader_unsafe(check_reader_safety(&maps, &h.sources, 4));
+
+    let maps = h.written(MapOp::PutDeltaTable {
+        file_id: STRANGER,
+        map_id: class,
+        deltas: Arc::from(vec![eim_core::abi::StackDelta::default(); 2]),
+    });
+    projection_says(check_projection(&h.state, &maps), "orphans [(");
+}
+
+#[test]
+fn a_slot_holding_another_rule_is_caught() {
+    let h = healthy();
+    let slot = h.file_slot();
+    let other = UnwindInfo {
+        opcode: 2,
+        param: 1_000,
+        ..UnwindInfo::default()
+    };
+    let maps = h.written(MapOp::PutUnwindInfos(vec![(slot, other)]));
+    projection_says(
+        check_projection(&h.state, &maps),
+        &format!("unwind_info_array[{slot}] holds"),
+    );
+    reader_unsafe(check_reader_safety(&maps, &h.sources, 4));
+}
+
+#[test]
+fn a_rule_in_a_slot_the_book_thinks_free_is_caught() {
+    // Past the book's extent: the check must look beyond it.
+    let h = healthy();
+    let far = 40;
+    assert!(h.state.book.slots().content(far).is_none());
+    let maps = h.written(MapOp::PutUnwindInfos(vec![(far, sp(8))]));
+    projection_says(
+        check_projection(&h.state, &maps),
+        &format!("unwind_info_array[{far}] holds"),
+    );
+}
+
+#[test]
+fn a_wrong_missing_or_orphan_offsets_entry_is_caught() {
+    let h = healthy();
+    let maps = h.written(MapOp::PutInterpreterOffsets {
+        file_id: FILE,
+        range: OffsetRange {
+            lower_offset1: 1,
+            ..OffsetRange::default()
+        },
+    });
+    projection_says(check_projection(&h.state, &maps), "interpreter_offsets[");
+    let maps = h.written(MapOp::DeleteInterpreterOffsets { file_id: FILE });
+    projection_says(check_projection(&h.state, &maps), "holds None");
+    let maps = h.written(MapOp::PutInterpreterOffsets {
+        file_id: STRANGER,
+        range: OffsetRange::default(),
+    });
+    projection_says(check_projection(&h.state, &maps), "no loaded file owns");
+}
+
+#[test]
+fn a_table_of_a_file_the_manager_forgot_is_caught() {
+    let mut h = healthy();
+    h.state.files.remove(&GAPPY);
+    projection_says(check_projection(&h.state, &h.maps), "zombie table");
+    h.state.files.remove(&FILE);
+    projection_says(check_projection(&h.state, &h.maps), "zombie table");
+}
+
+#[test]
+fn an_extraction_in_flight_at_a_quiescent_point_is_caught() {
+    let mut h = healthy();
+    h.state.in_flight = 1;
+    projection_says(check_projection(&h.state, &h.maps), "in flight");
+}
+
+#[test]
+fn a_page_entry_in_a_dead_page_is_caught() {
+    let h = healthy();
+    let dead = h.state.book.loaded()[&GAPPY].dead_pages.first().cloned();
+    let dead = dead.expect("GAPPY's gap has dead pages");
+    let (_, info) = h.page_of(GAPPY, 0);
+    let key = StackDeltaPageKey {
+        file_id: GAPPY.0,
+        page: dead.start,
+    };
+    let maps = h.written(MapOp::PutPages(vec![(key, info)]));
+    let result = check_lookup_equivalence(&h.state, &maps, &h.sources, 4);
+    assert!(
+        matches!(result, Err(Violation::LookupEquivalence { file_id, .. }) if file_id == GAPPY),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn a_wrong_answer_is_caught_by_lookup_equivalence() {
+    let h = healthy();
+    let slot = h.file_slot();
+    let maps = h.written(MapOp::PutUnwindInfos(vec![(slot, sp(1_000))]));
+    let result = check_lookup_equivalence(&h.state, &maps, &h.sources, 4);
+    assert!(
+        matches!(result, Err(Violation::LookupEquivalence { file_id, .. }) if file_id == FILE),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn a_known_file_without_its_table_is_caught() {
+    let mut h = healthy();
+    // STRANGER has deltas and an entry, but no table.
+    let entry = h.state.files[&FILE].clone();
+    h.state.files.insert(STRANGER, entry);
+    projection_says(
+        check_lookup_equivalence(&h.state, &h.maps, &h.sources, 4),
+        "has deltas: true, has a table: false",
+    );
+}
+
+#[test]
+fn a_page_of_a_file_no_source_produced_is_caught() {
+    let mut h = healthy();
+    h.sources.remove(&GAPPY);
+    projection_says(
+        check_reader_safety(&h.maps, &h.sources, 4),
+        "which no source ever produced",
+    );
+    projection_says(
+        check_lookup_equivalence(&h.state, &h.maps, &h.sources, 4),
+        "has no source",
+    );
+}
+
+#[test]
+fn rolled_back_allows_only_unused_slots_to_change() {
+    let h = healthy();
+    let book = &h.state.book;
+    assert_eq!(check_rolled_back(&h.maps, &h.maps, book), Ok(()));
+    let far = 40;
+    let unused = h.written(MapOp::PutUnwindInfos(vec![(far, sp(8))]));
+    assert_eq!(
+        check_rolled_back(&h.maps, &unused, book),
+        Ok(()),
+        "a slot no table uses"
+    );
+    let slot = h.file_slot();
+    let used = h.written(MapOp::PutUnwindInfos(vec![(slot, sp(1_000))]));
+    projection_says(
+        check_rolled_back(&h.maps, &used, book),
+        &format!("unwind_info_array[{slot}]"),
+    );
+    let (key, _) = h.page_of(FILE, 0);
+    let page = h.written(MapOp::DeletePages(vec![key]));
+    projection_says(check_rolled_back(&h.maps, &page, book), "the page map");
+    let class = book.loaded()[&GAPPY].map_ref.map_id;
+    let table = h.written(MapOp::DeleteDeltaTable {
+        file_id: GAPPY,
+        map_id: class,
+    });
+    projection_says(check_rolled_back(&h.maps, &table, book), "the delta tables");
+    let offsets = h.written(MapOp::DeleteInterpreterOffsets { file_id: FILE });
+    projection_says(
+        check_rolled_back(&h.maps, &offsets, book),
+        "interpreter_offsets",
+    );
+}
