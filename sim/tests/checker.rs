@@ -16,8 +16,8 @@ use eim_core::ops::{Backend, MapOp};
 use eim_core::provider::{Extraction, MemoryProvider};
 use eim_core::{Config, ExecutableInfoManager, FileId, InterpreterData, LibcInfo, Tracers};
 use eim_sim::{
-    check_all, check_lookup_equivalence, check_projection, check_reader_safety, check_rolled_back,
-    SimConfig, SimMaps, Sources, Violation,
+    check_accounting, check_all, check_lookup_equivalence, check_projection, check_reader_safety,
+    check_rolled_back, SimConfig, SimMaps, Sources, Violation,
 };
 
 /// Three pages, an interpreter entry.
@@ -402,4 +402,52 @@ fn rolled_back_allows_only_unused_slots_to_change() {
         check_rolled_back(&h.maps, &offsets, book),
         "interpreter_offsets",
     );
+}
+
+/// A book and a plan for FILE's deltas, for the accounting tests: the book
+/// can only be made inconsistent by a caller misusing it, which is what
+/// the accounting check is there to notice (a manager bug).
+fn book_and_plan() -> (eim_core::machine::KernelBook, eim_core::machine::LoadPlan) {
+    let mut book = eim_core::machine::KernelBook::new(Default::default());
+    let data = deltas(&[
+        (0x7_0100, hint::KEEP, 8),
+        (0x8_0200, hint::KEEP, 24),
+        (0x8_0240, hint::GAP, 0),
+    ]);
+    let plan = book.plan_load(FILE, &data.deltas).expect("a plan");
+    (book, plan)
+}
+
+fn accounting_says(result: Result<(), Violation>, words: &str) {
+    match result {
+        Err(Violation::Accounting(text)) => assert!(text.contains(words), "{text}"),
+        other => panic!("wanted an accounting violation with {words:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_plan_neither_committed_nor_aborted_is_caught() {
+    let (mut book, plan) = book_and_plan();
+    accounting_says(check_accounting(&book), "Reserved");
+    book.commit_load(plan);
+    assert_eq!(check_accounting(&book), Ok(()));
+}
+
+#[test]
+fn a_plan_committed_twice_is_caught() {
+    let (mut book, plan) = book_and_plan();
+    book.commit_load(plan.clone());
+    assert_eq!(check_accounting(&book), Ok(()));
+    book.commit_load(plan);
+    accounting_says(check_accounting(&book), "page gauge");
+}
+
+#[test]
+fn a_plan_committed_to_another_book_is_caught() {
+    // Its slots were reserved in the first book: the second never handed
+    // them out, yet a table of it uses them.
+    let (_, plan) = book_and_plan();
+    let mut other = eim_core::machine::KernelBook::new(Default::default());
+    other.commit_load(plan);
+    accounting_says(check_accounting(&other), "above the high-water mark");
 }
