@@ -1474,6 +1474,18 @@ mod tests {
     }
 
     #[test]
+    fn a_class_past_the_largest_is_counted_with_the_largest() {
+        // Map ids come from the encoder and the fixed outer maps, so this
+        // never happens; if it did, a counter is wrong but nothing panics.
+        let last = abi::SIZE_CLASS_COUNT - 1;
+        assert_eq!(class_index(abi::SIZE_CLASS_MIN), 0);
+        assert_eq!(class_index(abi::SIZE_CLASS_MAX), last);
+        assert_eq!(class_index(abi::SIZE_CLASS_MAX + 1), last);
+        assert_eq!(class_index(u16::MAX), last);
+        assert_eq!(class_index(0), 0);
+    }
+
+    #[test]
     fn the_books_clock_never_goes_back() {
         // A caller's clock may be read on two threads and arrive out of
         // order; an earlier time must not restart a slot's cooling.

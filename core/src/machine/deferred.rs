@@ -112,6 +112,7 @@ mod tests {
         let mut d = Deferred::default();
         d.insert(FileId(1), t(0));
         assert!(d.contains(FileId(1), t(89)));
+        assert!(!d.is_empty());
         assert!(!d.contains(FileId(1), t(90)));
         assert!(d.is_empty(), "an expired entry is dropped");
     }

@@ -37,8 +37,4 @@ impl Timestamp {
     pub fn after(self, d: Duration) -> Timestamp {
         Timestamp(self.0.saturating_add(d))
     }
-
-    pub fn before(self, d: Duration) -> Timestamp {
-        Timestamp(self.0.saturating_sub(d))
-    }
 }
