@@ -293,3 +293,228 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
         (**self).apply(op)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(page: u64) -> StackDeltaPageKey {
+        StackDeltaPageKey { file_id: 7, page }
+    }
+
+    /// One op of every kind; batches of three.
+    fn every_op() -> Vec<MapOp> {
+        let deltas: Arc<[abi::StackDelta]> = Arc::from(vec![abi::StackDelta::default(); 2]);
+        vec![
+            MapOp::PutUnwindInfos((0..3).map(|s| (s, UnwindInfo::default())).collect()),
+            MapOp::PutDeltaTable {
+                file_id: FileId(7),
+                map_id: 9,
+                deltas: deltas.clone(),
+            },
+            MapOp::PutDeltaTables {
+                map_id: 10,
+                tables: (1..4).map(|f| (FileId(f), deltas.clone())).collect(),
+            },
+            MapOp::PutPages(
+                (0..3)
+                    .map(|p| (key(p), StackDeltaPageInfo::default()))
+                    .collect(),
+            ),
+            MapOp::DeletePages((0..3).map(key).collect()),
+            MapOp::DeleteDeltaTable {
+                file_id: FileId(7),
+                map_id: 11,
+            },
+            MapOp::PutInterpreterOffsets {
+                file_id: FileId(7),
+                range: OffsetRange::default(),
+            },
+            MapOp::DeleteInterpreterOffsets { file_id: FileId(7) },
+        ]
+    }
+
+    #[test]
+    fn errnos_are_named_as_linux_names_them() {
+        // The numbers are Linux's (asm-generic/errno-base.h, errno.h and
+        // the kernel-internal ENOTSUPP), written out here, not taken from
+        // the constants under test.
+        let linux = [
+            (1, "EPERM"),
+            (2, "ENOENT"),
+            (7, "E2BIG"),
+            (9, "EBADF"),
+            (12, "ENOMEM"),
+            (14, "EFAULT"),
+            (16, "EBUSY"),
+            (17, "EEXIST"),
+            (22, "EINVAL"),
+            (23, "ENFILE"),
+            (24, "EMFILE"),
+            (28, "ENOSPC"),
+            (524, "ENOTSUPP"),
+        ];
+        for (n, name) in linux {
+            assert_eq!(Errno(n).name(), Some(name));
+            assert_eq!(Errno(n).to_string(), format!("{name} ({n})"));
+            assert_eq!(format!("{:?}", Errno(n)), format!("{name} ({n})"));
+        }
+        assert_eq!(Errno(99).name(), None);
+        assert_eq!(Errno(99).to_string(), "errno 99");
+    }
+
+    #[test]
+    fn only_per_element_and_resource_errnos_may_pass_in_part() {
+        for e in [
+            Errno::ENOMEM,
+            Errno::E2BIG,
+            Errno::ENOSPC,
+            Errno::EMFILE,
+            Errno::ENFILE,
+        ] {
+            assert!(e.may_pass_in_part(), "{e}");
+        }
+        for e in [
+            Errno::EPERM,
+            Errno::ENOENT,
+            Errno::EBADF,
+            Errno::EFAULT,
+            Errno::EBUSY,
+            Errno::EEXIST,
+            Errno::EINVAL,
+            Errno::ENOTSUPP,
+        ] {
+            assert!(!e.may_pass_in_part(), "{e}");
+        }
+    }
+
+    #[test]
+    fn maps_are_named_as_the_unwinder_names_them() {
+        assert_eq!(MapKind::Pages.to_string(), "stack_delta_page_to_info");
+        assert_eq!(
+            MapKind::DeltaTables(12).to_string(),
+            "exe_id_to_12_stack_deltas"
+        );
+        assert_eq!(MapKind::UnwindInfo.to_string(), "unwind_info_array");
+        assert_eq!(
+            MapKind::InterpreterOffsets.to_string(),
+            "interpreter_offsets"
+        );
+    }
+
+    #[test]
+    fn each_op_knows_its_length_name_map_and_kind() {
+        let want = [
+            (
+                3,
+                "put unwind infos",
+                MapKind::UnwindInfo,
+                false,
+                "PutUnwindInfos([",
+            ),
+            (
+                1,
+                "put delta table",
+                MapKind::DeltaTables(9),
+                false,
+                "PutDeltaTable(0000000000000007, class 9, 2 deltas)",
+            ),
+            (
+                3,
+                "put delta tables",
+                MapKind::DeltaTables(10),
+                false,
+                "PutDeltaTables(class 10, 3 tables",
+            ),
+            (3, "put pages", MapKind::Pages, false, "PutPages(3 pages)"),
+            (
+                3,
+                "delete pages",
+                MapKind::Pages,
+                true,
+                "DeletePages(3 pages)",
+            ),
+            (
+                1,
+                "delete delta table",
+                MapKind::DeltaTables(11),
+                true,
+                "DeleteDeltaTable(0000000000000007, class 11)",
+            ),
+            (
+                1,
+                "put interpreter offsets",
+                MapKind::InterpreterOffsets,
+                false,
+                "PutInterpreterOffsets(0000000000000007",
+            ),
+            (
+                1,
+                "delete interpreter offsets",
+                MapKind::InterpreterOffsets,
+                true,
+                "DeleteInterpreterOffsets(0000000000000007)",
+            ),
+        ];
+        for (op, (len, name, map, delete, debug)) in every_op().iter().zip(want) {
+            assert_eq!(op.len(), len, "{op:?}");
+            assert!(!op.is_empty(), "{op:?}");
+            assert_eq!(op.name(), name);
+            assert_eq!(op.map(), map, "{op:?}");
+            assert_eq!(op.is_delete(), delete, "{op:?}");
+            assert!(format!("{op:?}").starts_with(debug), "{op:?}");
+        }
+        assert!(MapOp::PutPages(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn head_and_tail_split_an_op_where_a_batch_stopped() {
+        for op in every_op() {
+            let len = op.len();
+            for n in 0..=len + 1 {
+                let head = op.head(n);
+                let tail = op.tail(n);
+                let in_head = head.as_ref().map_or(0, MapOp::len);
+                let in_tail = tail.as_ref().map_or(0, MapOp::len);
+                assert_eq!(in_head, n.min(len), "{op:?} head {n}");
+                assert_eq!(in_head + in_tail, len, "{op:?} split at {n}");
+                if n >= len {
+                    assert_eq!(head.as_ref(), Some(&op), "{op:?} head {n}");
+                    assert_eq!(tail, None, "{op:?} tail {n}");
+                }
+                if n == 0 {
+                    assert_eq!(tail.as_ref(), Some(&op), "{op:?} tail 0");
+                }
+                for part in head.iter().chain(tail.iter()) {
+                    assert_eq!(part.name(), op.name(), "{op:?} at {n}");
+                    assert_eq!(part.map(), op.map(), "{op:?} at {n}");
+                }
+            }
+            // A batch's head of 0 is an empty batch; a single op's is none.
+            match len {
+                1 => assert_eq!(op.head(0), None, "{op:?}"),
+                _ => assert_eq!(op.head(0).map(|h| h.len()), Some(0), "{op:?}"),
+            }
+        }
+        // The elements kept are the first ones, and the tail the rest.
+        let op = MapOp::DeletePages((0..3).map(key).collect());
+        assert_eq!(op.head(2), Some(MapOp::DeletePages(vec![key(0), key(1)])));
+        assert_eq!(op.tail(2), Some(MapOp::DeletePages(vec![key(2)])));
+    }
+
+    #[test]
+    fn a_boxed_backend_applies_through_the_box() {
+        struct Refuses(Vec<&'static str>);
+        impl Backend for Refuses {
+            fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
+                self.0.push(op.name());
+                Err(OpFailure::new(Errno::EPERM, 0))
+            }
+        }
+        let mut boxed: Box<Refuses> = Box::new(Refuses(Vec::new()));
+        let op = MapOp::DeleteInterpreterOffsets { file_id: FileId(1) };
+        let result = <Box<Refuses> as Backend>::apply(&mut boxed, &op);
+        assert_eq!(result, Err(OpFailure::new(Errno::EPERM, 0)));
+        assert_eq!(boxed.0, ["delete interpreter offsets"]);
+    }
+}
