@@ -82,6 +82,12 @@ impl Deferred {
         self.entries.insert(id, (now.after(self.ttl), stamp));
     }
 
+    fn remove(&mut self, id: FileId) {
+        if let Some((_, stamp)) = self.entries.remove(&id) {
+            self.order.remove(&stamp);
+        }
+    }
+
     /// Defers `id` from `now` until `until`, or for the TTL if that ends
     /// sooner: a failure known to clear at a given time (a full
     /// `unwind_info_array` whose slots are cooling) is tried again then.
@@ -89,12 +95,6 @@ impl Deferred {
         self.insert(id, now);
         if let Some(entry) = self.entries.get_mut(&id) {
             entry.0 = entry.0.min(until.max(now));
-        }
-    }
-
-    pub fn remove(&mut self, id: FileId) {
-        if let Some((_, stamp)) = self.entries.remove(&id) {
-            self.order.remove(&stamp);
         }
     }
 }
@@ -134,6 +134,23 @@ mod tests {
         d.insert_until(FileId(2), t(10), t(500));
         assert!(d.contains(FileId(2), t(99)));
         assert!(!d.contains(FileId(2), t(100)), "capped by the TTL");
+    }
+
+    #[test]
+    fn deferring_again_makes_an_id_the_most_recently_used() {
+        // Full, and 1 deferred again: it takes no second place (2 stays),
+        // and then 2, the least recently used, is the one a new id evicts.
+        let mut d = Deferred::new(2, DEFAULT_TTL);
+        d.insert(FileId(2), t(0));
+        d.insert(FileId(1), t(0));
+        d.insert(FileId(1), t(1));
+        assert_eq!(d.len(), 2);
+        assert!(d.contains(FileId(2), t(2)), "nothing was evicted");
+        d.insert(FileId(1), t(3));
+        d.insert(FileId(3), t(4));
+        assert!(d.contains(FileId(1), t(5)));
+        assert!(!d.contains(FileId(2), t(5)));
+        assert!(d.contains(FileId(3), t(5)));
     }
 
     #[test]

@@ -48,14 +48,6 @@ impl FileTable {
         self.entries.get(&id)
     }
 
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = (&FileId, &FileEntry)> {
         self.entries.iter()
     }
