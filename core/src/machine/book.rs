@@ -1486,6 +1486,33 @@ mod tests {
     }
 
     #[test]
+    fn a_leftover_table_counts_against_its_outer_map() {
+        // Two entries per outer map: one loaded table and one a failed
+        // rollback left behind fill it, until the leftover is removed.
+        let mut book = KernelBook::new(Capacities {
+            outer_entries: 2,
+            ..Capacities::default()
+        });
+        load(&mut book, 1, &three_pages());
+        let plan = book.plan_load(FileId(2), &three_other_pages()).unwrap();
+        let class = plan.map_ref.map_id;
+        let rollback = book.abort_load(&plan, stop(2, 0));
+        assert!(
+            !book.finish_rollback(rollback, Err(stop(0, 0))),
+            "the table stays"
+        );
+        assert_eq!(
+            book.plan_load(FileId(3), &three_pages()).err(),
+            Some(PlanError::MapFull {
+                map: MapKind::DeltaTables(class),
+                capacity: 2
+            })
+        );
+        assert!(book.leftover_result(FileId(2), Ok(())));
+        assert!(book.plan_load(FileId(3), &three_pages()).is_ok());
+    }
+
+    #[test]
     fn the_books_clock_never_goes_back() {
         // A caller's clock may be read on two threads and arrive out of
         // order; an earlier time must not restart a slot's cooling.
