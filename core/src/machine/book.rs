@@ -1684,6 +1684,32 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_counts_its_own_offsets_entries_against_the_map() {
+        let caps = Capacities {
+            interpreter_offsets: 2,
+            ..Capacities::default()
+        };
+        let mut book = KernelBook::new(caps);
+        let none: &[StackDelta] = &[];
+        let files: Vec<_> = (1..=3)
+            .map(|id| (FileId(id), none, Some(offsets())))
+            .collect();
+        let (plan, refused) = book.plan_load_many_with(&files);
+        let planned: Vec<_> = plan.files.iter().map(|p| p.file_id).collect();
+        assert_eq!(planned, [FileId(1), FileId(2)]);
+        assert_eq!(
+            refused,
+            [(
+                FileId(3),
+                PlanError::MapFull {
+                    map: MapKind::InterpreterOffsets,
+                    capacity: 2
+                }
+            )]
+        );
+    }
+
+    #[test]
     fn an_empty_file_writes_nothing() {
         let mut book = KernelBook::new(Capacities::default());
         let plan = book.plan_load(FileId(1), &[]).unwrap();
