@@ -1710,6 +1710,32 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_counts_its_own_tables_against_the_outer_map() {
+        let mut book = KernelBook::new(Capacities {
+            outer_entries: 2,
+            ..Capacities::default()
+        });
+        let data = three_pages();
+        let files: Vec<_> = (1..=3).map(|id| (FileId(id), &data[..])).collect();
+        let (plan, refused) = book.plan_load_many(&files);
+        let planned: Vec<_> = plan.files.iter().map(|p| p.file_id).collect();
+        assert_eq!(planned, [FileId(1), FileId(2)]);
+        assert!(
+            matches!(
+                refused[..],
+                [(
+                    FileId(3),
+                    PlanError::MapFull {
+                        map: MapKind::DeltaTables(_),
+                        capacity: 2
+                    }
+                )]
+            ),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
     fn an_empty_file_writes_nothing() {
         let mut book = KernelBook::new(Capacities::default());
         let plan = book.plan_load(FileId(1), &[]).unwrap();
