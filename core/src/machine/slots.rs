@@ -367,6 +367,38 @@ mod tests {
     }
 
     #[test]
+    fn cooling_leaves_a_slot_in_use_alone() {
+        let mut s = UnwindSlots::new(2);
+        let (slot, _) = s.allocate(rule(8), t(0)).unwrap();
+        s.add_user(slot);
+        s.cool(slot, t(5));
+        assert_eq!(s.state(slot), SlotState::Live { users: 1 });
+        assert_eq!(s.cooling().count(), 0);
+        let (unused, _) = s.allocate(rule(16), t(0)).unwrap();
+        s.cool(unused, t(5));
+        assert_eq!(
+            s.state(unused),
+            SlotState::Cooling { reusable_at: t(5) },
+            "an unused one cools"
+        );
+    }
+
+    #[test]
+    fn a_slot_cools_once_until_the_later_time_and_a_user_ends_it() {
+        let mut s = UnwindSlots::new(2);
+        let (slot, _) = s.allocate(rule(8), t(0)).unwrap();
+        s.cool(slot, t(10));
+        s.cool(slot, t(5));
+        assert_eq!(s.state(slot), SlotState::Cooling { reusable_at: t(10) });
+        assert_eq!(s.cooling().collect::<Vec<_>>(), [(slot, t(10))]);
+        s.cool(slot, t(20));
+        assert_eq!(s.cooling().collect::<Vec<_>>(), [(slot, t(20))]);
+        s.add_user(slot);
+        assert_eq!(s.cooling().count(), 0, "in use again");
+        assert_eq!(s.state(slot), SlotState::Live { users: 1 });
+    }
+
+    #[test]
     fn released_slots_are_reused_lowest_first() {
         let mut s = UnwindSlots::new(4);
         for p in [8, 16, 24] {
