@@ -1736,6 +1736,26 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_undoes_an_offsets_entry_only_once_it_was_written() {
+        let data = three_pages();
+        let files = [(FileId(1), &data[..], Some(offsets()))];
+        // Batch order: slots, tables, offsets, pages. Stopped at each op
+        // with nothing of it done: the offsets entry is in the kernel only
+        // when the stop came after its op.
+        for (at, written) in [(1, false), (2, false), (3, true)] {
+            let mut book = KernelBook::new(Capacities::default());
+            let (plan, _) = book.plan_load_many_with(&files);
+            assert_eq!(plan.ops[2].name(), "put interpreter offsets");
+            let rollback = book.abort_load_many(&plan, stop(at, 0));
+            let undone = rollback
+                .ops
+                .iter()
+                .any(|op| matches!(op, MapOp::DeleteInterpreterOffsets { .. }));
+            assert_eq!(undone, written, "stopped at op {at}");
+        }
+    }
+
+    #[test]
     fn an_empty_file_writes_nothing() {
         let mut book = KernelBook::new(Capacities::default());
         let plan = book.plan_load(FileId(1), &[]).unwrap();
