@@ -863,3 +863,35 @@ fn shapes_the_reconcile_cannot_trust_are_errors() {
     // And the dump as it is is trusted.
     assert_eq!(try_with(&|_| {}), None);
 }
+
+#[test]
+fn observed_maps_are_empty_only_with_nothing_in_any_map() {
+    // A warm start skips the reconcile of empty maps: anything in any map
+    // (a zero slot is nothing) must make them non-empty.
+    let zero_slots = Observed {
+        unwind_infos: vec![UnwindInfo::default(); 4],
+        ..Observed::default()
+    };
+    assert!(Observed::default().is_empty());
+    assert!(zero_slots.is_empty());
+    let mut with_page = zero_slots.clone();
+    with_page
+        .pages
+        .insert(StackDeltaPageKey::default(), StackDeltaPageInfo::default());
+    let mut with_table = zero_slots.clone();
+    with_table.delta_tables.insert((8, FileId(1)), Vec::new());
+    let mut with_offsets = zero_slots.clone();
+    with_offsets
+        .interpreter_offsets
+        .insert(FileId(1), OffsetRange::default());
+    let mut with_rule = zero_slots.clone();
+    with_rule.unwind_infos[3] = sp(8);
+    for (what, observed) in [
+        ("a page", with_page),
+        ("a table", with_table),
+        ("an offsets entry", with_offsets),
+        ("a rule", with_rule),
+    ] {
+        assert!(!observed.is_empty(), "{what}");
+    }
+}
