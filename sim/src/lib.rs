@@ -35,6 +35,7 @@
 pub mod checker;
 pub mod corpus;
 pub mod faults;
+pub mod fixtures;
 pub mod kernel;
 pub mod maps;
 pub mod observed;

@@ -7,14 +7,14 @@
 
 use std::sync::Arc;
 
-use eim_core::abi::{program, OffsetRange, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
+use eim_core::abi::{OffsetRange, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
+use eim_core::deltas::hint;
 use eim_core::deltas::info::sp;
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
-use eim_core::interp::{InterpreterOffsets, Loaded, LoaderMatch};
 use eim_core::manager::{ManualClock, StateView};
 use eim_core::ops::{Backend, MapOp};
 use eim_core::provider::{Extraction, MemoryProvider};
-use eim_core::{Config, ExecutableInfoManager, FileId, InterpreterData, LibcInfo, Tracers};
+use eim_core::{Config, ExecutableInfoManager, FileId, LibcInfo, Tracers};
+use eim_sim::fixtures::{deltas, python, three_pages};
 use eim_sim::{
     check_accounting, check_all, check_lookup_equivalence, check_projection, check_reader_safety,
     check_rolled_back, SimConfig, SimMaps, Sources, Violation,
@@ -27,24 +27,6 @@ const GAPPY: FileId = FileId(0x6a9);
 /// Known to the sources, never loaded.
 const STRANGER: FileId = FileId(0x5e7);
 
-fn deltas(rows: &[(u64, u8, i32)]) -> IntervalData {
-    let mut d = IntervalData::new();
-    for &(addr, h, cfa) in rows {
-        let rule = if cfa == 0 { info::INVALID } else { sp(cfa) };
-        d.add(StackDelta::new(addr, h, rule));
-    }
-    d
-}
-
-#[derive(Debug)]
-struct Python;
-
-impl InterpreterData for Python {
-    fn loader(&self) -> &'static str {
-        "python"
-    }
-}
-
 struct Healthy {
     state: StateView,
     maps: SimMaps,
@@ -54,16 +36,7 @@ struct Healthy {
 /// FILE and GAPPY loaded by the manager over plain sim maps.
 fn healthy() -> Healthy {
     let files = [
-        (
-            FILE,
-            deltas(&[
-                (0x7_0100, hint::KEEP, 8),
-                (0x7_0104, hint::NONE, 16),
-                (0x8_0200, hint::KEEP, 24),
-                (0x9_0300, hint::KEEP, 40),
-                (0x9_0340, hint::GAP, 0),
-            ]),
-        ),
+        (FILE, three_pages()),
         (
             GAPPY,
             deltas(&[
@@ -82,17 +55,7 @@ fn healthy() -> Healthy {
     let provider = Arc::new(MemoryProvider::new());
     for (id, data) in files {
         let interpreters = match id {
-            FILE => vec![LoaderMatch {
-                loader: "python",
-                outcome: Ok(Loaded::new(
-                    Python,
-                    Some(InterpreterOffsets {
-                        program: program::PYTHON,
-                        first: 0x1000..0x2000,
-                        second: None,
-                    }),
-                )),
-            }],
+            FILE => python(),
             _ => Vec::new(),
         };
         provider.set(

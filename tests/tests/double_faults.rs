@@ -21,15 +21,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::abi::program;
-use eim_core::deltas::info::sp;
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
-use eim_core::interp::{InterpreterOffsets, Loaded, LoaderMatch};
+use eim_core::deltas::{hint, IntervalData};
+use eim_core::interp::LoaderMatch;
 use eim_core::machine::Capacities;
 use eim_core::manager::ManualClock;
 use eim_core::ops::Errno;
 use eim_core::provider::{Extraction, MemoryProvider};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, InterpreterData, LibcInfo, Tracers};
+use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo, Tracers};
+use eim_sim::fixtures::{deltas, python, three_pages};
 use eim_sim::{check_all, check_rolled_back, Observed, SimConfig, SimMaps, Sources};
 
 const FILE: FileId = FileId(0xf11e);
@@ -47,49 +46,6 @@ const ERRNOS: [Errno; DEPTH] = [Errno::ENOMEM, Errno::EBUSY, Errno::EFAULT];
 /// Slots in the reclaiming scenario: OTHER's rule and three more.
 const FEW_SLOTS: u32 = 4;
 const GRACE: Duration = Duration::from_secs(5);
-
-fn deltas(rows: &[(u64, u8, i32)]) -> IntervalData {
-    let mut d = IntervalData::new();
-    for &(addr, h, cfa) in rows {
-        let rule = if cfa == 0 { info::INVALID } else { sp(cfa) };
-        d.add(StackDelta::new(addr, h, rule));
-    }
-    d
-}
-
-/// Three pages, four rules, one of them (sp 8) shared with OTHER.
-fn three_pages() -> IntervalData {
-    deltas(&[
-        (0x7_0100, hint::KEEP, 8),
-        (0x7_0104, hint::NONE, 16),
-        (0x8_0200, hint::KEEP, 24),
-        (0x9_0300, hint::KEEP, 40),
-        (0x9_0340, hint::GAP, 0),
-    ])
-}
-
-#[derive(Debug)]
-struct Python;
-
-impl InterpreterData for Python {
-    fn loader(&self) -> &'static str {
-        "python"
-    }
-}
-
-fn python() -> Vec<LoaderMatch> {
-    vec![LoaderMatch {
-        loader: "python",
-        outcome: Ok(Loaded::new(
-            Python,
-            Some(InterpreterOffsets {
-                program: program::PYTHON,
-                first: 0x1000..0x2000,
-                second: None,
-            }),
-        )),
-    }]
-}
 
 fn files() -> Vec<(FileId, IntervalData, Vec<LoaderMatch>)> {
     vec![

@@ -12,21 +12,11 @@ use eim_core::manager::ManualClock;
 use eim_core::ops::Errno;
 use eim_core::provider::MemoryProvider;
 use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
+use eim_sim::fixtures::three_pages;
 use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
 
 const FILE: FileId = FileId(0xf11e);
 const OTHER: FileId = FileId(0x07e7);
-
-/// Three pages, four distinct rules (one of them shared with `other`).
-fn three_pages() -> IntervalData {
-    let mut d = IntervalData::new();
-    d.add(StackDelta::new(0x7_0100, hint::KEEP, sp(8)));
-    d.add(StackDelta::new(0x7_0104, hint::NONE, sp(16)));
-    d.add(StackDelta::new(0x8_0200, hint::KEEP, sp(24)));
-    d.add(StackDelta::new(0x9_0300, hint::KEEP, sp(40)));
-    d.add(StackDelta::new(0x9_0340, hint::GAP, info::INVALID));
-    d
-}
 
 fn other() -> IntervalData {
     let mut d = IntervalData::new();
