@@ -895,3 +895,79 @@ fn observed_maps_are_empty_only_with_nothing_in_any_map() {
         assert!(!observed.is_empty(), "{what}");
     }
 }
+
+#[test]
+fn the_removals_are_every_leftover_op_per_file_in_order() {
+    let all = Files::abc();
+    let run = all.earlier_run();
+    let r = reconcile_now(&run.model, &all.only(&[0xa]));
+    let removals: Vec<(u64, &str)> = r.removals().map(|(id, op)| (id.0, op.name())).collect();
+    assert_eq!(
+        removals,
+        [
+            (0xb, "delete pages"),
+            (0xb, "delete delta table"),
+            (0xc, "delete pages"),
+            (0xc, "delete interpreter offsets"),
+            (0xc, "delete delta table"),
+        ]
+    );
+}
+
+#[test]
+fn a_file_without_deltas_is_adopted_only_without_a_table_or_pages() {
+    let mut files = Files::abc();
+    files.0.insert(FileId(0xd), (Vec::new(), Some(offsets(3))));
+    let run = files.earlier_run();
+    let d = FileId(0xd);
+    assert!(reconcile_now(&run.model, &files).adopted.contains(&d));
+    // A table of its id (a copy of A's), no pages.
+    let mut model = run.model.clone();
+    let (&(class, _), a_table) = model.0.delta_tables.iter().next().expect("a table");
+    let a_table = a_table.clone();
+    model.0.delta_tables.insert((class, d), a_table);
+    assert!(
+        !reconcile_now(&model, &files).adopted.contains(&d),
+        "a table"
+    );
+    // Pages of its id, no table.
+    let mut model = run.model.clone();
+    let (&key, &info) = model.0.pages.iter().next().expect("a page");
+    model.0.pages.insert(
+        StackDeltaPageKey {
+            file_id: d.0,
+            page: key.page,
+        },
+        info,
+    );
+    assert!(
+        !reconcile_now(&model, &files).adopted.contains(&d),
+        "a page"
+    );
+}
+
+#[test]
+fn a_table_in_another_size_class_is_not_adopted() {
+    // A's table and pages moved, consistently, one class up: everything
+    // else is a fresh load's, but a fresh load would use the smaller class.
+    let files = Files::abc();
+    let run = files.earlier_run();
+    let a = FileId(0xa);
+    let mut model = run.model.clone();
+    let (&(class, _), _) = model
+        .0
+        .delta_tables
+        .iter()
+        .find(|((_, id), _)| *id == a)
+        .expect("A's table");
+    let table = model.0.delta_tables.remove(&(class, a)).expect("A's table");
+    model.0.delta_tables.insert((class + 1, a), table);
+    for (key, info) in model.0.pages.iter_mut() {
+        if key.file_id == a.0 {
+            info.map_id = class + 1;
+        }
+    }
+    let r = reconcile_now(&model, &files);
+    assert!(!r.adopted.contains(&a), "{:?}", r.adopted);
+    assert!(r.to_load.contains(&a));
+}
