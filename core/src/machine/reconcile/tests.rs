@@ -971,3 +971,59 @@ fn a_table_in_another_size_class_is_not_adopted() {
     assert!(!r.adopted.contains(&a), "{:?}", r.adopted);
     assert!(r.to_load.contains(&a));
 }
+
+#[test]
+fn a_page_map_fuller_than_its_capacity_is_refused_and_a_full_one_is_not() {
+    let small = Capacities { pages: 4, ..caps() };
+    fn stray(observed: &mut Observed, p: u64) {
+        let key = StackDeltaPageKey {
+            file_id: 0x77,
+            page: p << 16,
+        };
+        let info = StackDeltaPageInfo {
+            first_delta: 0,
+            num_deltas: 1,
+            map_id: 8,
+        };
+        observed.pages.insert(key, info);
+    }
+    let mut observed = Model::new().0;
+    (0..4).for_each(|p| stray(&mut observed, p));
+    let full = observed.clone();
+    assert!(
+        reconcile(&full, &[], small, GRACE, t(3)).is_ok(),
+        "exactly full"
+    );
+    stray(&mut observed, 4);
+    assert!(matches!(
+        reconcile(&observed, &[], small, GRACE, t(3)),
+        Err(ReconcileError::OverCapacity {
+            map: MapKind::Pages,
+            len: 5,
+            capacity: 4
+        })
+    ));
+}
+
+#[test]
+fn a_table_whose_last_delta_reads_as_zero_is_adopted() {
+    // The last delta sits at a page's first byte and uses slot 0: its
+    // array entry is all zero, so the dump (which cannot see trailing
+    // zero entries) is shorter than the table a fresh load writes.
+    let deltas = vec![
+        StackDelta::new(0x50_0010, hint::NONE, sp(8)),
+        StackDelta::new(0x51_0000, hint::NONE, sp(8)),
+    ];
+    let mut files = Files(BTreeMap::new());
+    files.0.insert(FileId(0xe), (deltas.clone(), None));
+    let mut run = Run::new();
+    run.load(0xe, &deltas, None);
+    let (_, seen) = run.model.0.delta_tables.iter().next().expect("the table");
+    let written = run.book.loaded()[&FileId(0xe)].map_ref.page_entries;
+    assert!(
+        seen.len() < 2 && written == 2,
+        "the dump lost the zero entry"
+    );
+    let r = reconcile_now(&run.model, &files);
+    assert_eq!(r.adopted, [FileId(0xe)]);
+}
