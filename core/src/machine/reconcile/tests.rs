@@ -1027,3 +1027,25 @@ fn a_table_whose_last_delta_reads_as_zero_is_adopted() {
     let r = reconcile_now(&run.model, &files);
     assert_eq!(r.adopted, [FileId(0xe)]);
 }
+
+#[test]
+fn more_tables_in_a_class_than_its_outer_map_holds_are_refused() {
+    let small = Capacities {
+        outer_entries: 2,
+        ..caps()
+    };
+    let mut observed = Model::new().0;
+    for id in 1..=3 {
+        observed
+            .delta_tables
+            .insert((8, FileId(id)), vec![abi::StackDelta::default(); 1]);
+    }
+    assert!(matches!(
+        reconcile(&observed, &[], small, GRACE, t(3)),
+        Err(ReconcileError::OverCapacity {
+            map: MapKind::DeltaTables(8),
+            len: 3,
+            capacity: 2
+        })
+    ));
+}
