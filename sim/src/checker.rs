@@ -301,8 +301,11 @@ pub fn check_rolled_back(
     let (now, then) = (after.unwind_infos(), before.unwind_infos());
     for slot in 0..now.len().max(then.len()) {
         let (n, t) = (now.get(slot), then.get(slot));
+        if n == t {
+            continue;
+        }
         let users = u16::try_from(slot).map_or(0, |s| book.slots().users(s));
-        if n != t && users > 0 {
+        if users > 0 {
             return Err(rolled(&format!(
                 "unwind_info_array[{slot}] ({t:?} -> {n:?}), which {users} tables use"
             )));

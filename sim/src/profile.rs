@@ -139,7 +139,8 @@ pub struct Setup {
     pub seed: u64,
     pub fault_rate: f64,
     /// The rate after a fault in the same action
-    /// ([`Profile::recovery_fault_rate`]; never below `fault_rate`).
+    /// ([`Profile::recovery_fault_rate`]); the simulator uses the larger of
+    /// this and `fault_rate`.
     pub recovery_fault_rate: f64,
     pub kernel: SimConfig,
     /// What the book believes the maps hold (at least the kernel's sizes).

@@ -282,10 +282,10 @@ fn run(action: Action, schedule: &Schedule) -> Seen {
                 // "Rolled back" is a promise: nothing is owed, no page,
                 // table or offsets entry of the load is left, and a slot it
                 // wrote holds zeros or a rule nothing references.
-                let owed = w.m.state().book.leftovers().contains_key(id);
+                let book = w.m.state().book;
+                let owed = book.leftovers().contains_key(id);
                 assert_eq!(*rolled_back, !owed, "{what}: {r:?}");
                 if *rolled_back {
-                    let book = w.m.state().book;
                     w.m.with_backend(|b| check_rolled_back(&maps_before, &b.maps, &book))
                         .unwrap_or_else(|v| panic!("{what}: {v}"));
                 }
