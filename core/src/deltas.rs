@@ -356,6 +356,27 @@ mod tests {
     }
 
     #[test]
+    fn rules_differing_in_two_fields_by_the_same_bits_differ() {
+        // same_rule folds the fields' differences together: differences
+        // that cancel out (or hide each other) must not make two rules equal.
+        let base = sp(16);
+        let mut opcode_and_param = base;
+        opcode_and_param.opcode ^= 1;
+        opcode_and_param.param ^= 1;
+        let mut opcode_and_fp_param = base;
+        opcode_and_fp_param.opcode ^= 1;
+        opcode_and_fp_param.fp_param ^= 1;
+        let mut param_and_fp_param = base;
+        param_and_fp_param.param ^= 1;
+        param_and_fp_param.fp_param ^= 1;
+        for other in [opcode_and_param, opcode_and_fp_param, param_and_fp_param] {
+            assert!(!same_rule(&base, &other), "{base:?} vs {other:?}");
+            assert!(!same_rule(&other, &base), "{other:?} vs {base:?}");
+        }
+        assert!(same_rule(&base, &sp(16)));
+    }
+
+    #[test]
     fn commands_lose_their_frame_pointer_rule() {
         let mut data = IntervalData::new();
         let mut stop = info::STOP;

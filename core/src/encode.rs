@@ -376,6 +376,12 @@ mod tests {
         framed.fp_opcode = opcode::BASE_CFA;
         framed.fp_param = -16;
         assert_eq!(merge_opcode(&d(0, sp(16)), &d(1, framed)), 0);
+        // Each frame-pointer field alone keeps a pair apart.
+        let (mut fp_param_only, mut fp_opcode_only) = (sp(24), sp(24));
+        fp_param_only.fp_param = -16;
+        fp_opcode_only.fp_opcode = opcode::BASE_CFA;
+        assert_eq!(merge_opcode(&d(0, sp(16)), &d(1, fp_param_only)), 0);
+        assert_eq!(merge_opcode(&d(0, sp(16)), &d(1, fp_opcode_only)), 0);
     }
 
     #[test]
