@@ -374,6 +374,20 @@ mod tests {
             assert!(!same_rule(&other, &base), "{other:?} vs {base:?}");
         }
         assert!(same_rule(&base, &sp(16)));
+        // Each field alone, against a rule whose every field is set.
+        let full = || UnwindInfo::new(opcode::BASE_SP, 16, opcode::BASE_CFA, -16);
+        assert!(same_rule(&full(), &full()));
+        for change in [
+            |i: &mut UnwindInfo| i.opcode = opcode::BASE_FP,
+            |i: &mut UnwindInfo| i.param = 0,
+            |i: &mut UnwindInfo| i.fp_opcode = 0,
+            |i: &mut UnwindInfo| i.fp_param = 0,
+            |i: &mut UnwindInfo| i.fp_param = -8,
+        ] {
+            let mut other = full();
+            change(&mut other);
+            assert!(!same_rule(&full(), &other), "{other:?}");
+        }
     }
 
     #[test]

@@ -385,6 +385,17 @@ mod tests {
     }
 
     #[test]
+    fn a_commands_rule_is_its_param_truncated_and_flagged() {
+        let command = |param| UnwindInfo::new(opcode::COMMAND, param, 0, 0);
+        assert_eq!(rule_of(info::STOP), Rule::Command(abi::encoded_command::STOP));
+        // As upstream: the low 16 bits, with the flag set whether or not
+        // the param already had it.
+        assert_eq!(rule_of(command(0x1_0002)), Rule::Command(0x8002));
+        assert_eq!(rule_of(command(0x8003)), Rule::Command(0x8003));
+        assert_eq!(rule_of(sp(16)), Rule::Slot(sp(16)));
+    }
+
+    #[test]
     fn a_merged_pair_becomes_one_entry() {
         let t = fresh(
             &draft(&[d(0x10, sp(16)), d(0x11, sp(8)), d(0x20, sp(8))], 16)
