@@ -455,6 +455,14 @@ mod tests {
     }
 
     #[test]
+    fn a_lone_end_marker_beyond_the_padding_stays() {
+        let mut data = IntervalData::new();
+        data.add(d(0x20, hint::GAP, info::INVALID));
+        data.add(d(0x20 + MINIMUM_GAP + 1, hint::NONE, sp(8)));
+        assert_eq!(data.len(), 2);
+    }
+
+    #[test]
     fn unsorted_appends_then_sort_gives_the_sorted_result() {
         let input = [
             d(0x30, hint::KEEP, sp(16)),

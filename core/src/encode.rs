@@ -548,6 +548,14 @@ mod tests {
             draft(&deltas, 65536),
             Err(EncodeError::TooManyPages { .. })
         ));
+        // The bound is inclusive: first and last delta four pages apart
+        // span five pages.
+        let five_pages = [d(0x10, sp(8)), d((4 << PAGE_BITS) + 0x10, sp(16))];
+        assert!(matches!(draft(&five_pages, 5), Ok(Some(_))));
+        assert!(matches!(
+            draft(&five_pages, 4),
+            Err(EncodeError::TooManyPages { pages: 5, max: 4 })
+        ));
     }
 
     /// Alternating rules so that nothing folds or merges.
