@@ -435,6 +435,12 @@ mod tests {
         data.add(d(0x20, hint::GAP, info::INVALID));
         data.add(d(0x25, hint::KEEP, sp(8)));
         assert_eq!(data.deltas, vec![d(0x10, hint::KEEP, sp(8))]);
+        // Only a KEEP hint carries over.
+        let mut data = IntervalData::new();
+        data.add(d(0x10, hint::NONE, sp(8)));
+        data.add(d(0x20, hint::GAP, info::INVALID));
+        data.add(d(0x25, hint::NONE, sp(8)));
+        assert_eq!(data.deltas, vec![d(0x10, hint::NONE, sp(8))]);
     }
 
     #[test]

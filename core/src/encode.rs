@@ -594,5 +594,15 @@ mod tests {
                 count: 65536
             })
         );
+        // The error names the page that overflowed, not the first one.
+        let mut later = vec![d(0x1_0000, sp(16))];
+        later.extend(distinct(65536, 1).iter().map(|x| d(0x3_0000 + x.address, x.info)));
+        assert_eq!(
+            draft(&later, 16),
+            Err(EncodeError::PageOverflow {
+                page: 0x3_0000,
+                count: 65536
+            })
+        );
     }
 }
