@@ -262,11 +262,6 @@ impl Detached {
         }
     }
 
-    /// The run's own list (as if appended to an empty list).
-    pub fn deltas(&self) -> &[StackDelta] {
-        &self.data.deltas
-    }
-
     /// An append while the list is short: logged, or its lowest touched
     /// index recorded.
     #[cold]
@@ -326,12 +321,6 @@ impl Detached {
         to.deltas.extend_from_slice(&replayed.deltas[..keep]);
         to.deltas.extend_from_slice(&self.data.deltas[from..]);
         Ok(())
-    }
-}
-
-impl Default for Detached {
-    fn default() -> Self {
-        Self::with_capacity(0)
     }
 }
 
@@ -557,7 +546,7 @@ mod tests {
             }
             let before = front.clone();
             let mut naive = front.clone();
-            naive.deltas.extend_from_slice(run.deltas());
+            naive.deltas.extend_from_slice(&run.data.deltas);
             if naive != sequential {
                 naive_wrong += 1;
             }
@@ -575,6 +564,30 @@ mod tests {
         assert!(naive_wrong * 10 > cases, "{naive_wrong} of {cases}");
     }
 
+    #[test]
+    fn an_append_after_the_log_touches_only_the_tail_unless_it_lands_in_a_markers_padding() {
+        let rules = [sp(8), sp(24)];
+        let mut run = Detached::with_capacity(0);
+        for i in 0..Detached::LOG_LEN as u64 {
+            DeltaSink::add_ex(
+                &mut run,
+                d(0x10 * (i + 1), hint::NONE, rules[i as usize % 2]),
+                true,
+            );
+        }
+        assert!(run.logged.is_some());
+        // Within MINIMUM_GAP of a tail that is no end marker: only the
+        // tail is read.
+        let next = d(0x40 + MINIMUM_GAP, hint::GAP, sp(32));
+        DeltaSink::add_ex(&mut run, next, true);
+        assert_eq!(run.floor, Detached::LOG_LEN - 1);
+        // Within the padding of the end marker just added: the element
+        // before it is read too.
+        DeltaSink::add_ex(&mut run, d(next.address + 1, hint::NONE, sp(8)), true);
+        assert_eq!(run.floor, Detached::LOG_LEN - 1);
+        assert!(!run.reached_front);
+    }
+
     /// Appends `ops` one by one, and as a detached run behind `front`.
     fn sequential_and_attached(
         front: &[(StackDelta, bool)],
@@ -588,7 +601,7 @@ mod tests {
         for &(x, sorted) in front {
             list.add_ex(x, sorted);
         }
-        let mut run = Detached::default();
+        let mut run = Detached::with_capacity(0);
         for &(x, sorted) in ops {
             DeltaSink::add_ex(&mut run, x, sorted);
         }

@@ -387,7 +387,10 @@ mod tests {
     #[test]
     fn a_commands_rule_is_its_param_truncated_and_flagged() {
         let command = |param| UnwindInfo::new(opcode::COMMAND, param, 0, 0);
-        assert_eq!(rule_of(info::STOP), Rule::Command(abi::encoded_command::STOP));
+        assert_eq!(
+            rule_of(info::STOP),
+            Rule::Command(abi::encoded_command::STOP)
+        );
         // As upstream: the low 16 bits, with the flag set whether or not
         // the param already had it.
         assert_eq!(rule_of(command(0x1_0002)), Rule::Command(0x8002));
@@ -596,7 +599,11 @@ mod tests {
         );
         // The error names the page that overflowed, not the first one.
         let mut later = vec![d(0x1_0000, sp(16))];
-        later.extend(distinct(65536, 1).iter().map(|x| d(0x3_0000 + x.address, x.info)));
+        later.extend(
+            distinct(65536, 1)
+                .iter()
+                .map(|x| d(0x3_0000 + x.address, x.info)),
+        );
         assert_eq!(
             draft(&later, 16),
             Err(EncodeError::PageOverflow {

@@ -435,7 +435,7 @@ mod tests {
             walk(&mut first, &fdes[..split], &mut got);
             assert!(first.same_state(&start), "split {split}: wrong guess");
             let mut second = start.clone();
-            let mut run = Detached::default();
+            let mut run = Detached::with_capacity(0);
             walk(&mut second, &fdes[split..], &mut run);
             assert!(run.attach_to(&mut got).is_ok(), "split {split}");
             first.join(second);
