@@ -122,16 +122,27 @@ impl Healthy {
 
 fn projection_says(result: Result<(), Violation>, words: &str) {
     match result {
-        Err(Violation::Projection(text)) => assert!(text.contains(words), "{text}"),
+        Err(v @ Violation::Projection(_)) => {
+            let shown = v.to_string();
+            assert!(
+                shown.starts_with("projection: ") && shown.contains(words),
+                "{shown}"
+            );
+        }
         other => panic!("wanted a projection violation with {words:?}, got {other:?}"),
     }
 }
 
 fn reader_unsafe(result: Result<(), Violation>) {
-    assert!(
-        matches!(result, Err(Violation::ReaderSafety { .. })),
-        "{result:?}"
-    );
+    match result {
+        Err(v @ Violation::ReaderSafety { address, .. }) => {
+            // The report names the check and the address to reproduce it.
+            let shown = v.to_string();
+            assert!(shown.starts_with("reader safety: file "), "{shown}");
+            assert!(shown.contains(&format!("address {address:#x}")), "{shown}");
+        }
+        other => panic!("wanted a reader-safety violation, got {other:?}"),
+    }
 }
 
 #[test]
@@ -305,6 +316,11 @@ fn a_wrong_answer_is_caught_by_lookup_equivalence() {
         matches!(result, Err(Violation::LookupEquivalence { file_id, .. }) if file_id == FILE),
         "{result:?}"
     );
+    let shown = result.unwrap_err().to_string();
+    assert!(
+        shown.starts_with(&format!("lookup equivalence: file {FILE} address 0x")),
+        "{shown}"
+    );
 }
 
 #[test]
@@ -383,7 +399,13 @@ fn book_and_plan() -> (eim_core::machine::KernelBook, eim_core::machine::LoadPla
 
 fn accounting_says(result: Result<(), Violation>, words: &str) {
     match result {
-        Err(Violation::Accounting(text)) => assert!(text.contains(words), "{text}"),
+        Err(v @ Violation::Accounting(_)) => {
+            let shown = v.to_string();
+            assert!(
+                shown.starts_with("accounting: ") && shown.contains(words),
+                "{shown}"
+            );
+        }
         other => panic!("wanted an accounting violation with {words:?}, got {other:?}"),
     }
 }
