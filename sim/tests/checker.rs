@@ -240,6 +240,26 @@ fn a_slot_holding_another_rule_is_caught() {
 }
 
 #[test]
+fn the_books_last_slot_zeroed_in_the_kernel_is_caught() {
+    // The kernel's array then ends before the book's: the check must
+    // reach the book's last slot too.
+    let h = healthy();
+    let (last, _) = h
+        .state
+        .book
+        .slots()
+        .occupied()
+        .last()
+        .expect("slots in use");
+    let maps = h.written(MapOp::PutUnwindInfos(vec![(last, UnwindInfo::default())]));
+    assert!(maps.unwind_info_extent() <= usize::from(last));
+    projection_says(
+        check_projection(&h.state, &maps),
+        &format!("unwind_info_array[{last}] holds"),
+    );
+}
+
+#[test]
 fn a_rule_in_a_slot_the_book_thinks_free_is_caught() {
     // Past the book's extent: the check must look beyond it.
     let h = healthy();
