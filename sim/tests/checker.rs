@@ -456,3 +456,19 @@ fn a_plan_committed_to_another_book_is_caught() {
     other.commit_load(plan);
     accounting_says(check_accounting(&other), "above the high-water mark");
 }
+
+#[test]
+fn a_plan_committed_after_it_was_rolled_back_is_caught() {
+    // The rollback freed the plan's slots; committing it anyway leaves a
+    // table that uses free slots.
+    let (mut book, plan) = book_and_plan();
+    let stopped = eim_core::machine::Stopped {
+        at: 0,
+        failure: eim_core::ops::OpFailure::new(eim_core::ops::Errno::ENOMEM, 0),
+    };
+    let rollback = book.abort_load(&plan, stopped);
+    assert!(book.finish_rollback(rollback, Ok(())));
+    assert_eq!(check_accounting(&book), Ok(()));
+    book.commit_load(plan);
+    accounting_says(check_accounting(&book), "state Free");
+}
