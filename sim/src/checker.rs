@@ -28,7 +28,7 @@ use std::time::Duration;
 use eim_core::abi::{StackDeltaPageKey, UnwindInfo, PAGE_BITS, PAGE_SIZE};
 use eim_core::deltas::IntervalData;
 use eim_core::machine::slots::SlotState;
-use eim_core::machine::KernelBook;
+use eim_core::machine::{KernelBook, Timestamp};
 use eim_core::manager::StateView;
 use eim_core::ops::MapOp;
 use eim_core::FileId;
@@ -400,17 +400,13 @@ fn check_slot_accounting(book: &KernelBook) -> Result<(), Violation> {
         let want = users.get(&slot).copied().unwrap_or(0);
         let content = slots.content(slot);
         let state = slots.state(slot);
-        let ok = match state {
-            SlotState::Free => want == 0 && content.is_none() && free.contains(&slot),
-            SlotState::Live { users } => {
-                users == want && content.is_some() && !cooling.contains_key(&slot)
-            }
-            SlotState::Cooling { reusable_at } => {
-                want == 0 && cooling.get(&slot) == Some(&reusable_at) && !free.contains(&slot)
-            }
-            SlotState::Reserved => false,
+        let seen = SlotRecord {
+            tables: want,
+            content,
+            cooling_until: cooling.get(&slot).copied(),
+            listed_free: free.contains(&slot),
         };
-        if !ok {
+        if !seen.agrees_with(state) {
             return accounting(format!(
                 "slot {slot}: state {state:?}, holds {content:?}, {want} tables reference it"
             ));
@@ -446,6 +442,37 @@ fn check_slot_accounting(book: &KernelBook) -> Result<(), Violation> {
         ));
     }
     Ok(())
+}
+
+/// What the book records of one slot, besides its state: the tables that
+/// use it, its content, its place in the cooling queue and the free list.
+#[derive(Clone, Copy, Debug)]
+struct SlotRecord {
+    tables: u32,
+    content: Option<UnwindInfo>,
+    cooling_until: Option<Timestamp>,
+    listed_free: bool,
+}
+
+impl SlotRecord {
+    /// Whether `state` is the one these records allow. The book keeps them
+    /// consistent by construction, so no misuse of its API can break most
+    /// of these; they are tested here, one record at a time.
+    fn agrees_with(&self, state: SlotState) -> bool {
+        match state {
+            SlotState::Free => self.tables == 0 && self.content.is_none() && self.listed_free,
+            SlotState::Live { users } => {
+                users == self.tables && self.content.is_some() && self.cooling_until.is_none()
+            }
+            // A rollback may have zeroed a cooling slot: its content is
+            // not part of its state.
+            SlotState::Cooling { reusable_at } => {
+                self.tables == 0 && self.cooling_until == Some(reusable_at) && !self.listed_free
+            }
+            // A plan's reservation outlived the plan.
+            SlotState::Reserved => false,
+        }
+    }
 }
 
 /// The page-aligned addresses of every page from the first delta's page to
@@ -601,4 +628,72 @@ pub fn check_all(state: &StateView, maps: &SimMaps, sources: &Sources) -> Result
     check_projection(state, maps)?;
     check_reader_safety(maps, sources, 16)?;
     check_lookup_equivalence(state, maps, sources, 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eim_core::deltas::info::sp;
+
+    const LATER: Timestamp = Timestamp(Duration::from_nanos(5));
+
+    fn record(tables: u32, content: bool, cooling: bool, free: bool) -> SlotRecord {
+        SlotRecord {
+            tables,
+            content: content.then(|| sp(8)),
+            cooling_until: cooling.then_some(LATER),
+            listed_free: free,
+        }
+    }
+
+    /// Every combination of the four records against `state`: exactly the
+    /// combinations `allowed` passes (tables, content, cooling, listed free).
+    fn only(state: SlotState, allowed: impl Fn(u32, bool, bool, bool) -> bool) {
+        for t in [0, 1, 2] {
+            for c in [false, true] {
+                for q in [false, true] {
+                    for f in [false, true] {
+                        assert_eq!(
+                            record(t, c, q, f).agrees_with(state),
+                            allowed(t, c, q, f),
+                            "{state:?}: {t} tables, content {c}, cooling {q}, listed free {f}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_free_slot_has_no_table_no_content_and_is_listed_free() {
+        only(SlotState::Free, |t, c, _, f| t == 0 && !c && f);
+    }
+
+    #[test]
+    fn a_live_slot_has_as_many_tables_as_users_a_rule_and_no_cooling_time() {
+        for users in [1, 2] {
+            only(SlotState::Live { users }, |t, c, q, _| {
+                t == users && c && !q
+            });
+        }
+    }
+
+    #[test]
+    fn a_cooling_slot_serves_no_table_and_waits_for_its_time_off_the_free_list() {
+        only(SlotState::Cooling { reusable_at: LATER }, |t, _, q, f| {
+            t == 0 && q && !f
+        });
+        let early = SlotRecord {
+            cooling_until: Some(Timestamp(Duration::from_nanos(4))),
+            ..record(0, true, true, false)
+        };
+        assert!(!early.agrees_with(SlotState::Cooling { reusable_at: LATER }));
+    }
+
+    #[test]
+    fn a_reserved_slot_never_agrees() {
+        for t in [0, 1] {
+            assert!(!record(t, true, false, false).agrees_with(SlotState::Reserved));
+        }
+    }
 }
