@@ -691,6 +691,39 @@ mod tests {
     }
 
     #[test]
+    fn page_samples_are_each_delta_and_its_neighbours_the_bounds_and_the_spread() {
+        use eim_core::deltas::{hint, StackDelta};
+        let page = 3 << PAGE_BITS;
+        let at = |address| StackDelta::new(address, hint::NONE, sp(8));
+        let data = IntervalData {
+            deltas: vec![
+                at(page - 0x10),
+                at(page),
+                at(page + 0x100),
+                at(page + 0x200),
+                at(page + PAGE_SIZE),
+            ],
+        };
+        let got = page_samples(&data, page, 2);
+        let mut want = vec![
+            page,
+            page + 1,
+            page + 0xff,
+            page + 0x100,
+            page + 0x101,
+            page + 0x1ff,
+            page + 0x200,
+            page + 0x201,
+            page + PAGE_SIZE - 1,
+            // The spread: two points half a page apart, 7 bytes in.
+            page + 7,
+            page + PAGE_SIZE / 2 + 7,
+        ];
+        want.sort_unstable();
+        assert_eq!(got, want);
+    }
+
+    #[test]
     fn a_reserved_slot_never_agrees() {
         for t in [0, 1] {
             assert!(!record(t, true, false, false).agrees_with(SlotState::Reserved));
