@@ -379,6 +379,9 @@ mod tests {
 
     #[test]
     fn wire_round_trips() {
+        // The plain keys and values of the hash and array maps.
+        round_trip(0x0102_0304u32);
+        round_trip(0x0102_0304_0506_0708u64);
         round_trip(StackDelta {
             addr_low: 0xbeef,
             unwind_info: 0x8003,
