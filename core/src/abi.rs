@@ -370,6 +370,17 @@ pub fn class_entries(class: u16) -> Option<u32> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn encoded_commands_are_the_kernel_values() {
+        // spec/UPSTREAM_FACTS.md, "Encoded command values": what the BPF
+        // unwinder compares a delta with.
+        use encoded_command::*;
+        assert_eq!(
+            [INVALID, STOP, PLT, SIGNAL, FRAME_POINTER],
+            [0x8000, 0x8001, 0x8002, 0x8003, 0x8004]
+        );
+    }
+
     fn round_trip<T: Wire + PartialEq + core::fmt::Debug>(v: T) {
         let bytes = v.to_bytes();
         assert_eq!(bytes.len(), T::SIZE);

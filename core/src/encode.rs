@@ -399,6 +399,27 @@ mod tests {
     }
 
     #[test]
+    fn every_command_encodes_to_the_value_the_reader_compares_with() {
+        // The reader (BPF and the simulator's) compares a delta's value with
+        // `encoded_command`; the encoder computes it from the command.
+        use abi::{command as c, encoded_command as e};
+        let command = |param| UnwindInfo::new(opcode::COMMAND, param, 0, 0);
+        for (param, want) in [
+            (c::INVALID, e::INVALID),
+            (c::STOP, e::STOP),
+            (c::PLT, e::PLT),
+            (c::SIGNAL, e::SIGNAL),
+            (c::FRAME_POINTER, e::FRAME_POINTER),
+        ] {
+            assert_eq!(
+                rule_of(command(param)),
+                Rule::Command(want),
+                "command {param}"
+            );
+        }
+    }
+
+    #[test]
     fn a_merged_pair_becomes_one_entry() {
         let t = fresh(
             &draft(&[d(0x10, sp(16)), d(0x11, sp(8)), d(0x20, sp(8))], 16)
