@@ -13,8 +13,8 @@ use std::path::Path;
 
 use eim_core::deltas::IntervalData;
 use eim_core::elf::Elf;
-use eim_core::info::{DtvInfo, LibcInfo, TsdInfo};
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
+use eim_core::tsd::{DtvInfo, LibcInfo, TsdInfo};
 
 use crate::elf_file::{DebugFile, ElfFileRef, OpenElf, Unreliable, DEFAULT_MAX_SIZE};
 use eim_core::elf::extract::{DebugBytes, DebugFileError};

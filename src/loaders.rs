@@ -6,8 +6,9 @@ use std::path::Path;
 
 use eim_core::deltas::IntervalData;
 use eim_core::elf::Elf;
-use eim_core::interp::{self, LoaderInfo, LoaderMatch};
+use eim_core::interp::LoaderInfo;
 use eim_core::provider::{ExtractError, Provider};
+use eim_core::tracers::LoaderMatch;
 use eim_core::{FileId, Tracers};
 
 use crate::{ElfFileRef, ElfProvider};
@@ -28,7 +29,7 @@ pub fn detect(
     tracers: Tracers,
 ) -> Vec<LoaderMatch> {
     let info = LoaderInfo::new(file_id, name, elf, &data.deltas);
-    interp::detect(&info, tracers)
+    eim_core::tracers::detect(&info, tracers)
 }
 
 /// What every loader says about the file at `path`: its stack deltas are

@@ -22,8 +22,8 @@ use serde::Serialize;
 
 use eim_bpf::{PinReport, PinState};
 use eim_core::abi;
-use eim_core::info::LibcInfo;
 use eim_core::metrics::{self, MetricId};
+use eim_core::tsd::LibcInfo;
 
 use crate::backend::{Inspect, InspectError};
 use crate::scan::{Counters, FileRecord, Host, Problem, ProblemKind};
@@ -637,7 +637,7 @@ fn found<'a>(files: impl Iterator<Item = &'a FileRecord>) -> Vec<Found> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eim_core::info::{DtvInfo, TsdInfo};
+    use eim_core::tsd::{DtvInfo, TsdInfo};
 
     #[test]
     fn a_c_library_shows_each_layout_it_has() {

@@ -605,7 +605,7 @@ fn mutated_interpreter_files_never_panic() {
                     end: 0x90_0000,
                 }];
                 let info = LoaderInfo::with_gaps(FileId(1), name, &elf, gaps);
-                let _ = interp::detect(&info, ALL_TRACERS);
+                let _ = eim::tracers::detect(&info, ALL_TRACERS);
             }
             bytes.copy_from_slice(&original);
         }

@@ -28,8 +28,9 @@ use eim::elf::ehframe::Parallelism;
 use eim::elf::source::BLOCK;
 use eim::elf::{extract_with, ByteSource, Elf, LazyFile, SourceError};
 use eim::interp::access::Symbol;
-use eim::interp::{self, Built, LoaderError, LoaderInfo, LoaderMatch, Symbols};
+use eim::interp::{Built, LoaderError, LoaderInfo, Symbols};
 use eim::loaders::ALL_TRACERS;
+use eim::tracers::{self, LoaderMatch};
 use eim::FileId;
 
 fn testdata() -> PathBuf {
@@ -112,7 +113,7 @@ fn assert_rejected_cheaply(path: &Path) -> u64 {
     let extracted = std::mem::take(&mut *reads.lock().expect("not poisoned"));
     let name = path.to_string_lossy();
     let info = LoaderInfo::new(FileId(1), &name, &elf, &data.deltas);
-    let matches = interp::detect(&info, ALL_TRACERS);
+    let matches = tracers::detect(&info, ALL_TRACERS);
     assert!(matches.is_empty(), "{}: {matches:?}", path.display());
     assert_eq!(
         info.built(),

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use eim::interp::php::{JitBufferPointers, JitReturn, OpcacheData, PhpData};
-use eim::interp::LoaderMatch;
 use eim::loaders::inspect;
+use eim::tracers::LoaderMatch;
 
 const PHP_DIR: &str = "usr/lib/php";
 

@@ -39,7 +39,8 @@ use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
 use eim_core::deltas::IntervalData;
 use eim_core::elf::ehframe::Parallelism;
 use eim_core::elf::{extract_with, Elf, LazyFile};
-use eim_core::interp::{self, LoaderInfo, LoaderMatch, LOADERS};
+use eim_core::interp::LoaderInfo;
+use eim_core::tracers::{self, LoaderMatch, LOADERS};
 use eim_core::{FileId, Tracers};
 
 const ALL_TRACERS: Tracers = Tracers(u32::MAX);
@@ -61,7 +62,7 @@ fn extracted<'d>(file: &'d LazyFile, parallelism: Parallelism) -> Option<(Elf<'d
 /// Every enabled loader's answer, as `eim::loaders::detect` asks them.
 fn detect(name: &str, elf: &Elf<'_>, data: &IntervalData) -> Vec<LoaderMatch> {
     let info = LoaderInfo::new(FileId(1), name, elf, &data.deltas);
-    interp::detect(&info, ALL_TRACERS)
+    tracers::detect(&info, ALL_TRACERS)
 }
 
 /// One pass over `files`: the time in each phase, and the matches.

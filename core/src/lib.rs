@@ -29,11 +29,15 @@ pub mod provider;
 mod sync;
 pub mod text;
 pub mod text_input;
+pub mod tracers;
 pub mod tsd;
 
 pub use error::Error;
-pub use info::{DtvInfo, ExecutableInfo, InterpreterData, LibcInfo, TsdInfo};
-pub use manager::{Config, ExecutableInfoManager, Tracers};
+pub use info::ExecutableInfo;
+pub use interp::InterpreterData;
+pub use manager::{Config, ExecutableInfoManager};
+pub use tracers::Tracers;
+pub use tsd::{DtvInfo, LibcInfo, TsdInfo};
 
 use std::fmt;
 

@@ -22,7 +22,6 @@ use crate::deltas::{IntervalData, StackDelta};
 use crate::driver::execute;
 use crate::error::Error;
 use crate::info::ExecutableInfo;
-use crate::interp;
 use crate::machine::{
     deferred, reconcile, Capacities, Deferred, FileEntry, FileTable, KernelBook, MapRef, Observed,
     PlanError, ReconcileError, Release, ReleaseError, Timestamp, Wanted,
@@ -31,6 +30,7 @@ use crate::metrics::{self, Summary};
 use crate::ops::{Backend, MapKind};
 use crate::provider::{ExtractError, Extraction, Provider};
 use crate::sync::{lock, Arc, Condvar, Mutex};
+use crate::tracers::{self, Tracers};
 use crate::FileId;
 
 /// The source of "now" for deferral and delayed unloading.
@@ -78,30 +78,6 @@ impl Clock for ManualClock {
 impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     fn now(&self) -> Timestamp {
         (**self).now()
-    }
-}
-
-/// The interpreter tracers a profiler enables (upstream's `includeTracers`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Tracers(pub u32);
-
-impl Tracers {
-    pub const PERL: u32 = 1 << 0;
-    pub const PYTHON: u32 = 1 << 1;
-    pub const PHP: u32 = 1 << 2;
-    pub const HOTSPOT: u32 = 1 << 3;
-    pub const RUBY: u32 = 1 << 4;
-    pub const V8: u32 = 1 << 5;
-    pub const DOTNET: u32 = 1 << 6;
-    pub const GO: u32 = 1 << 7;
-    pub const LABELS: u32 = 1 << 8;
-
-    pub fn none() -> Self {
-        Self(0)
-    }
-
-    pub fn contains(self, tracer: u32) -> bool {
-        self.0 & tracer != 0
     }
 }
 
@@ -159,7 +135,7 @@ pub struct CleanupReport {
 /// A consistent copy of the whole state, for checkers and tests.
 #[derive(Clone, Debug)]
 pub struct StateView {
-    pub files: BTreeMap<FileId, FileEntry>,
+    pub files: BTreeMap<FileId, FileEntry<ExecutableInfo>>,
     pub book: KernelBook,
     pub in_flight: usize,
 }
@@ -237,7 +213,7 @@ struct Padded<T>(T);
 
 #[derive(Default)]
 struct Shard {
-    files: FileTable,
+    files: FileTable<ExecutableInfo>,
     /// Extractions in flight, with the number of callers waiting on each.
     flights: HashMap<FileId, (Arc<Flight>, u64)>,
 }
@@ -550,7 +526,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         }
         let offsets: BTreeMap<FileId, Option<OffsetRange>> = extracted
             .iter()
-            .map(|(id, (e, _))| (*id, interp::offsets_of(&e.interpreters)))
+            .map(|(id, (e, _))| (*id, tracers::offsets_of(&e.interpreters)))
             .collect();
         let wanted: Vec<Wanted<'_>> = extracted
             .iter()
@@ -743,7 +719,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 return Err(Error::Extraction { file_id, source });
             }
         };
-        let offsets = interp::offsets_of(&extraction.interpreters);
+        let offsets = tracers::offsets_of(&extraction.interpreters);
         let loaded =
             lock(&self.kernel).load_with(&*self.clock, file_id, &extraction.data.deltas, offsets);
         match loaded {
@@ -921,7 +897,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         let batch: Vec<(FileId, &[StackDelta], Option<OffsetRange>)> = extracted
             .iter()
             .map(|(n, e)| {
-                let offsets = interp::offsets_of(&e.interpreters);
+                let offsets = tracers::offsets_of(&e.interpreters);
                 (mine[*n].1.file_id, &e.data.deltas[..], offsets)
             })
             .collect();
@@ -1021,7 +997,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
     /// is always on, as upstream's). They run in the provider's
     /// [`Provider::extract_for`]; a provider without loaders runs none.
     pub fn num_interpreter_loaders(&self) -> usize {
-        interp::enabled(self.tracers).count()
+        tracers::enabled(self.tracers).count()
     }
 
     /// Sets upstream's five metrics. The provider counters are reset by the read.

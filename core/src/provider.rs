@@ -6,10 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::deltas::IntervalData;
-use crate::info::LibcInfo;
-use crate::interp::LoaderMatch;
-use crate::manager::Tracers;
+use crate::elf::extract;
+use crate::tracers::{LoaderMatch, Tracers};
+use crate::tsd::LibcInfo;
 use crate::FileId;
+
+// The kind belongs to extraction (the ELF side sets it); a provider's
+// error carries it, so it is reachable from here too.
+pub use crate::elf::extract::ExtractErrorKind;
 
 /// What extraction yields for one file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -19,18 +23,6 @@ pub struct Extraction {
     pub libc: LibcInfo,
     /// What every enabled interpreter loader that recognised the file said.
     pub interpreters: Vec<LoaderMatch>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExtractErrorKind {
-    /// The file or its process is gone: not deferred, not counted.
-    NotFound,
-    /// The file is not a usable ELF, or its unwind data is malformed.
-    Invalid,
-    /// The file exceeds a configured limit.
-    TooLarge,
-    /// Reading failed for another reason.
-    Io,
 }
 
 /// An extraction failure, naming the file.
@@ -53,6 +45,12 @@ impl ExtractError {
             path: path.into(),
             message: message.into(),
         }
+    }
+
+    /// The provider-level error for an ELF extraction failure of the file
+    /// at `path`.
+    pub fn of_elf(path: impl Into<String>, e: &extract::ExtractError) -> Self {
+        Self::new(e.kind(), path, e.to_string())
     }
 
     pub fn is_not_found(&self) -> bool {

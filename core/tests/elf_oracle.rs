@@ -488,7 +488,7 @@ fn the_debug_link_file_adds_its_debug_frame() {
         err.to_string(),
         "failure to parse debug stack deltas: the process is gone"
     );
-    assert!(err.to_provider_error("/x").is_not_found());
+    assert!(eim_core::provider::ExtractError::of_elf("/x", &err).is_not_found());
 }
 
 proptest::proptest! {

@@ -3,11 +3,11 @@
 //! bytes here), the DTV values of spec 7.2, and hostile function bodies.
 
 use eim_core::elf::{Arch, Elf};
-use eim_core::info::{DtvInfo, TsdInfo};
 use eim_core::tsd::{
     analyse_dtv, analyse_tsd, extract_dtv, extract_tsd, is_potential_libc_dso,
     is_potential_tsd_dso, AnalysisError, TsdError,
 };
+use eim_core::tsd::{DtvInfo, TsdInfo};
 
 mod oracle_inputs;
 use oracle_inputs::{inputs, testdata};

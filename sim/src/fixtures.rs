@@ -5,7 +5,8 @@
 use eim_core::abi::program;
 use eim_core::deltas::info::{sp, INVALID};
 use eim_core::deltas::{IntervalData, StackDelta};
-use eim_core::interp::{InterpreterOffsets, Loaded, LoaderMatch};
+use eim_core::interp::{InterpreterOffsets, Loaded};
+use eim_core::tracers::LoaderMatch;
 use eim_core::InterpreterData;
 
 /// Deltas from `(address, hints, cfa)` rows: the rule is "CFA = SP + cfa",

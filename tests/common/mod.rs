@@ -11,8 +11,9 @@ use std::ops::Range;
 use std::path::Path;
 use std::process::Command;
 
-use eim::interp::{Loaded, LoaderMatch};
+use eim::interp::Loaded;
 use eim::loaders::inspect;
+use eim::tracers::LoaderMatch;
 
 /// A loud skip of a test whose input `what` is missing, or a failure when
 /// the inputs are required.

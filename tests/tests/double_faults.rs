@@ -22,11 +22,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eim_core::deltas::{hint, IntervalData};
-use eim_core::interp::LoaderMatch;
 use eim_core::machine::Capacities;
 use eim_core::manager::ManualClock;
 use eim_core::ops::Errno;
 use eim_core::provider::{Extraction, MemoryProvider};
+use eim_core::tracers::LoaderMatch;
 use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo, Tracers};
 use eim_sim::fixtures::{deltas, python, three_pages};
 use eim_sim::{check_all, check_rolled_back, Observed, SimConfig, SimMaps, Sources};

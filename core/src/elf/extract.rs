@@ -12,7 +12,6 @@ use super::ehframe::{self, CfiError, FdeFilter, ForkFilter, Parallelism};
 use super::gopclntab::{self, GoError};
 use super::{entry, Elf, FileView};
 use crate::deltas::{hint, info, DeltaSink, IntervalData, StackDelta};
-use crate::provider::ExtractErrorKind;
 
 /// With fewer deltas than this after the file's own sources, the
 /// debug-link file's `.debug_frame` is parsed too
@@ -101,6 +100,19 @@ pub enum Cause {
     DebugFile(#[from] DebugFileError),
 }
 
+/// What kind of failure an extraction is, for the caller's policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtractErrorKind {
+    /// The file or its process is gone: not deferred, not counted.
+    NotFound,
+    /// The file is not a usable ELF, or its unwind data is malformed.
+    Invalid,
+    /// The file exceeds a configured limit.
+    TooLarge,
+    /// Reading failed for another reason.
+    Io,
+}
+
 /// An extraction failure: the stage (worded as upstream's stage wrappers)
 /// and the cause. [`ExtractError::kind`] keeps a debug-link opener's
 /// `NotFound` distinguishable, unlike upstream's `%v` wrapping.
@@ -127,11 +139,6 @@ impl ExtractError {
             Cause::DebugFile(e) => e.kind,
             Cause::Go(_) | Cause::Cfi(_) => ExtractErrorKind::Invalid,
         }
-    }
-
-    /// The provider-level error for the file at `path`.
-    pub fn to_provider_error(&self, path: impl Into<String>) -> crate::provider::ExtractError {
-        crate::provider::ExtractError::new(self.kind(), path, self.to_string())
     }
 }
 

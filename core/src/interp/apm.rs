@@ -7,8 +7,8 @@
 //! `elastic_apm_profiling_correlation_tls_v1`. No `interpreter_offsets`.
 
 use super::names::APM;
+use super::InterpreterData;
 use super::{Loaded, LoaderError, LoaderInfo};
-use crate::info::InterpreterData;
 
 pub const NAME: &str = "apm";
 

@@ -6,8 +6,8 @@
 //! globals through. .NET needs no `interpreter_offsets`.
 
 use super::names::DOTNET;
+use super::InterpreterData;
 use super::{Loaded, LoaderError, LoaderInfo, Version};
-use crate::info::InterpreterData;
 
 pub const NAME: &str = "dotnet";
 

@@ -23,10 +23,10 @@ pub mod stackcheck;
 
 use super::access::read_u8;
 use super::evidence::{GO_BUILDINFO, GO_PCLNTAB};
+use super::InterpreterData;
 use super::{Loaded, LoaderError, LoaderInfo};
 use crate::elf::gopclntab::{function_range, go_version, table_summary};
 use crate::elf::Arch;
-use crate::info::InterpreterData;
 
 pub const NAME: &str = "go";
 pub const LABELS_NAME: &str = "golabels";

@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 
 use super::access::{named_entries, read_u32, read_u64, string_at, Relocations, Symbols};
 use super::names::HOTSPOT;
+use super::InterpreterData;
 use super::{Loaded, LoaderError, LoaderInfo};
 use crate::elf::Elf;
-use crate::info::InterpreterData;
 
 pub const NAME: &str = "hotspot";
 

@@ -8,9 +8,9 @@
 
 use super::access::{read_u8, Symbol};
 use super::names::{PERL_EXE, PERL_LIB};
+use super::InterpreterData;
 use super::{InterpreterOffsets, Loaded, LoaderError, LoaderInfo, Version};
 use crate::abi::program;
-use crate::info::InterpreterData;
 
 pub const NAME: &str = "perl";
 

@@ -23,10 +23,10 @@ use super::php_code::{
     jit_buffer_pointers, jit_return_address, vm_kind, EXECUTE_EX_BYTES, UNPROTECT_BYTES,
     VM_KIND_BYTES, VM_KIND_HYBRID,
 };
+use super::InterpreterData;
 use super::{InterpreterOffsets, Loaded, LoaderError, LoaderInfo, Version};
 use crate::abi::program;
 use crate::elf::Elf;
-use crate::info::InterpreterData;
 
 pub const NAME: &str = "php";
 pub const OPCACHE_NAME: &str = "php-opcache";

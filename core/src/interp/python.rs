@@ -30,11 +30,11 @@ use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic, OpKind};
 
 use super::access::{read_u32, Relocations, Symbol, Symbols};
 use super::names::{PYTHON_EXE, PYTHON_LIB};
+use super::InterpreterData;
 use super::{InterpreterOffsets, Loaded, LoaderError, LoaderInfo, Version};
 use crate::abi::program;
 use crate::elf::ehframe::lookup_fde;
 use crate::elf::{Arch, Elf};
-use crate::info::InterpreterData;
 
 pub const NAME: &str = "python";
 

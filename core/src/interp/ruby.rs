@@ -7,9 +7,9 @@
 
 use super::access::{read_cstr, Symbol};
 use super::names::RUBY;
+use super::InterpreterData;
 use super::{InterpreterOffsets, Loaded, LoaderError, LoaderInfo, Version};
 use crate::abi::program;
-use crate::info::InterpreterData;
 
 pub const NAME: &str = "ruby";
 

@@ -16,10 +16,10 @@ use std::ops::Range;
 
 use super::access::{read_u32, Symbols};
 use super::names::V8;
+use super::InterpreterData;
 use super::{InterpreterOffsets, Loaded, LoaderError, LoaderInfo};
 use crate::abi::program;
 use crate::elf::Elf;
-use crate::info::InterpreterData;
 
 pub const NAME: &str = "v8";
 

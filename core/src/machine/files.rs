@@ -1,17 +1,17 @@
 //! The file table: which files are known, their reference counts and the
-//! info handed to callers. One table per shard of the facade, so that the
+//! payload handed to callers (the facade's `ExecutableInfo`; the machine
+//! stores and clones it, never looks inside). One table per shard of the facade, so that the
 //! per-process fast path of different files never shares a lock.
 
 use std::collections::HashMap;
 
-use crate::info::ExecutableInfo;
 use crate::machine::Timestamp;
 use crate::FileId;
 
 /// One known file.
 #[derive(Clone, Debug)]
-pub struct FileEntry {
-    pub info: ExecutableInfo,
+pub struct FileEntry<P> {
+    pub info: P,
     pub rc: u64,
     /// When the count reached zero under delayed unloading.
     pub unused_since: Option<Timestamp>,
@@ -19,12 +19,12 @@ pub struct FileEntry {
 
 /// What releasing a reference did.
 #[derive(Debug)]
-pub enum Release {
+pub enum Release<P> {
     /// Other references remain.
     Held { rc: u64 },
     /// That was the last reference; the entry was removed and its table
     /// must be unloaded.
-    Last(FileEntry),
+    Last(FileEntry<P>),
     /// That was the last reference; the entry stays, unused, until
     /// [`FileTable::take_unused`] collects it.
     Unused,
@@ -38,22 +38,30 @@ pub enum ReleaseError {
     NoReference,
 }
 
-#[derive(Clone, Debug, Default)]
-pub struct FileTable {
-    entries: HashMap<FileId, FileEntry>,
+#[derive(Clone, Debug)]
+pub struct FileTable<P> {
+    entries: HashMap<FileId, FileEntry<P>>,
 }
 
-impl FileTable {
-    pub fn get(&self, id: FileId) -> Option<&FileEntry> {
+impl<P> Default for FileTable<P> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+        }
+    }
+}
+
+impl<P: Clone> FileTable<P> {
+    pub fn get(&self, id: FileId) -> Option<&FileEntry<P>> {
         self.entries.get(&id)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&FileId, &FileEntry)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&FileId, &FileEntry<P>)> {
         self.entries.iter()
     }
 
     /// Takes one more reference on a known file.
-    pub fn inc_ref(&mut self, id: FileId) -> Option<ExecutableInfo> {
+    pub fn inc_ref(&mut self, id: FileId) -> Option<P> {
         let entry = self.entries.get_mut(&id)?;
         entry.rc += 1;
         entry.unused_since = None;
@@ -61,7 +69,7 @@ impl FileTable {
     }
 
     /// Adds a freshly loaded file with `rc` references.
-    pub fn insert(&mut self, id: FileId, info: ExecutableInfo, rc: u64) {
+    pub fn insert(&mut self, id: FileId, info: P, rc: u64) {
         self.entries.insert(
             id,
             FileEntry {
@@ -78,7 +86,7 @@ impl FileTable {
         &mut self,
         id: FileId,
         delay_since: Option<Timestamp>,
-    ) -> Result<Release, ReleaseError> {
+    ) -> Result<Release<P>, ReleaseError> {
         let entry = self.entries.get_mut(&id).ok_or(ReleaseError::Unknown)?;
         match entry.rc {
             0 => Err(ReleaseError::NoReference),
@@ -101,7 +109,7 @@ impl FileTable {
 
     /// Removes and returns the files unused since `cutoff` or earlier, in
     /// file id order (so a run is reproducible).
-    pub fn take_unused(&mut self, cutoff: Timestamp) -> Vec<(FileId, FileEntry)> {
+    pub fn take_unused(&mut self, cutoff: Timestamp) -> Vec<(FileId, FileEntry<P>)> {
         let mut ids: Vec<FileId> = self
             .entries
             .iter()
@@ -126,10 +134,10 @@ mod tests {
 
     #[test]
     fn counts_references_and_removes_at_the_last() {
-        let mut files = FileTable::default();
+        let mut files = FileTable::<()>::default();
         let id = FileId(7);
         assert!(files.inc_ref(id).is_none());
-        files.insert(id, ExecutableInfo::default(), 1);
+        files.insert(id, (), 1);
         assert!(files.inc_ref(id).is_some());
         assert!(matches!(
             files.release(id, None),
@@ -141,9 +149,9 @@ mod tests {
 
     #[test]
     fn delayed_release_keeps_the_entry_until_collected() {
-        let mut files = FileTable::default();
-        files.insert(FileId(1), ExecutableInfo::default(), 1);
-        files.insert(FileId(2), ExecutableInfo::default(), 1);
+        let mut files = FileTable::<()>::default();
+        files.insert(FileId(1), (), 1);
+        files.insert(FileId(2), (), 1);
         assert!(matches!(
             files.release(FileId(1), Some(t(10))),
             Ok(Release::Unused)

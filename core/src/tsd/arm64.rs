@@ -17,9 +17,9 @@
 
 use yaxpeax_arm::armv8::a64::{Opcode, Operand};
 
+use super::layout::{DtvInfo, TsdInfo};
 use super::AnalysisError;
 use crate::elf::entry::{a64_decode, a64_mov_alias, bitmask_immediate_valid};
-use crate::info::{DtvInfo, TsdInfo};
 
 /// A memory operand as upstream sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,6 +16,7 @@
 
 pub mod arm64;
 pub mod expr;
+pub mod layout;
 pub mod name;
 pub mod x86;
 
@@ -24,8 +25,8 @@ use std::borrow::Cow;
 use object::{Object as _, ObjectSymbol as _};
 
 use crate::elf::{Arch, Elf};
-use crate::info::{DtvInfo, TsdInfo};
 
+pub use layout::{DtvInfo, LibcInfo, TsdInfo};
 pub use name::{is_potential_libc_dso, is_potential_tsd_dso};
 
 /// The most code read for one function. Upstream reads a symbol's whole
