@@ -15,21 +15,25 @@
 //!   (refused, or replaced when asked).
 //! * [`pinned`]: the pinned maps read without owning them.
 //! * [`lookup`]: the lookup program's codes and result record.
+//! * [`error`]: every error of the backend ([`KernelError`]); [`stats`]:
+//!   how many entries the maps hold ([`MapStats`]).
 
 pub mod bpffs;
 pub mod elements;
+pub mod error;
 pub mod lock;
 pub mod lookup;
 pub mod maps;
 pub mod pin;
 pub mod pinned;
 pub mod probe;
+pub mod stats;
 pub mod sys;
 
 pub use aya;
 pub use elements::WriteMode;
+pub use error::{KernelError, ShapeMismatch};
 pub use lookup::{KernelResolved, LookupResult};
-pub use maps::{
-    Dump, KernelConfig, KernelError, KernelMaps, MapStats, DEFAULT_ARRAYS_IN_FLIGHT, LOOKUP_OBJECT,
-};
+pub use maps::{Dump, KernelConfig, KernelMaps, DEFAULT_ARRAYS_IN_FLIGHT, LOOKUP_OBJECT};
 pub use pin::{PinReport, PinState};
+pub use stats::MapStats;

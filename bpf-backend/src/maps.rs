@@ -161,11 +161,13 @@ use eim_core::abi::{
 use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::FileId;
 
-use crate::bpffs::{self, MountError};
+use crate::bpffs;
 use crate::elements::{self, WriteMode};
-use crate::lock::{self, LockError, PinLock};
+use crate::error::KernelError;
+use crate::lock::{self, PinLock};
 use crate::lookup::{LookupResult, RESULT_SIZE};
-use crate::pin::{self, MapShape, PinReport, ShapeMismatch};
+use crate::pin::{self, MapShape, PinReport};
+use crate::stats::MapStats;
 use crate::sys::{self, SysError};
 
 /// The compiled lookup program and map definitions (`bpf/build.sh`).
@@ -289,54 +291,6 @@ impl KernelConfig {
     }
 }
 
-/// Why the maps could not be created or read.
-#[derive(Debug, thiserror::Error)]
-pub enum KernelError {
-    #[error("loading the lookup object: {0}")]
-    Load(#[from] aya::EbpfError),
-    #[error("loading the lookup program: {0}")]
-    Program(#[from] aya::programs::ProgramError),
-    #[error("the lookup object has no {0}")]
-    Missing(String),
-    #[error(transparent)]
-    Sys(#[from] SysError),
-    #[error("outer map of class {class} holds file {file_id} with map id {id}, which this backend did not publish")]
-    Untracked {
-        class: u16,
-        file_id: FileId,
-        id: u32,
-    },
-    #[error("opening the inner array (map id {id}) of file {file_id} in the outer map of class {class}: {source}")]
-    InnerArray {
-        class: u16,
-        file_id: FileId,
-        id: u32,
-        #[source]
-        source: SysError,
-    },
-    #[error("the outer map of class {class} holds a value of {len} bytes for file {file_id}, not a map id")]
-    OuterValue {
-        class: u16,
-        file_id: FileId,
-        len: usize,
-    },
-    #[error("the lookup result could not be decoded")]
-    Result,
-    #[error(transparent)]
-    Lock(#[from] LockError),
-    #[error(transparent)]
-    Mount(#[from] MountError),
-    #[error(transparent)]
-    Shape(#[from] ShapeMismatch),
-    #[error("{what} {}: {source}", path.display())]
-    Pin {
-        path: PathBuf,
-        what: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
 /// Every map's contents, decoded into the shapes `eim_sim::SimMaps`
 /// exposes, for differential tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -370,28 +324,6 @@ impl Dump {
             interpreter_offsets: self.interpreter_offsets.clone(),
             zeroed_ago: None,
         }
-    }
-}
-
-/// How many entries eim's maps hold (or, in [`PinReport::cleaned`], how
-/// many were removed), as the kernel reports them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MapStats {
-    /// `stack_delta_page_to_info` entries.
-    pub pages: usize,
-    /// Outer-map entries (published delta tables) by size class, for the
-    /// classes that have any.
-    pub tables: BTreeMap<u16, usize>,
-    /// `unwind_info_array` slots that are not all zero.
-    pub unwind_slots: usize,
-    /// `interpreter_offsets` entries.
-    pub interpreter_offsets: usize,
-}
-
-impl MapStats {
-    /// Whether no map holds anything.
-    pub fn is_empty(&self) -> bool {
-        *self == Self::default()
     }
 }
 

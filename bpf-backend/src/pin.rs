@@ -17,7 +17,8 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
-use crate::maps::{KernelError, MapStats};
+use crate::error::{KernelError, ShapeMismatch};
+use crate::stats::MapStats;
 use crate::sys::{self, MapInfo};
 
 /// The shape a pinned map must have to be re-used.
@@ -104,30 +105,6 @@ fn pin_error(path: &Path, what: &'static str, source: io::Error) -> KernelError 
         what,
         source,
     }
-}
-
-/// Pins whose shape differs from the one eim expects, left as they are.
-#[derive(Debug, thiserror::Error)]
-#[error("{}", mismatch_message(dir, maps))]
-pub struct ShapeMismatch {
-    pub dir: PathBuf,
-    /// Each map's name and what differs (every differing field, with the
-    /// pinned value and the expected one).
-    pub maps: Vec<(String, String)>,
-}
-
-fn mismatch_message(dir: &Path, maps: &[(String, String)]) -> String {
-    let each: Vec<String> = maps
-        .iter()
-        .map(|(name, why)| format!("{name}: {why}"))
-        .collect();
-    format!(
-        "pinned maps in {} do not have the shape eim expects: {}; eim does not replace \
-         them on its own (whatever reads them would lose them): remove them, or start \
-         with --recreate-mismatched to replace them",
-        dir.display(),
-        each.join("; ")
-    )
 }
 
 /// What is pinned under one name.

@@ -11,9 +11,8 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-use crate::maps::{
-    dump_from, open_by_id, read_deltas, Dump, DumpSource, KernelConfig, KernelError,
-};
+use crate::error::KernelError;
+use crate::maps::{dump_from, open_by_id, read_deltas, Dump, DumpSource, KernelConfig};
 use crate::sys;
 
 /// Reads every map eim pins in `dir`. A pin missing, not a map, or of
@@ -38,7 +37,7 @@ pub fn dump_pinned(dir: &Path) -> Result<Dump, KernelError> {
             ..want
         };
         if let Some(why) = shape.mismatch(&info) {
-            return Err(crate::pin::ShapeMismatch {
+            return Err(crate::error::ShapeMismatch {
                 dir: dir.to_path_buf(),
                 maps: vec![(name, why)],
             }

@@ -15,7 +15,7 @@ use eim_core::abi::{
 use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::FileId;
 
-use crate::faults::FaultPlan;
+use crate::faults::{Fault, FaultPlan};
 use crate::maps::{BatchError, BpfMap, MapId, MapRegistry, MapSpec, BPF_ANY, BPF_NOEXIST};
 
 /// Capacities of the simulated maps. The defaults are upstream's runtime
@@ -460,7 +460,11 @@ impl SimMaps {
 
 impl Backend for SimMaps {
     fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
-        match self.faults.next_op().or_else(|| self.poison_fault(op)) {
+        match self
+            .faults
+            .next_op()
+            .or_else(|| self.faults.poison_fault(op))
+        {
             None => self.apply_now(op),
             Some(fault) => self.apply_faulty(op, fault),
         }
@@ -552,6 +556,70 @@ fn decoded<K: Wire + Ord, V: Wire>(map: Option<&BpfMap>) -> BTreeMap<K, V> {
         .flat_map(BpfMap::entries)
         .filter_map(|(k, v)| Some((K::read(k)?, V::read(v)?)))
         .collect()
+}
+
+/// Fault injection ([`crate::faults`]): what a test or a workload schedules.
+impl SimMaps {
+    /// The k-th apply from now (0 = the next) fails with `errno`, `done = 0`
+    /// and no effect.
+    pub fn fail_op(&mut self, k: u64, errno: Errno) {
+        self.faults.schedule(k, Fault::Fail(errno));
+    }
+
+    /// The k-th apply from now processes `after` elements, capped at the
+    /// op's length − 1 so that it still fails, then fails with `errno`. If
+    /// the kernel itself fails earlier inside those elements, that failure
+    /// is reported instead (it happens first).
+    pub fn stop_batch(&mut self, k: u64, after: usize, errno: Errno) {
+        self.faults.schedule(k, Fault::StopAfter { after, errno });
+    }
+
+    /// Every write of `file_id`'s entries fails with `errno` at its own
+    /// element (the elements before it take effect), until
+    /// [`SimMaps::clear_faults`].
+    pub fn poison_file(&mut self, file_id: FileId, errno: Errno) {
+        self.faults.poison(file_id, errno);
+    }
+
+    /// Drops every scheduled fault and poisoned file (the op counter keeps
+    /// counting).
+    pub fn clear_faults(&mut self) {
+        self.faults.clear();
+    }
+
+    /// Poisons no file any more (scheduled faults stay).
+    pub fn clear_poison(&mut self) {
+        self.faults.clear_poison();
+    }
+
+    /// Writes that failed because they wrote a poisoned file's entries.
+    pub fn poison_hits(&self) -> u64 {
+        self.faults.poison_hits()
+    }
+
+    /// Number of `apply` calls so far, faulty or not.
+    pub fn ops_applied(&self) -> u64 {
+        self.faults.applied()
+    }
+
+    /// Faults scheduled and not yet reached.
+    pub fn pending_faults(&self) -> usize {
+        self.faults.pending()
+    }
+
+    /// Applies `op` under `fault`.
+    pub(crate) fn apply_faulty(&mut self, op: &MapOp, fault: Fault) -> Result<(), OpFailure> {
+        match fault {
+            Fault::Fail(errno) => Err(OpFailure::new(errno, 0)),
+            Fault::StopAfter { after, errno } => {
+                let done = after.min(op.len().saturating_sub(1));
+                if let Some(head) = op.head(done) {
+                    self.apply_now(&head)?;
+                }
+                Err(OpFailure::new(errno, done))
+            }
+        }
+    }
 }
 
 #[cfg(test)]
