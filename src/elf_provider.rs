@@ -13,7 +13,9 @@ use std::path::Path;
 
 use eim_core::deltas::IntervalData;
 use eim_core::elf::Elf;
+use eim_core::interp::LoaderInfo;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
+use eim_core::tracers::LoaderMatch;
 use eim_core::tsd::{DtvInfo, LibcInfo, TsdInfo};
 
 use crate::elf_file::{DebugFile, ElfFileRef, OpenElf, Unreliable, DEFAULT_MAX_SIZE};
@@ -263,7 +265,7 @@ impl ElfProvider {
                 Some((file_id, tracers)) => {
                     let started = std::time::Instant::now();
                     let name = file.path().to_string_lossy();
-                    let found = crate::loaders::detect(file_id, &name, open.elf(), &data, tracers);
+                    let found = detect(file_id, &name, open.elf(), &data, tracers);
                     let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                     self.loaders_nanos.fetch_add(nanos, Ordering::Relaxed);
                     found
@@ -339,6 +341,20 @@ impl Provider for ElfProvider {
     ) -> Result<Extraction, ExtractError> {
         self.extract_counted(file, Some((file_id, tracers)))
     }
+}
+
+/// Asks the loaders `tracers` enables about a file whose deltas are `data`
+/// (the gaps of at least 512 KiB come from them, as the encoder finds
+/// them, if a loader needs them).
+pub fn detect(
+    file_id: FileId,
+    name: &str,
+    elf: &Elf<'_>,
+    data: &IntervalData,
+    tracers: Tracers,
+) -> Vec<LoaderMatch> {
+    let info = LoaderInfo::new(file_id, name, elf, &data.deltas);
+    eim_core::tracers::detect(&info, tracers)
 }
 
 #[cfg(test)]

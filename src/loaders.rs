@@ -4,33 +4,18 @@
 
 use std::path::Path;
 
-use eim_core::deltas::IntervalData;
-use eim_core::elf::Elf;
-use eim_core::interp::LoaderInfo;
 use eim_core::provider::{ExtractError, Provider};
 use eim_core::tracers::LoaderMatch;
-use eim_core::{FileId, Tracers};
+use eim_core::Tracers;
 
+// Asking the loaders is part of extraction; this module re-offers it.
+pub use crate::elf_provider::detect;
 use crate::{ElfFileRef, ElfProvider};
 
 pub use eim_core::interp::{InterpreterOffsets, Loaded, LoaderError};
 
 /// Every tracer: what [`inspect`] asks.
 pub const ALL_TRACERS: Tracers = Tracers(u32::MAX);
-
-/// Asks the loaders `tracers` enables about a file whose deltas are `data`
-/// (the gaps of at least 512 KiB come from them, as the encoder finds
-/// them, if a loader needs them).
-pub fn detect(
-    file_id: FileId,
-    name: &str,
-    elf: &Elf<'_>,
-    data: &IntervalData,
-    tracers: Tracers,
-) -> Vec<LoaderMatch> {
-    let info = LoaderInfo::new(file_id, name, elf, &data.deltas);
-    eim_core::tracers::detect(&info, tracers)
-}
 
 /// What every loader says about the file at `path`: its stack deltas are
 /// extracted first (V8 needs their gaps), then every loader is asked.
