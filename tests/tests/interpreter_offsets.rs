@@ -11,11 +11,11 @@ use eim_core::abi::{program, OffsetRange};
 use eim_core::deltas::info::sp;
 use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::interp::{InterpreterOffsets, Loaded, LoaderError};
-use eim_core::tracers::LoaderMatch;
 use eim_core::machine::Capacities;
 use eim_core::manager::ManualClock;
 use eim_core::ops::{Errno, MapKind};
 use eim_core::provider::{Extraction, MemoryProvider};
+use eim_core::tracers::LoaderMatch;
 use eim_core::{Config, Error, ExecutableInfoManager, FileId, InterpreterData, LibcInfo, Tracers};
 use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
 

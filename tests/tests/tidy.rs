@@ -1,0 +1,680 @@
+//! Tidy: the dependency rules of `docs/ARCHITECTURE.md` ("Layers"),
+//! checked on the sources so that they cannot rot.
+//!
+//! * No cycle between the files of any crate of the workspace: a file's
+//!   dependencies are the other files its `crate::`, `super::` and `self::`
+//!   paths name (comments and string literals do not count; a `mod` line
+//!   is a declaration, not a dependency).
+//! * Inside `eim-core`, the layers only point down: the pure heart
+//!   depends on nothing above it, the analysis only on the heart, the
+//!   facade on both.
+//! * Each library crate depends only on the crates below it
+//!   (`Cargo.toml`'s `[dependencies]`).
+//!
+//! The checker runs on the real tree and, first, on small made-up trees
+//! that break each rule, so a checker that finds nothing fails too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The layers of `eim-core`, lowest first: a file may depend on files of
+/// its own layer or of a lower one. Every top-level module of the crate
+/// must be listed (a new one must be placed by whoever adds it).
+const CORE_LAYERS: &[(&str, &[&str])] = &[
+    (
+        "heart",
+        &[
+            "lib",
+            "sync",
+            "abi",
+            "deltas",
+            "encode",
+            "ops",
+            "machine",
+            "driver",
+            "text",
+            "text_input",
+        ],
+    ),
+    ("analysis", &["elf", "tsd", "interp"]),
+    (
+        "facade",
+        &["tracers", "info", "provider", "error", "metrics", "manager"],
+    ),
+];
+
+/// The workspace crates that may depend on each other, with what each may
+/// use. A crate not listed here is not checked.
+const CRATE_DEPENDENCIES: &[(&str, &[&str])] = &[
+    ("core/Cargo.toml", &[]),
+    ("sim/Cargo.toml", &["eim-core"]),
+    ("bpf-backend/Cargo.toml", &["eim-core"]),
+    ("tests/Cargo.toml", &["eim-core", "eim-sim"]),
+];
+
+/// The source trees whose files must not form cycles: (crate root file,
+/// directory of its modules).
+const CRATES: &[&str] = &[
+    "core/src/lib.rs",
+    "sim/src/lib.rs",
+    "bpf-backend/src/lib.rs",
+    "src/lib.rs",
+    "src/main.rs",
+    "tests/src/lib.rs",
+];
+
+/// A crate's sources: file path (relative to the crate's `src`) to text.
+type Sources = BTreeMap<PathBuf, String>;
+
+/// Removes comments, string and character literals (their text is not
+/// code), keeping the line structure.
+fn code_of(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < b.len() {
+        let rest = &text[i..];
+        if rest.starts_with("//") {
+            let end = rest.find('\n').map_or(b.len(), |n| i + n);
+            i = end;
+        } else if rest.starts_with("/*") {
+            let end = rest.find("*/").map_or(b.len(), |n| i + n + 2);
+            out.extend(text[i..end].chars().filter(|c| *c == '\n'));
+            i = end;
+        } else if rest.starts_with("r#\"") || rest.starts_with("r\"") {
+            let hashes = rest[1..].chars().take_while(|c| *c == '#').count();
+            let close = format!("\"{}", "#".repeat(hashes));
+            let body = i + 2 + hashes;
+            let end = text[body..]
+                .find(&close)
+                .map_or(b.len(), |n| body + n + close.len());
+            out.push_str("\"\"");
+            i = end;
+        } else if b[i] == b'"' {
+            let mut j = i + 1;
+            while j < b.len() && b[j] != b'"' {
+                j += if b[j] == b'\\' { 2 } else { 1 };
+            }
+            out.push_str("\"\"");
+            i = (j + 1).min(b.len());
+        } else if b[i] == b'\'' && char_literal_len(&b[i..]).is_some() {
+            i += char_literal_len(&b[i..]).unwrap_or(1);
+            out.push_str("' '");
+        } else {
+            let c = rest.chars().next().unwrap_or(' ');
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+/// The length of a character literal at the start of `b` (`'a'`, `'\n'`,
+/// `'\u{..}'`), or `None` for a lifetime.
+fn char_literal_len(b: &[u8]) -> Option<usize> {
+    if b.get(1) == Some(&b'\\') {
+        let close = b.iter().skip(2).position(|c| *c == b'\'')?;
+        return Some(close + 3);
+    }
+    let s = std::str::from_utf8(&b[1..b.len().min(6)])
+        .ok()
+        .or_else(|| {
+            // A multi-byte character cut by the window: any valid prefix.
+            (2..6)
+                .rev()
+                .find_map(|n| std::str::from_utf8(b.get(1..n)?).ok())
+        })?;
+    let c = s.chars().next()?;
+    (b.get(1 + c.len_utf8()) == Some(&b'\'')).then_some(c.len_utf8() + 2)
+}
+
+/// The module path of a file relative to its crate's source directory
+/// (`machine/book.rs` -> `["machine", "book"]`, `machine/mod.rs` ->
+/// `["machine"]`, the crate root -> `[]`).
+fn module_of(file: &Path, root: &Path) -> Vec<String> {
+    if file == root {
+        return Vec::new();
+    }
+    let mut parts: Vec<String> = file
+        .with_extension("")
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The file of a module path, if the crate has one.
+fn file_of(module: &[String], root: &Path, sources: &Sources) -> Option<PathBuf> {
+    if module.is_empty() {
+        return Some(root.to_path_buf());
+    }
+    let base: PathBuf = module.iter().collect();
+    let flat = base.with_extension("rs");
+    let nested = base.join("mod.rs");
+    [flat, nested].into_iter().find(|f| sources.contains_key(f))
+}
+
+/// Every path a file's code names that starts at `crate`, `super` or
+/// `self`, with `use` groups expanded (`crate::{a, b::c}` gives
+/// `crate::a` and `crate::b::c`).
+fn paths_in(code: &str) -> Vec<(usize, Vec<String>)> {
+    let mut out = Vec::new();
+    let b = code.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let at_word =
+            i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_' || b[i - 1] == b':');
+        let head = ["crate::", "super::", "self::"]
+            .into_iter()
+            .find(|h| at_word && code[i..].starts_with(h));
+        match head {
+            Some(h) => {
+                let (paths, used) = expand(&code[i..]);
+                out.extend(paths.into_iter().map(|p| (i, p)));
+                i += used.max(h.len());
+            }
+            None => i += 1,
+        }
+    }
+    out
+}
+
+/// Expands the path at the start of `text` (which may end in a `{...}`
+/// group); returns the paths and the bytes consumed.
+fn expand(text: &str) -> (Vec<Vec<String>>, usize) {
+    let mut prefix = Vec::new();
+    let b = text.as_bytes();
+    let mut i = 0;
+    loop {
+        let start = i;
+        while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+            i += 1;
+        }
+        if i > start {
+            prefix.push(text[start..i].to_string());
+        }
+        if text[i..].starts_with("::{") {
+            let open = i + 2;
+            let mut depth = 0;
+            let mut close = open;
+            for (n, c) in text[open..].char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 {
+                    close = open + n;
+                    break;
+                }
+            }
+            let mut out = Vec::new();
+            for item in split_top(&text[open + 1..close]) {
+                let item = item.trim();
+                if item.is_empty() {
+                    continue;
+                }
+                let (inner, _) = expand(item);
+                for p in inner {
+                    let mut full = prefix.clone();
+                    full.extend(p.into_iter().filter(|s| s != "self"));
+                    out.push(full);
+                }
+            }
+            return (out, close + 1);
+        }
+        if text[i..].starts_with("::") {
+            i += 2;
+            continue;
+        }
+        return (vec![prefix], i);
+    }
+}
+
+/// The inline modules of a file (`mod tests { .. }`): name and byte range,
+/// so that `super::` inside one names the file itself.
+fn inline_modules(code: &str) -> Vec<(String, std::ops::Range<usize>)> {
+    let mut out = Vec::new();
+    let b = code.as_bytes();
+    let mut from = 0;
+    while let Some(n) = code[from..].find("mod ") {
+        let at = from + n;
+        from = at + 4;
+        if at > 0 && (b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_') {
+            continue;
+        }
+        let rest = &code[at + 4..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let after = rest[name.len()..].trim_start();
+        if name.is_empty() || !after.starts_with('{') {
+            continue;
+        }
+        let open = code.len() - after.len();
+        let mut depth = 0;
+        let mut end = code.len();
+        for (k, c) in code[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                end = open + k;
+                break;
+            }
+        }
+        out.push((name, open..end));
+    }
+    out
+}
+
+/// Splits a `use` group's items at its top-level commas.
+fn split_top(group: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&group[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&group[start..]);
+    out
+}
+
+/// The names the crate root re-exports (`pub use a::b::{C, D};`), to the
+/// module path they come from: `crate::C` depends on `a/b.rs`, not on the
+/// root.
+fn root_reexports(root_code: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for stmt in root_code.split(';') {
+        let Some(rest) = stmt.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let (paths, _) = expand(rest.trim());
+        for mut p in paths {
+            if p.first().is_some_and(|h| h == "crate" || h == "self") {
+                p.remove(0);
+            }
+            if let Some(name) = p.pop() {
+                out.insert(name, p);
+            }
+        }
+    }
+    out
+}
+
+/// The file dependency graph of one crate.
+fn graph(root: &Path, sources: &Sources) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
+    let root_code = code_of(&sources[root]);
+    let reexports = root_reexports(&root_code);
+    let mut edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+    for (file, text) in sources {
+        let here = module_of(file, root);
+        let deps = edges.entry(file.clone()).or_default();
+        if file == root {
+            continue; // The root only declares and re-exports: its table of contents.
+        }
+        let code = code_of(text);
+        let inline = inline_modules(&code);
+        for (at, path) in paths_in(&code) {
+            let mut here = here.clone();
+            here.extend(
+                inline
+                    .iter()
+                    .filter(|(_, r)| r.contains(&at))
+                    .map(|(n, _)| n.clone()),
+            );
+            let (base, rest) = match path.first().map(String::as_str) {
+                Some("crate") => (Vec::new(), &path[1..]),
+                Some("self") => (here.clone(), &path[1..]),
+                Some("super") => {
+                    let mut base = here.clone();
+                    let mut rest = &path[..];
+                    while rest.first().is_some_and(|s| s == "super") {
+                        base.pop();
+                        rest = &rest[1..];
+                    }
+                    (base, rest)
+                }
+                _ => continue,
+            };
+            let mut target: Vec<String> = base.into_iter().chain(rest.iter().cloned()).collect();
+            // `crate::Name` of a name the root re-exports is the module it
+            // comes from.
+            if target.len() == 1 {
+                if let Some(from) = reexports.get(&target[0]) {
+                    target = from.clone();
+                }
+            }
+            let found = (0..=target.len())
+                .rev()
+                .find_map(|n| file_of(&target[..n], root, sources));
+            if let Some(f) = found.filter(|f| f != file) {
+                deps.insert(f);
+            }
+        }
+    }
+    edges
+}
+
+/// The cycles of a graph: its strongly connected components of more than
+/// one file (Tarjan's algorithm, iterative over a small graph).
+fn cycles(edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
+    // Reachability by repeated search: files that reach each other.
+    let reach = |from: &PathBuf| {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![from.clone()];
+        while let Some(f) = stack.pop() {
+            for d in edges.get(&f).into_iter().flatten() {
+                if seen.insert(d.clone()) {
+                    stack.push(d.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<&PathBuf, BTreeSet<PathBuf>> =
+        edges.keys().map(|f| (f, reach(f))).collect();
+    let mut done = BTreeSet::new();
+    let mut out = Vec::new();
+    for f in edges.keys() {
+        if done.contains(f) || !reaches[f].contains(f) {
+            continue;
+        }
+        let scc: Vec<PathBuf> = reaches[f]
+            .iter()
+            .filter(|g| reaches.get(g).is_some_and(|r| r.contains(f)))
+            .cloned()
+            .collect();
+        done.extend(scc.iter().cloned());
+        out.push(scc);
+    }
+    out
+}
+
+/// The files of a crate: every `.rs` under the root file's directory that
+/// belongs to this crate (for the root package, whose library and binary
+/// share `src/`, every file counts for both: names do not collide).
+fn read_crate(repo: &Path, root: &str) -> (PathBuf, Sources) {
+    let root_path = repo.join(root);
+    let dir = root_path
+        .parent()
+        .expect("a crate root has a directory")
+        .to_path_buf();
+    let mut sources = Sources::new();
+    let mut stack = vec![dir.clone()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n != "bin") {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path
+                    .strip_prefix(&dir)
+                    .expect("under the crate")
+                    .to_path_buf();
+                let text = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                sources.insert(rel, text);
+            }
+        }
+    }
+    let root_rel = PathBuf::from(root_path.file_name().expect("a file name"));
+    // The other crate root sharing the directory is not a module.
+    let other = if root_rel == Path::new("lib.rs") {
+        "main.rs"
+    } else {
+        "lib.rs"
+    };
+    sources.remove(Path::new(other));
+    (root_rel, sources)
+}
+
+/// A file's top-level module in `eim-core` (`machine/book.rs` -> `machine`).
+fn top_module(file: &Path) -> String {
+    let first = file
+        .iter()
+        .next()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    first.trim_end_matches(".rs").to_string()
+}
+
+fn layer_of(module: &str) -> Option<(usize, &'static str)> {
+    CORE_LAYERS
+        .iter()
+        .enumerate()
+        .find(|(_, (_, mods))| mods.contains(&module))
+        .map(|(n, (name, _))| (n, *name))
+}
+
+/// Every dependency of a core file on a file of a higher layer, and every
+/// top-level module no layer lists.
+fn layer_violations(edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (file, deps) in edges {
+        let module = top_module(file);
+        let Some((layer, name)) = layer_of(&module) else {
+            out.push(format!(
+                "{}: module `{module}` is in no layer of CORE_LAYERS",
+                file.display()
+            ));
+            continue;
+        };
+        for dep in deps {
+            let target = top_module(dep);
+            if let Some((dep_layer, dep_name)) = layer_of(&target) {
+                if dep_layer > layer {
+                    out.push(format!(
+                        "{} ({name}) depends on {} ({dep_name}): the {name} does not depend on the {dep_name}",
+                        file.display(),
+                        dep.display()
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The workspace crates a `Cargo.toml` depends on (names starting `eim`).
+fn eim_dependencies(manifest: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut in_deps = false;
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+            continue;
+        }
+        if in_deps {
+            let name = line.split(['=', '.', ' ']).next().unwrap_or("");
+            if name.starts_with("eim") {
+                out.insert(name.to_string());
+            }
+        }
+    }
+    out
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn describe(cycles: &[Vec<PathBuf>], edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> String {
+    let mut out = String::new();
+    for scc in cycles {
+        out.push_str("cycle:\n");
+        for f in scc {
+            let inside: Vec<String> = edges[f]
+                .iter()
+                .filter(|d| scc.contains(d))
+                .map(|d| d.display().to_string())
+                .collect();
+            out.push_str(&format!("  {} -> {}\n", f.display(), inside.join(", ")));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_file_of_any_crate_is_in_a_cycle() {
+    let mut report = String::new();
+    for root in CRATES {
+        let (root_file, sources) = read_crate(&repo(), root);
+        assert!(!sources.is_empty(), "{root}: no sources found");
+        let edges = graph(&root_file, &sources);
+        let found = cycles(&edges);
+        if !found.is_empty() {
+            report.push_str(&format!("{root}:\n{}", describe(&found, &edges)));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "files depend on each other in a circle:\n{report}"
+    );
+}
+
+#[test]
+fn the_layers_of_core_only_point_down() {
+    let (root, sources) = read_crate(&repo(), "core/src/lib.rs");
+    let edges = graph(&root, &sources);
+    let bad = layer_violations(&edges);
+    assert!(
+        bad.is_empty(),
+        "layer rules broken (docs/ARCHITECTURE.md, Layers):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn each_crate_depends_only_on_the_crates_below_it() {
+    for (manifest, allowed) in CRATE_DEPENDENCIES {
+        let path = repo().join(manifest);
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let used = eim_dependencies(&text);
+        let extra: Vec<_> = used
+            .iter()
+            .filter(|d| !allowed.contains(&d.as_str()))
+            .collect();
+        assert!(
+            extra.is_empty(),
+            "{manifest} depends on {extra:?}; allowed: {allowed:?}"
+        );
+    }
+}
+
+// --- the checker itself, on made-up trees --------------------------------
+
+fn tree(files: &[(&str, &str)]) -> (PathBuf, Sources) {
+    let sources = files
+        .iter()
+        .map(|(f, t)| (PathBuf::from(f), t.to_string()))
+        .collect();
+    (PathBuf::from("lib.rs"), sources)
+}
+
+#[test]
+fn a_forbidden_use_is_found() {
+    // The heart reaching up into the facade, through a `use` group.
+    let (root, sources) = tree(&[
+        ("lib.rs", "pub mod abi; pub mod manager;"),
+        ("abi.rs", "use crate::{manager::{Config, self}};\n"),
+        ("manager.rs", "use crate::abi::X;\n"),
+    ]);
+    let bad = layer_violations(&graph(&root, &sources));
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(
+        bad[0].contains("abi.rs (heart) depends on manager.rs (facade)"),
+        "{bad:?}"
+    );
+    // The same use in the other direction is allowed.
+    let (root, sources) = tree(&[
+        ("lib.rs", "pub mod abi; pub mod manager;"),
+        ("abi.rs", ""),
+        ("manager.rs", "use crate::{abi::X};\n"),
+    ]);
+    assert!(layer_violations(&graph(&root, &sources)).is_empty());
+}
+
+#[test]
+fn a_module_no_layer_lists_is_reported() {
+    let (root, sources) = tree(&[("lib.rs", "pub mod gadget;"), ("gadget.rs", "")]);
+    let bad = layer_violations(&graph(&root, &sources));
+    assert!(
+        bad.iter().any(|b| b.contains("`gadget` is in no layer")),
+        "{bad:?}"
+    );
+}
+
+#[test]
+fn cycles_are_found_through_super_and_root_reexports() {
+    let (root, sources) = tree(&[
+        ("lib.rs", "pub mod a; pub mod b;\npub use b::Thing;\n"),
+        (
+            "a/mod.rs",
+            "mod child;\npub fn f() { child::g() }\nuse self::child::g;\n",
+        ),
+        ("a/child.rs", "use super::f;\n"),
+        ("b.rs", "fn h() { crate::a::f() }\n"),
+        ("c.rs", "use crate::Thing;\n"),
+    ]);
+    let edges = graph(&root, &sources);
+    let found = cycles(&edges);
+    assert_eq!(found.len(), 1, "{}", describe(&found, &edges));
+    assert_eq!(
+        found[0],
+        [PathBuf::from("a/child.rs"), PathBuf::from("a/mod.rs")]
+    );
+    assert!(
+        edges[Path::new("c.rs")].contains(Path::new("b.rs")),
+        "a root re-export resolves to its module"
+    );
+}
+
+#[test]
+fn comments_and_strings_are_not_dependencies() {
+    let (root, sources) = tree(&[
+        ("lib.rs", ""),
+        ("a.rs", "// use crate::b;\n/* crate::b::x */ const S: &str = \"crate::b\"; const C: char = '\"';\nfn f<'a>(x: &'a u8) {}\n"),
+        ("b.rs", "use crate::a;\n#[cfg(test)]\nmod tests {\n    use super::*;\n    mod deeper { use super::super::X; }\n}\n"),
+    ]);
+    assert!(cycles(&graph(&root, &sources)).is_empty());
+    // The inline module's `super` is the file itself, not the crate root.
+    let (root, sources) = tree(&[
+        ("lib.rs", "pub mod a;"),
+        ("a/mod.rs", "pub mod b;\nuse self::b::X;\n"),
+        ("a/b.rs", "mod tests { use super::*; }\n"),
+    ]);
+    assert!(cycles(&graph(&root, &sources)).is_empty());
+    let (root, sources) = tree(&[
+        ("lib.rs", "pub mod a;"),
+        ("a/mod.rs", "pub mod b;\nuse self::b::X;\n"),
+        ("a/b.rs", "mod tests { use super::super::Y; }\n"),
+    ]);
+    assert_eq!(cycles(&graph(&root, &sources)).len(), 1);
+}
+
+#[test]
+fn core_dependencies_are_read_from_the_manifest() {
+    let deps = eim_dependencies("[dependencies]\neim-core.workspace = true\neim-sim = { path = \"x\" }\nobject = \"1\"\n[dev-dependencies]\neim-bpf = \"1\"\n");
+    assert_eq!(
+        deps,
+        BTreeSet::from(["eim-core".to_string(), "eim-sim".to_string()])
+    );
+}
