@@ -28,9 +28,7 @@ use eim::abi::{StackDeltaPageInfo, StackDeltaPageKey, Wire};
 use eim::bpf::{sys, KernelConfig, KernelMaps};
 use eim::scan::{Host, HostConfig, Quiet};
 
-#[path = "../tests/support/libraries.rs"]
-mod libraries;
-use libraries::Libraries;
+use eim_test_support::host::Libraries;
 
 const LIBS: usize = 1000;
 

@@ -914,17 +914,7 @@ pub(crate) mod tests {
         std::fs::write(path, bytes).expect("write");
     }
 
-    pub(crate) fn testdata() -> PathBuf {
-        let dir = std::env::var_os("EIM_TESTDATA")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata"));
-        assert!(
-            dir.join("upstream").is_dir(),
-            "no test data at {}",
-            dir.display()
-        );
-        dir
-    }
+    pub(crate) use eim_test_support::testdata;
 
     #[test]
     fn opens_lazily_caches_and_closes() {

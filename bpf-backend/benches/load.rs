@@ -17,16 +17,19 @@
 //!
 //! Map creation is outside the timed part (`iter_batched`).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use eim_bpf::{sys, KernelConfig, KernelMaps, WriteMode};
 use eim_core::deltas::{hint, info, IntervalData, StackDelta};
-use eim_core::elf::{extract::extract, Elf};
 use eim_core::provider::MemoryProvider;
 use eim_core::{ExecutableInfoManager, FileId, Tracers};
+
+// The kernel tests' corpus (every test-data ELF with its extracted deltas).
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
 
 type Manager = ExecutableInfoManager<Arc<MemoryProvider>, KernelMaps>;
 
@@ -125,39 +128,12 @@ fn three_ways(
     g.finish();
 }
 
-fn testdata() -> PathBuf {
-    std::env::var_os("EIM_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"))
-}
-
+/// The corpus files that have deltas.
 fn corpus() -> Vec<(String, IntervalData)> {
-    let mut files = Vec::new();
-    for dir in ["oracle/bin", "upstream"] {
-        let Ok(entries) = std::fs::read_dir(testdata().join(dir)) else {
-            continue;
-        };
-        let mut paths: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
-        paths.sort();
-        for path in paths {
-            let Ok(bytes) = std::fs::read(&path) else {
-                continue;
-            };
-            if !bytes.starts_with(b"\x7fELF") {
-                continue;
-            }
-            let Ok(elf) = Elf::parse(&bytes) else {
-                continue;
-            };
-            if let Ok(data) = extract(&elf, None) {
-                if !data.deltas.is_empty() {
-                    let name = path.file_name().unwrap().to_string_lossy().into_owned();
-                    files.push((name, data));
-                }
-            }
-        }
-    }
-    files
+    common::corpus()
+        .into_iter()
+        .filter(|(_, data)| !data.deltas.is_empty())
+        .collect()
 }
 
 fn load64(c: &mut Criterion) {

@@ -36,49 +36,20 @@ use eim_core::elf::{extract, extract_with, Elf, LazyFile};
 
 mod common;
 use common::Pread;
+use eim_test_support::files::{elf_files, file_named, stable_toolchain_lib};
+use eim_test_support::{cfi, oracle, testdata};
 
-fn testdata() -> PathBuf {
-    match std::env::var_os("EIM_TESTDATA") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"),
-    }
-}
-
-/// (name, path) of every oracle input, as `tests/elf_oracle.rs` finds them.
+/// (name, path) of every oracle input, as the oracle tests find them.
 fn oracle_inputs() -> Vec<(String, PathBuf)> {
-    let root = testdata();
-    let oracle = root.join("oracle");
-    let Ok(manifest) = std::fs::read_to_string(oracle.join("MANIFEST.tsv")) else {
-        eprintln!("no oracle manifest under {}: skipped", root.display());
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for line in manifest.lines().skip(1) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let (Some(name), Some(path)) = (cols.first(), cols.get(1)) else {
-            continue;
-        };
-        let file = if path.starts_with('/') {
-            PathBuf::from(path)
-        } else {
-            oracle.join(path)
-        };
-        out.push((name.to_string(), file));
-    }
-    for name in [
-        "volname",
-        "libcrypto-alpine-test.so",
-        "schrodinger-libpython3.8.so.1.0",
-        "vdso.arch64.withframe",
-    ] {
-        out.push((name.to_string(), root.join("upstream").join(name)));
-    }
-    out
+    oracle::inputs(&testdata())
+        .into_iter()
+        .map(|i| (i.name, i.file))
+        .collect()
 }
 
 /// The stable toolchain's librustc_driver, if rustup has one.
 fn rustc_driver() -> Option<PathBuf> {
-    common::file_named(&common::stable_toolchain_lib()?, "librustc_driver-")
+    file_named(&stable_toolchain_lib()?, "librustc_driver-")
 }
 
 /// One extraction as measured: parse the ELF view, extract, no debug link.
@@ -93,33 +64,11 @@ fn extract_bytes(bytes: &[u8]) -> usize {
 /// Every row of every FDE of `.eh_frame`, decoded by gimli: the floor a
 /// CFI walk can reach. Includes `Elf::parse`, as `extract_bytes` does.
 fn gimli_rows(bytes: &[u8]) -> usize {
-    use gimli::{BaseAddresses, CieOrFde, EhFrame, UnwindContext, UnwindSection};
     let Ok(elf) = Elf::parse(bytes) else {
         return 0;
     };
-    let Some(section) = elf.section(".eh_frame") else {
-        return 0;
-    };
-    let eh = EhFrame::new(section.data, gimli::LittleEndian);
-    let bases = BaseAddresses::default().set_eh_frame(section.address);
-    let mut ctx = UnwindContext::new();
-    let mut entries = eh.entries(&bases);
-    let mut rows = 0;
-    while let Ok(Some(entry)) = entries.next() {
-        if let CieOrFde::Fde(partial) = entry {
-            let Ok(fde) = partial.parse(|_, b, o| eh.cie_from_offset(b, o)) else {
-                continue;
-            };
-            let Ok(mut table) = fde.rows(&eh, &bases, &mut ctx) else {
-                continue;
-            };
-            while let Ok(Some(row)) = table.next_row() {
-                black_box(row.cfa());
-                rows += 1;
-            }
-        }
-    }
-    rows
+    elf.section(".eh_frame")
+        .map_or(0, |s| cfi::gimli_rows(s.data, s.address))
 }
 
 /// Files with a gimli floor bench: the big CFI files.
@@ -244,7 +193,7 @@ fn usr_walk(c: &mut Criterion) {
     if std::env::var_os("EIM_BENCH_USR").is_some_and(|v| v == "0") {
         return;
     }
-    let files = common::elf_files(&[PathBuf::from("/usr")]);
+    let files = elf_files(&[PathBuf::from("/usr")]);
     let bytes: u64 = files
         .iter()
         .filter_map(|p| std::fs::metadata(p).ok())

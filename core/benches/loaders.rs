@@ -30,6 +30,7 @@
 //! the bench's run time) bounded however fast the loaders are.
 
 mod common;
+use eim_test_support::files;
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -91,8 +92,8 @@ fn pass(files: &[PathBuf], mut each: impl FnMut(&Path, &[LoaderMatch], Duration)
 /// The walk's files: `/usr` and the stable toolchain.
 fn host_files() -> Vec<PathBuf> {
     let mut roots = vec![PathBuf::from("/usr")];
-    roots.extend(common::stable_sysroot());
-    common::elf_files(&roots)
+    roots.extend(files::stable_sysroot());
+    files::elf_files(&roots)
 }
 
 /// One line per claim: the path, the loader, and its data (all of it, as
@@ -113,14 +114,14 @@ fn claim_lines(path: &Path, matches: &[LoaderMatch]) -> String {
 /// files `EIM_BENCH_FILES` names (`:`-separated), by their file names.
 fn big_files() -> Vec<(String, PathBuf)> {
     let mut files = Vec::new();
-    match common::stable_toolchain_lib() {
+    match files::stable_toolchain_lib() {
         Some(lib) => files.extend(
             [
                 ("librustc_driver", "librustc_driver-"),
                 ("libLLVM", "libLLVM"),
             ]
             .into_iter()
-            .filter_map(|(name, prefix)| Some((name.into(), common::file_named(&lib, prefix)?))),
+            .filter_map(|(name, prefix)| Some((name.into(), files::file_named(&lib, prefix)?))),
         ),
         None => eprintln!("no stable toolchain: librustc_driver and libLLVM are skipped"),
     }

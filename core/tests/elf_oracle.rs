@@ -17,8 +17,9 @@ use eim_core::elf::{extract, DebugFileError, Elf};
 use eim_core::text::render_deltas;
 use object::Object as _;
 
-mod oracle_inputs;
-use oracle_inputs::{inputs, read, testdata};
+use eim_test_support::cfi;
+use eim_test_support::oracle::inputs;
+use eim_test_support::{read, testdata};
 
 fn xz_text(path: &Path) -> String {
     let mut input = std::io::BufReader::new(
@@ -129,29 +130,18 @@ fn extraction_matches_upstream_for_every_oracle_file() {
 
 // ---- upstream's vectors (spec 5.8 and 10) ----
 
-fn rule(op: u8, param: i32, fp_op: u8, fp_param: i32) -> UnwindInfo {
-    UnwindInfo {
-        opcode: op,
-        fp_opcode: fp_op,
-        merge_opcode: 0,
-        pad: 0,
-        param,
-        fp_param,
-    }
-}
-
 /// "SP c/r": CFA = SP + c, saved FP at CFA - r (r = 0: no FP rule).
 fn sp(c: i32, r: i32) -> UnwindInfo {
     if r == 0 {
-        rule(opcode::BASE_SP, c, 0, 0)
+        UnwindInfo::new(opcode::BASE_SP, c, 0, 0)
     } else {
-        rule(opcode::BASE_SP, c, opcode::BASE_CFA, -r)
+        UnwindInfo::new(opcode::BASE_SP, c, opcode::BASE_CFA, -r)
     }
 }
 
 /// "FP c/r": CFA = FP + c, saved FP at CFA - r.
 fn fp(c: i32, r: i32) -> UnwindInfo {
-    rule(opcode::BASE_FP, c, opcode::BASE_CFA, -r)
+    UnwindInfo::new(opcode::BASE_FP, c, opcode::BASE_CFA, -r)
 }
 
 fn extract_file(path: &Path) -> IntervalData {
@@ -288,33 +278,10 @@ fn time_ms(runs: usize, mut f: impl FnMut()) -> (f64, f64) {
     (times[0], times[runs / 2])
 }
 
-/// Every row of every FDE of `.eh_frame`, decoded by gimli: the floor a
-/// CFI walk can reach.
+/// Every row of every FDE of `.eh_frame`, decoded by gimli.
 fn gimli_rows(elf: &Elf<'_>) -> usize {
-    use gimli::{BaseAddresses, CieOrFde, EhFrame, UnwindContext, UnwindSection};
-    let Some(section) = elf.section(".eh_frame") else {
-        return 0;
-    };
-    let eh = EhFrame::new(section.data, gimli::LittleEndian);
-    let bases = BaseAddresses::default().set_eh_frame(section.address);
-    let mut ctx = UnwindContext::new();
-    let mut entries = eh.entries(&bases);
-    let mut rows = 0;
-    while let Ok(Some(entry)) = entries.next() {
-        if let CieOrFde::Fde(partial) = entry {
-            let Ok(fde) = partial.parse(|_, b, o| eh.cie_from_offset(b, o)) else {
-                continue;
-            };
-            let Ok(mut table) = fde.rows(&eh, &bases, &mut ctx) else {
-                continue;
-            };
-            while let Ok(Some(row)) = table.next_row() {
-                std::hint::black_box(row.cfa());
-                rows += 1;
-            }
-        }
-    }
-    rows
+    elf.section(".eh_frame")
+        .map_or(0, |s| cfi::gimli_rows(s.data, s.address))
 }
 
 #[test]

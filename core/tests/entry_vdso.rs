@@ -20,6 +20,8 @@ use eim_core::elf::entry::{stub_len, WINDOW};
 use eim_core::elf::vdso::synthesize;
 use eim_core::elf::{Arch, Elf};
 
+use eim_test_support::data::sha256_hex;
+use eim_test_support::{read_xz, testdata};
 use object::read::elf::{ElfFile64, ProgramHeader};
 use object::{LittleEndian, Object, ObjectSection};
 use proptest::prelude::*;
@@ -44,34 +46,6 @@ fn window(code: &[u8], filler: &[u8]) -> Vec<u8> {
 
 const INT3: &[u8] = &[0xcc];
 const A64_NOP: &[u8] = &[0x1f, 0x20, 0x03, 0xd5];
-
-fn testdata() -> PathBuf {
-    let dir = std::env::var_os("EIM_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"));
-    assert!(
-        dir.join("oracle").is_dir() && dir.join("upstream").is_dir(),
-        "oracle test data not found at {} (set EIM_TESTDATA)",
-        dir.display()
-    );
-    dir
-}
-
-fn read_xz(path: &Path) -> String {
-    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut out = Vec::new();
-    lzma_rs::xz_decompress(&mut raw.as_slice(), &mut out)
-        .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
-    String::from_utf8(out).expect("UTF-8 deltas file")
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// Up to `len` bytes at virtual address `addr`, from the PT_LOAD segment
 /// whose file contents hold `addr`.

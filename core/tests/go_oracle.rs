@@ -8,33 +8,12 @@
 //! outside it are counted (none for this corpus: these binaries are
 //! pure Go, without cgo or `.eh_frame`).
 
-use std::path::{Path, PathBuf};
-
 use eim_core::deltas::IntervalData;
 use eim_core::elf::{gopclntab, Elf};
 use eim_core::text::{parse_deltas, render_deltas};
+use eim_test_support::data::sha256_hex;
+use eim_test_support::{read_xz, testdata};
 use object::{Object, ObjectSection};
-use sha2::{Digest, Sha256};
-
-fn testdata_dir() -> PathBuf {
-    let dir = std::env::var_os("EIM_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"));
-    assert!(
-        dir.join("oracle/MANIFEST.tsv").is_file(),
-        "oracle test data not found at {} (set EIM_TESTDATA)",
-        dir.display()
-    );
-    dir
-}
-
-fn read_xz(path: &Path) -> String {
-    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut out = Vec::new();
-    lzma_rs::xz_decompress(&mut raw.as_slice(), &mut out)
-        .unwrap_or_else(|e| panic!("{}: bad xz: {e:?}", path.display()));
-    String::from_utf8(out).expect("UTF-8")
-}
 
 /// A Go corpus file, checked against its manifest hash.
 struct Corpus {
@@ -45,17 +24,14 @@ struct Corpus {
 }
 
 fn corpus() -> Vec<Corpus> {
-    let oracle_dir = testdata_dir().join("oracle");
+    let oracle_dir = testdata().join("oracle");
     let manifest = std::fs::read_to_string(oracle_dir.join("MANIFEST.tsv")).unwrap();
     let mut out = Vec::new();
     for row in manifest.lines().filter(|l| l.starts_with("gocorpus")) {
         let cols: Vec<&str> = row.split('\t').collect();
         let (name, path, sha, total) = (cols[0], cols[1], cols[3], cols[5]);
         let bytes = std::fs::read(oracle_dir.join(path)).unwrap();
-        let got: String = Sha256::digest(&bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let got = sha256_hex(&bytes);
         assert_eq!(got, sha, "{name}: input differs from the oracle's");
         let oracle = parse_deltas(&read_xz(&oracle_dir.join(format!("{name}.deltas.xz"))))
             .unwrap()
@@ -196,7 +172,7 @@ fn the_heuristic_path_gives_the_same_deltas() {
 /// error.
 #[test]
 fn a_file_without_go_sections_is_skipped() {
-    let oracle_dir = testdata_dir().join("oracle");
+    let oracle_dir = testdata().join("oracle");
     let bytes = std::fs::read(oracle_dir.join("bin/ccorpus-x86_64-O2")).unwrap();
     let elf = Elf::parse(&bytes).unwrap();
     let mut data = IntervalData::new();

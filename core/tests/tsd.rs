@@ -9,8 +9,8 @@ use eim_core::tsd::{
 };
 use eim_core::tsd::{DtvInfo, TsdInfo};
 
-mod oracle_inputs;
-use oracle_inputs::{inputs, testdata};
+use eim_test_support::oracle::inputs;
+use eim_test_support::testdata;
 
 /// The oracle's line for a TSD result.
 fn tsd_line(result: &Result<TsdInfo, TsdError>) -> String {

@@ -8,25 +8,14 @@ use eim_core::machine::{Capacities, KernelBook};
 use eim_core::text::Tables;
 use eim_core::FileId;
 
-fn rule(op: u8, param: i32, fp_op: u8, fp_param: i32) -> UnwindInfo {
-    UnwindInfo {
-        opcode: op,
-        fp_opcode: fp_op,
-        merge_opcode: 0,
-        pad: 0,
-        param,
-        fp_param,
-    }
-}
-
 /// "SP n": CFA = SP + n, no frame-pointer rule.
 fn sp(n: i32) -> UnwindInfo {
-    rule(opcode::BASE_SP, n, 0, 0)
+    UnwindInfo::new(opcode::BASE_SP, n, 0, 0)
 }
 
 /// "SP n/F k": CFA = SP + n, saved FP at CFA - k.
 fn spf(n: i32, k: i32) -> UnwindInfo {
-    rule(opcode::BASE_SP, n, opcode::BASE_CFA, -k)
+    UnwindInfo::new(opcode::BASE_SP, n, opcode::BASE_CFA, -k)
 }
 
 fn d(address: u64, hints: u8, info: UnwindInfo) -> StackDelta {
@@ -156,7 +145,7 @@ fn volname_encodes_to_upstreams_twenty_kernel_deltas() {
 #[test]
 fn arm64_vdso_encodes_to_seven_kernel_deltas() {
     let lr = info::LR;
-    let f16 = rule(opcode::BASE_FP, 16, opcode::BASE_FP, 8);
+    let f16 = UnwindInfo::new(opcode::BASE_FP, 16, opcode::BASE_FP, 8);
     let input = vec![
         d(0, 0, lr),
         d(0x7d8, 0, f16),

@@ -45,9 +45,7 @@ const UPSTREAM: [&str; 4] = [
 
 /// `$EIM_TESTDATA`, else `shared/testdata` next to the repository.
 pub fn default_testdata() -> PathBuf {
-    std::env::var_os("EIM_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"))
+    eim_test_support::data::testdata_path()
 }
 
 /// The paths of the corpus files under `testdata`, sorted.

@@ -1,5 +1,6 @@
-//! Helpers shared by the kernel test files: the test data, the corpus with
-//! its extracted deltas, and the sim's maps in the shape of a kernel dump.
+//! Helpers shared by the kernel test files and the load benchmark: the
+//! corpus with its extracted deltas, and the sim's maps in the shape of a
+//! kernel dump.
 
 use std::path::{Path, PathBuf};
 
@@ -8,11 +9,7 @@ use eim_core::deltas::IntervalData;
 use eim_core::elf::{extract::extract, Elf};
 use eim_sim::SimMaps;
 
-pub fn testdata() -> PathBuf {
-    std::env::var_os("EIM_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"))
-}
+pub use eim_test_support::testdata;
 
 /// Every ELF of the oracle and upstream test data with its extracted deltas
 /// (also the files with none), by file name.

@@ -4,55 +4,20 @@
 //! copies of real files (broken tables, records and instructions), for
 //! several thread counts and part sizes.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use object::{Object, ObjectSection};
 
 use super::ehframe::{Parallelism, PARTS_TAKEN_OVER};
 use super::{extract_with, Elf};
+use eim_test_support::{oracle, testdata};
 
-fn testdata() -> PathBuf {
-    let dir = match std::env::var_os("EIM_TESTDATA") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"),
-    };
-    assert!(
-        dir.join("oracle/MANIFEST.tsv").is_file(),
-        "test data not found at {} (set EIM_TESTDATA)",
-        dir.display()
-    );
-    dir
-}
-
-/// The oracle inputs (as `tests/elf_oracle.rs` finds them) that exist here.
+/// The oracle inputs that exist here.
 fn oracle_files() -> Vec<(String, Vec<u8>)> {
-    let root = testdata();
-    let oracle = root.join("oracle");
-    let manifest = std::fs::read_to_string(oracle.join("MANIFEST.tsv")).expect("manifest");
-    let mut paths: Vec<PathBuf> = manifest
-        .lines()
-        .skip(1)
-        .filter_map(|line| line.split('\t').nth(1))
-        .map(|path| {
-            if path.starts_with('/') {
-                PathBuf::from(path)
-            } else {
-                oracle.join(path)
-            }
-        })
-        .collect();
-    for name in [
-        "volname",
-        "libcrypto-alpine-test.so",
-        "schrodinger-libpython3.8.so.1.0",
-        "vdso.arch64.withframe",
-    ] {
-        paths.push(root.join("upstream").join(name));
-    }
-    paths
+    oracle::inputs(&testdata())
         .into_iter()
-        .filter_map(|p| Some((p.display().to_string(), std::fs::read(&p).ok()?)))
+        .filter_map(|i| Some((i.file.display().to_string(), std::fs::read(&i.file).ok()?)))
         .collect()
 }
 

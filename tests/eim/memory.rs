@@ -17,9 +17,7 @@ use eim::bpf::{KernelConfig, KernelMaps};
 use eim::heap::resident_anonymous;
 use eim::scan::{Host, HostConfig, Quiet};
 
-#[path = "support/libraries.rs"]
-mod libraries;
-use libraries::Libraries;
+use eim_test_support::host::Libraries;
 
 const LIBRARIES: usize = 1000;
 const TARGET: u64 = 64 << 20;

@@ -1,7 +1,7 @@
 //! A big host in one process: distinct shared libraries of `/usr` mapped
 //! executable into the calling process, as a process that had loaded them
 //! would show in `/proc/self/maps` (shared by the tests and benches that
-//! measure eim at host scale; include with `#[path]`).
+//! measure eim at host scale).
 
 use std::collections::HashSet;
 use std::os::fd::AsRawFd;
@@ -78,6 +78,11 @@ impl Libraries {
     /// How many were mapped.
     pub fn len(&self) -> usize {
         self.at.len()
+    }
+
+    /// Whether none could be mapped.
+    pub fn is_empty(&self) -> bool {
+        self.at.is_empty()
     }
 }
 

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
+use eim_test_support::{oracle, testdata};
 use predicates::prelude::*;
 use serde_json::Value;
 
@@ -11,20 +12,6 @@ fn eim() -> Command {
     // Logging settings of the caller must not leak into the output.
     cmd.env_remove("RUST_LOG");
     cmd
-}
-
-/// `../shared/testdata` next to the repository, or `$EIM_TESTDATA`. Missing
-/// data is a failure: these tests must never pass by comparing nothing.
-fn testdata() -> PathBuf {
-    let dir = std::env::var_os("EIM_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata"));
-    assert!(
-        dir.join("upstream").is_dir(),
-        "test data not found at {} (set EIM_TESTDATA)",
-        dir.display()
-    );
-    dir
 }
 
 fn read_xz(path: &Path) -> Vec<u8> {
@@ -296,67 +283,22 @@ fn help_lists_the_subcommands() {
 // ---------------------------------------------------------------------------
 // ELF files: `eim fileid`, `eim deltas`, `eim tables FILE`.
 
-/// One input of the oracle: its name, the path its outputs name, and where
-/// that path is relative to (`cwd`).
-struct OracleInput {
-    name: String,
-    path: String,
-    cwd: PathBuf,
-    fileid64: Option<String>,
-}
-
-fn sha256_hex(path: &Path) -> String {
-    use sha2::Digest;
-    let bytes = std::fs::read(path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}: the oracle input is not on this machine (see ../shared/testdata/oracle/README.md; \
-             /usr/lib/x86_64-linux-musl/libc.so comes with `apt-get install -y musl`)",
-            path.display()
-        )
-    });
-    sha2::Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// Every input of `oracle/MANIFEST.tsv` and `upstream/SHA256SUMS`, each
 /// checked against its recorded SHA-256 first: a file of the machine image
 /// that differs (another package version) makes the test fail, loudly,
 /// rather than compare against outputs of another file.
-fn oracle_inputs() -> Vec<OracleInput> {
-    let data = testdata();
-    let oracle = data.join("oracle");
-    let manifest = std::fs::read_to_string(oracle.join("MANIFEST.tsv")).expect("MANIFEST.tsv");
-    let mut inputs = Vec::new();
-    for line in manifest.lines().skip(1).filter(|l| !l.trim().is_empty()) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        assert!(cols.len() >= 7, "MANIFEST.tsv: short row {line:?}");
-        let (name, path, sha, fileid64) = (cols[0], cols[1], cols[3], cols[6]);
-        let actual = sha256_hex(&oracle.join(path));
-        assert_eq!(
-            actual, sha,
-            "{path} is not the file the oracle was made from (sha256 differs): \
-             its outputs cannot be compared"
-        );
-        inputs.push(OracleInput {
-            name: name.into(),
-            path: path.into(),
-            cwd: oracle.clone(),
-            fileid64: Some(fileid64.into()),
+fn oracle_inputs() -> Vec<oracle::Input> {
+    let inputs = oracle::inputs(&testdata());
+    for input in &inputs {
+        let bytes = std::fs::read(&input.file).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: the oracle input is not on this machine (see \
+                 ../shared/testdata/oracle/README.md; /usr/lib/x86_64-linux-musl/libc.so \
+                 comes with `apt-get install -y musl`)",
+                input.file.display()
+            )
         });
-    }
-    let upstream = data.join("upstream");
-    let sums = std::fs::read_to_string(upstream.join("SHA256SUMS")).expect("SHA256SUMS");
-    for line in sums.lines().filter(|l| !l.trim().is_empty()) {
-        let (sha, name) = line.split_once("  ").expect("sha256sum format");
-        assert_eq!(sha256_hex(&upstream.join(name)), sha, "upstream/{name}");
-        inputs.push(OracleInput {
-            name: name.into(),
-            path: name.into(),
-            cwd: upstream.clone(),
-            fileid64: None,
-        });
+        input.check(&bytes);
     }
     assert_eq!(inputs.len(), 21, "17 oracle and 4 upstream inputs");
     inputs
@@ -365,9 +307,9 @@ fn oracle_inputs() -> Vec<OracleInput> {
 #[test]
 fn fileid_equals_every_fileid_file() {
     for input in oracle_inputs() {
-        let expected = std::fs::read_to_string(input.cwd.join(format!("{}.fileid", input.name)))
+        let expected = std::fs::read_to_string(input.dir.join(format!("{}.fileid", input.name)))
             .unwrap_or_else(|e| panic!("{}.fileid: {e}", input.name));
-        let out = stdout_of(eim().current_dir(&input.cwd).arg("fileid").arg(&input.path));
+        let out = stdout_of(eim().current_dir(&input.dir).arg("fileid").arg(&input.path));
         assert_eq!(out, expected, "{}", input.name);
         if let Some(id) = &input.fileid64 {
             assert_eq!(
@@ -524,9 +466,9 @@ const NEEDS_EXTRACTION: &str = "needs the extraction orchestrator from the wt-cf
 fn deltas_equal_every_oracle_deltas_file() {
     let _ = NEEDS_EXTRACTION;
     for input in oracle_inputs() {
-        let expected = read_xz(&input.cwd.join(format!("{}.deltas.xz", input.name)));
+        let expected = read_xz(&input.dir.join(format!("{}.deltas.xz", input.name)));
         let out = eim()
-            .current_dir(&input.cwd)
+            .current_dir(&input.dir)
             .arg("deltas")
             .arg(&input.path)
             .assert()
@@ -563,9 +505,9 @@ fn plain_extraction_of_the_arm64_vdso_gives_no_deltas_as_upstream() {
 #[test]
 fn tables_of_every_oracle_elf_file_equal_upstream_encoding() {
     for input in oracle_inputs() {
-        let expected = read_xz(&input.cwd.join(format!("{}.encoded.xz", input.name)));
+        let expected = read_xz(&input.dir.join(format!("{}.encoded.xz", input.name)));
         let out = eim()
-            .current_dir(&input.cwd)
+            .current_dir(&input.dir)
             .arg("tables")
             .arg(&input.path)
             .assert()
@@ -618,8 +560,8 @@ fn deltas_vdso_prints_the_seven_synthetic_deltas() {
 // `eim inspect`.
 
 /// The oracle's TSD line of an input (the second line of its `.tsd`).
-fn oracle_tsd_line(input: &OracleInput) -> String {
-    let text = std::fs::read_to_string(input.cwd.join(format!("{}.tsd", input.name)))
+fn oracle_tsd_line(input: &oracle::Input) -> String {
+    let text = std::fs::read_to_string(input.dir.join(format!("{}.tsd", input.name)))
         .unwrap_or_else(|e| panic!("{}.tsd: {e}", input.name));
     let mut lines = text.lines();
     assert_eq!(
@@ -658,7 +600,7 @@ fn inspect_prints_the_oracles_tsd_line_for_every_input() {
         if !input.path.starts_with('/') && expected != "# not-a-tsd-dso" {
             args.push("--force-libc");
         }
-        let text = stdout_of(eim().current_dir(&input.cwd).args(&args).arg(&input.path));
+        let text = stdout_of(eim().current_dir(&input.dir).args(&args).arg(&input.path));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines.first().copied(),
@@ -680,7 +622,7 @@ fn inspect_prints_the_oracles_tsd_line_for_every_input() {
 
         let json = stdout_of(
             eim()
-                .current_dir(&input.cwd)
+                .current_dir(&input.dir)
                 .args(&args)
                 .arg("--json")
                 .arg(&input.path),

@@ -23,9 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-#[path = "support/libraries.rs"]
-mod libraries;
-use libraries::Libraries;
+use eim_test_support::host::Libraries;
 
 /// Distinct libraries the test process maps.
 const LIBRARIES: usize = 1000;

@@ -22,21 +22,10 @@ use eim::scan::{Host, HostConfig, Quiet};
 use eim::sim::{SimConfig, SimMaps};
 use eim::summary::Summary;
 use eim::FileId;
+use eim_test_support::testdata;
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-fn testdata() -> PathBuf {
-    let dir = std::env::var_os("EIM_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata"));
-    assert!(
-        dir.join("oracle/bin").is_dir(),
-        "test data not found at {} (set EIM_TESTDATA)",
-        dir.display()
-    );
-    dir
-}
 
 /// A child killed (and reaped) when dropped.
 struct Running(Child);

@@ -10,7 +10,9 @@
 //! `EIM_REQUIRE_INTERPRETERS` is set.
 
 mod common;
-use common::{data_of, matches_of, nm_address, objdump_lines, skip_or_fail};
+use common::{data_of, matches_of};
+use eim_test_support::skip::skip_or_fail;
+use eim_test_support::tools::{nm_address, objdump_lines};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -123,7 +125,7 @@ fn g_offset_of_each_link_shape() {
 
 #[test]
 fn a_stripped_binary_gives_what_its_twin_gives() {
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/oracle/bin");
+    let bin = eim_test_support::data::oracle_bin();
     let (full, stripped) = (
         bin.join("gocorpus-go1.23-amd64"),
         bin.join("gocorpus-go1.23-amd64-stripped"),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use eim_core::elf::extract::extract;
 use eim_core::elf::Elf;
-use eim_tests::testdata_dir;
+use eim_test_support::testdata;
 use object::{Object, ObjectSection};
 
 /// Counts live heap bytes and their peak.
@@ -150,7 +150,7 @@ fn mutate(base: &[u8], ranges: &[(usize, usize)], rng: &mut Rng) -> (Vec<u8>, &'
 }
 
 fn corpus() -> Vec<(String, Vec<u8>)> {
-    let dir = testdata_dir();
+    let dir = testdata();
     let mut out = Vec::new();
     for name in [
         "oracle/bin/ccorpus-x86_64-O2",

@@ -16,7 +16,8 @@
 //! a loud message, unless `EIM_REQUIRE_INTERPRETERS` is set.
 
 mod common;
-use common::{loaded, loaders, matches_of, present, skip_or_fail};
+use common::{loaded, loaders, matches_of};
+use eim_test_support::skip::{present, skip_or_fail};
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -32,10 +33,7 @@ use eim::interp::{Built, LoaderError, LoaderInfo, Symbols};
 use eim::loaders::ALL_TRACERS;
 use eim::tracers::{self, LoaderMatch};
 use eim::FileId;
-
-fn testdata() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/oracle/bin")
-}
+use eim_test_support::data::oracle_bin;
 
 /// A file's bytes, and every range read from them.
 struct Recording {
@@ -189,7 +187,7 @@ fn librustc_driver() -> Option<PathBuf> {
 #[test]
 fn files_no_loader_claims_are_rejected_by_their_evidence() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut files = vec![testdata().join("ccorpus-x86_64-O2")];
+    let mut files = vec![oracle_bin().join("ccorpus-x86_64-O2")];
     files.extend(big_data_program(dir.path()));
     match librustc_driver() {
         Some(path) => files.push(path),
@@ -256,7 +254,7 @@ fn go_changed(
     name: &str,
     change: fn(&mut [u8]),
 ) -> Option<(Vec<LoaderMatch>, Vec<LoaderMatch>)> {
-    let go = testdata().join("gocorpus-go1.23-amd64");
+    let go = oracle_bin().join("gocorpus-go1.23-amd64");
     if !present(&go) {
         return None;
     }
@@ -338,8 +336,8 @@ fn entries(index: &Symbols<'_>) -> HashMap<Vec<u8>, Symbol> {
 #[test]
 fn symbol_indexes_hold_what_objects_symbol_reader_reads() {
     let mut files = vec![
-        testdata().join("ccorpus-x86_64-O2"),
-        testdata().join("gocorpus-go1.23-amd64"),
+        oracle_bin().join("ccorpus-x86_64-O2"),
+        oracle_bin().join("gocorpus-go1.23-amd64"),
         PathBuf::from("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0"),
         PathBuf::from("/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so"),
     ];

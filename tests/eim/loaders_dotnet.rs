@@ -1,5 +1,5 @@
 //! The .NET loader on a real `libcoreclr.so`: .NET Core 3.1.23's, from
-//! PyPI's `dotnetcore2` wheel (`tests/fetch-dotnet`, which `tests/run`
+//! PyPI's `dotnetcore2` wheel (`tests/inputs/fetch-dotnet`, which `tests/run`
 //! calls and exports as `EIM_DOTNET_ROOT`). No registry reachable here
 //! ships a supported runtime (6.0.0 <= v < 9.0.0), so this one is checked
 //! twice: at its real versioned path it is recognised and refused by its
@@ -11,7 +11,9 @@
 //! `EIM_REQUIRE_INTERPRETERS` is set: then they fail.
 
 mod common;
-use common::{matches_of, nm_address};
+use common::matches_of;
+use eim_test_support::skip::skip_unless_required;
+use eim_test_support::tools::nm_address;
 
 use std::path::{Path, PathBuf};
 
@@ -22,14 +24,10 @@ const VERSION: &str = "3.1.23";
 /// The fetched library at its real versioned path, or `None` (skipped).
 fn real_coreclr() -> Option<PathBuf> {
     let Some(root) = std::env::var_os("EIM_DOTNET_ROOT") else {
-        assert!(
-            std::env::var_os("EIM_REQUIRE_INTERPRETERS").is_none(),
-            "EIM_DOTNET_ROOT is unset and EIM_REQUIRE_INTERPRETERS is set \
-             (tests/run sets it from tests/fetch-dotnet)"
-        );
-        eprintln!(
-            "SKIPPED: EIM_DOTNET_ROOT is unset, no real libcoreclr.so to test \
-             (run: export EIM_DOTNET_ROOT=$(tests/fetch-dotnet))"
+        skip_unless_required(
+            "EIM_REQUIRE_INTERPRETERS",
+            "EIM_DOTNET_ROOT is unset, no real libcoreclr.so to test \
+             (tests/run sets it; by hand: export EIM_DOTNET_ROOT=$(tests/inputs/fetch-dotnet))",
         );
         return None;
     };

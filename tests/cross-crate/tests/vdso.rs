@@ -11,11 +11,11 @@ use eim_core::elf::{extract::extract, vdso, Elf};
 use eim_core::provider::MemoryProvider;
 use eim_core::{ExecutableInfoManager, FileId, Tracers};
 use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
-use eim_tests::testdata_dir;
+use eim_test_support::testdata;
 
 #[test]
 fn the_vdso_is_loaded_through_synthetic_data() {
-    let bytes = std::fs::read(testdata_dir().join("upstream/vdso.arch64.withframe")).unwrap();
+    let bytes = std::fs::read(testdata().join("upstream/vdso.arch64.withframe")).unwrap();
     let elf = Elf::parse(&bytes).unwrap();
     assert!(
         extract(&elf, None).unwrap().is_empty(),

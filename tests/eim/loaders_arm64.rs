@@ -1,21 +1,21 @@
 //! The interpreter loaders on Debian's arm64 binaries, and golabels on the
 //! arm64 Go corpus. The interpreters cannot run here, so their versions
 //! are checked against the packages they come from (`VERSIONS`, written by
-//! `tests/fetch-arm64` from the `.deb` files), and every address against
+//! `tests/inputs/fetch-arm64` from the `.deb` files), and every address against
 //! what binutils' arm64 tools (`aarch64-linux-gnu-nm`, `-objdump`,
 //! `-readelf`) read, independently of eim's symbol and code readers.
 //!
 //! The packages are extracted under `$EIM_ARM64_ROOT` (`tests/run` runs
-//! `tests/fetch-arm64` and sets it to `target/arm64-root`). When it is
+//! `tests/inputs/fetch-arm64` and sets it to `target/arm64-root`). When it is
 //! unset the tests that need it print a loud `SKIPPED`, unless
 //! `EIM_REQUIRE_INTERPRETERS` is set: then they fail. The PHP files are
 //! there too (`usr/bin/php8.2`, `usr/lib/php/20220829/opcache.so`); their
 //! assertions belong with the PHP loader's owner.
 
 mod common;
-use common::{
-    assert_hotspot_vm_structs, loaded, loaders, matches_of, nm_range_with, objdump_lines, run,
-};
+use common::{assert_hotspot_vm_structs, loaded, loaders, matches_of};
+use eim_test_support::skip::{skip_or_fail, skip_unless_required};
+use eim_test_support::tools::{nm_range_with, objdump_lines, run};
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -33,17 +33,16 @@ const LIB: &str = "usr/lib/aarch64-linux-gnu";
 /// required to have it.
 fn arm64_root() -> Option<PathBuf> {
     let Some(root) = std::env::var_os("EIM_ARM64_ROOT") else {
-        assert!(
-            std::env::var_os("EIM_REQUIRE_INTERPRETERS").is_none(),
-            "EIM_ARM64_ROOT is unset and EIM_REQUIRE_INTERPRETERS is set (tests/run sets both)"
+        skip_unless_required(
+            "EIM_REQUIRE_INTERPRETERS",
+            "EIM_ARM64_ROOT is unset (tests/run fetches the arm64 interpreters and sets it)",
         );
-        eprintln!("SKIPPED: EIM_ARM64_ROOT is unset (tests/run fetches the arm64 interpreters and sets it)");
         return None;
     };
     let root = PathBuf::from(root);
     assert!(
         root.join("VERSIONS").is_file(),
-        "{} has no VERSIONS: run tests/fetch-arm64",
+        "{} has no VERSIONS: run tests/inputs/fetch-arm64",
         root.display()
     );
     Some(root)
@@ -60,7 +59,7 @@ fn file(root: &Path, rel: &str) -> String {
     path.to_string_lossy().into_owned()
 }
 
-/// Package -> Debian version, as `tests/fetch-arm64` recorded them.
+/// Package -> Debian version, as `tests/inputs/fetch-arm64` recorded them.
 fn versions(root: &Path) -> HashMap<String, String> {
     let text = std::fs::read_to_string(root.join("VERSIONS")).expect("VERSIONS");
     text.lines()
@@ -324,8 +323,7 @@ fn node_v8() {
 }
 
 fn gocorpus(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/testdata/oracle/bin")
+    eim_test_support::data::oracle_bin()
         .join(name)
         .to_string_lossy()
         .into_owned()
@@ -345,11 +343,7 @@ fn golabels_on_arm64_go() {
     ] {
         let path = gocorpus(name);
         if !Path::new(&path).exists() {
-            assert!(
-                std::env::var_os("EIM_REQUIRE_INTERPRETERS").is_none(),
-                "{path} is missing"
-            );
-            eprintln!("SKIPPED: {path} is missing");
+            skip_or_fail(&path);
             continue;
         }
         let matches = matches_of(&path);

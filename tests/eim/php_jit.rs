@@ -5,11 +5,13 @@
 //!
 //! The x86-64 files are the machine's (`tests/run` installs them); the
 //! arm64 ones are Debian's arm64 packages unpacked under `EIM_ARM64_ROOT`
-//! (`tests/fetch-arm64`). A missing file is a loud skip, or a failure when
+//! (`tests/inputs/fetch-arm64`). A missing file is a loud skip, or a failure when
 //! `EIM_REQUIRE_INTERPRETERS` is set.
 
 mod common;
-use common::{data_of, nm_address, objdump_lines, skip_or_fail};
+use common::data_of;
+use eim_test_support::skip::skip_or_fail;
+use eim_test_support::tools::{nm_address, objdump_lines};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

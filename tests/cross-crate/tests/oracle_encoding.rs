@@ -4,7 +4,7 @@
 use eim_core::machine::{Capacities, KernelBook};
 use eim_core::text::{parse_deltas, Tables};
 use eim_core::FileId;
-use eim_tests::{oracle_delta_files, read_xz};
+use eim_test_support::{oracle_delta_files, read_xz};
 
 #[test]
 fn every_oracle_file_encodes_exactly_as_upstream() {

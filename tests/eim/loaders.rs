@@ -10,9 +10,10 @@
 
 mod common;
 use common::{
-    assert_hotspot_vm_structs, data_of, find_in, first_external_jump, loaded, loaders, matches_of,
-    nm_address, nm_range, present, ruby_library, run,
+    assert_hotspot_vm_structs, data_of, find_in, loaded, loaders, matches_of, ruby_library,
 };
+use eim_test_support::skip::present;
+use eim_test_support::tools::{first_external_jump, nm_address, nm_range, run};
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +23,7 @@ use eim::interp::v8::V8Data;
 use eim::interp::{self, LoaderError, LoaderInfo};
 use eim::loaders::{inspect, ALL_TRACERS};
 use eim::{FileId, Tracers};
+use eim_test_support::data::oracle_bin;
 
 const PYTHON: &str = "/usr/bin/python3.11";
 const PERL_LIB: &str = "/usr/lib/x86_64-linux-gnu/libperl.so.5.36";
@@ -32,16 +34,12 @@ const JVM: &str = "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so";
 const JAVA: &str = "/usr/lib/jvm/java-17-openjdk-amd64/bin/java";
 const NODE: &str = "/usr/bin/node";
 
-fn testdata() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/oracle/bin")
-}
-
 fn go_binary() -> PathBuf {
-    testdata().join("gocorpus-go1.23-amd64")
+    oracle_bin().join("gocorpus-go1.23-amd64")
 }
 
 fn c_binary() -> PathBuf {
-    testdata().join("ccorpus-x86_64-O2")
+    oracle_bin().join("ccorpus-x86_64-O2")
 }
 
 #[test]

@@ -19,7 +19,9 @@
 //! `EIM_REQUIRE_INTERPRETERS` is set (`tests/run` sets it), then a failure.
 
 mod common;
-use common::{first_external_jump, nm_range, present, ruby_library, run};
+use common::ruby_library;
+use eim_test_support::skip::present;
+use eim_test_support::tools::{first_external_jump, nm_range, run};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom};

@@ -1,0 +1,66 @@
+//! The test data: `$EIM_TESTDATA`, else `shared/testdata` next to the
+//! repository.
+
+use std::path::{Path, PathBuf};
+
+/// Where the test data is meant to be, whether or not it is there (for a
+/// tool that reports its absence itself).
+pub fn testdata_path() -> PathBuf {
+    std::env::var_os("EIM_TESTDATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata"))
+}
+
+/// The test data's directory. Panics loudly when it is missing: an oracle
+/// test must never pass by finding nothing to compare.
+pub fn testdata() -> PathBuf {
+    let dir = testdata_path();
+    assert!(
+        dir.join("oracle/MANIFEST.tsv").is_file() && dir.join("upstream").is_dir(),
+        "oracle test data not found at {} (set EIM_TESTDATA)",
+        dir.display()
+    );
+    dir
+}
+
+/// The oracle's own binaries (`oracle/bin`).
+pub fn oracle_bin() -> PathBuf {
+    testdata().join("oracle/bin")
+}
+
+/// A file's bytes; panics naming the file.
+pub fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// Decompresses an `.xz` file to text.
+pub fn read_xz(path: &Path) -> String {
+    let raw = read(path);
+    let mut out = Vec::new();
+    lzma_rs::xz_decompress(&mut raw.as_slice(), &mut out)
+        .unwrap_or_else(|e| panic!("{}: not a valid xz file: {e:?}", path.display()));
+    String::from_utf8(out).unwrap_or_else(|e| panic!("{}: not UTF-8: {e}", path.display()))
+}
+
+/// Every `<name>.deltas.xz` of the oracle and upstream sets, sorted.
+pub fn oracle_delta_files() -> Vec<PathBuf> {
+    let dir = testdata();
+    let mut files: Vec<PathBuf> = ["oracle", "upstream"]
+        .iter()
+        .flat_map(|sub| std::fs::read_dir(dir.join(sub)).expect("readable test data"))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".deltas.xz"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The SHA-256 of `data`, in lower-case hex (as `sha256sum` and the
+/// manifests write it).
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

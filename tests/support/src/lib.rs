@@ -1,0 +1,28 @@
+//! What every test, bench and fuzz target of eim shares, in one place:
+//!
+//! * [`data`]: where the test data is (`$EIM_TESTDATA`, else
+//!   `shared/testdata` next to the repository), reading it (xz included),
+//!   the oracle's delta files;
+//! * [`oracle`]: the oracle's inputs as its manifest names them, with the
+//!   check that a file of the machine image is the one it was made from;
+//! * [`skip`]: loud skips that become failures under an `EIM_REQUIRE_*`
+//!   variable (`tests/run` and CI set them);
+//! * [`tools`]: binutils' view of a file (`nm`, `objdump`), independent of
+//!   eim's own symbol and code readers;
+//! * [`files`]: the host's ELF files and the stable toolchain's;
+//! * [`host`]: a big host in one process (distinct libraries mapped);
+//! * [`cfi`]: gimli's decoding of `.eh_frame`, the floor a CFI walk can
+//!   reach.
+//!
+//! It depends on no eim crate, so that eim-core's own tests can use it.
+
+pub mod cfi;
+pub mod data;
+pub mod files;
+pub mod host;
+pub mod oracle;
+pub mod skip;
+pub mod tools;
+
+pub use data::{oracle_delta_files, read, read_xz, testdata};
+pub use skip::{present, skip_or_fail};

@@ -1,0 +1,89 @@
+//! The oracle's inputs as `oracle/MANIFEST.tsv` names them, then
+//! upstream's four test files: where each is here, its outputs, and the
+//! check that a file of the machine image is the one the oracle was made
+//! from.
+
+use std::path::{Path, PathBuf};
+
+use crate::data::{read, sha256_hex};
+
+/// One input: its name in the oracle, where it is here, the sha256 it must
+/// have, and where its outputs are.
+pub struct Input {
+    pub name: String,
+    /// The file, as the manifest names it resolved against [`Input::dir`].
+    pub file: PathBuf,
+    /// The path as the manifest gives it (relative to [`Input::dir`], or
+    /// absolute for a file of the machine image).
+    pub path: String,
+    /// The directory of its outputs (`oracle/` or `upstream/`).
+    pub dir: PathBuf,
+    pub sha256: String,
+    pub deltas: PathBuf,
+    /// The oracle's `.tsd` file (the upstream test files have none).
+    pub tsd: Option<PathBuf>,
+    /// The 64-bit host file id the manifest records (oracle inputs only).
+    pub fileid64: Option<String>,
+}
+
+impl Input {
+    /// The file's bytes, after checking it is the one the oracle was made
+    /// from: a different package version fails loudly instead of being
+    /// compared with another file's outputs.
+    pub fn bytes(&self) -> Vec<u8> {
+        let bytes = read(&self.file);
+        self.check(&bytes);
+        bytes
+    }
+
+    /// Panics unless `bytes` have the recorded sha256.
+    pub fn check(&self, bytes: &[u8]) {
+        assert_eq!(
+            sha256_hex(bytes),
+            self.sha256,
+            "{} is not the file the oracle was made from (compare {} with MANIFEST.tsv \
+             or SHA256SUMS): its outputs cannot be compared",
+            self.file.display(),
+            self.name
+        );
+    }
+}
+
+/// Every input of `oracle/MANIFEST.tsv`, then upstream's test files (its
+/// `SHA256SUMS`).
+pub fn inputs(root: &Path) -> Vec<Input> {
+    let oracle = root.join("oracle");
+    let manifest = std::fs::read_to_string(oracle.join("MANIFEST.tsv")).expect("MANIFEST.tsv");
+    let mut out = Vec::new();
+    for line in manifest.lines().skip(1).filter(|l| !l.trim().is_empty()) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        assert!(cols.len() >= 7, "MANIFEST.tsv: short row {line:?}");
+        let (name, path, sha, fileid64) = (cols[0], cols[1], cols[3], cols[6]);
+        out.push(Input {
+            name: name.to_string(),
+            file: oracle.join(path),
+            path: path.to_string(),
+            dir: oracle.clone(),
+            sha256: sha.to_string(),
+            deltas: oracle.join(format!("{name}.deltas.xz")),
+            tsd: Some(oracle.join(format!("{name}.tsd"))),
+            fileid64: Some(fileid64.to_string()),
+        });
+    }
+    let upstream = root.join("upstream");
+    let sums = std::fs::read_to_string(upstream.join("SHA256SUMS")).expect("SHA256SUMS");
+    for line in sums.lines().filter(|l| !l.trim().is_empty()) {
+        let (sha, name) = line.split_once("  ").expect("sha256sum's format");
+        out.push(Input {
+            name: name.to_string(),
+            file: upstream.join(name),
+            path: name.to_string(),
+            dir: upstream.clone(),
+            sha256: sha.to_string(),
+            deltas: upstream.join(format!("{name}.deltas.xz")),
+            tsd: None,
+            fileid64: None,
+        });
+    }
+    out
+}
