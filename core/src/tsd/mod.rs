@@ -15,6 +15,7 @@
 //! `.tsd` files show them after `# error: `).
 
 pub mod arm64;
+pub mod error;
 pub mod expr;
 pub mod layout;
 pub mod name;
@@ -26,6 +27,7 @@ use object::{Object as _, ObjectSymbol as _};
 
 use crate::elf::{Arch, Elf};
 
+pub use error::{AnalysisError, DtvError, SymbolError, TsdError};
 pub use layout::{DtvInfo, LibcInfo, TsdInfo};
 pub use name::{is_potential_libc_dso, is_potential_tsd_dso};
 
@@ -36,54 +38,6 @@ pub const MAX_CODE: u64 = 64 * 1024;
 
 /// The most code read for `__tls_get_addr` (HEAD reads at most this much).
 pub const MAX_DTV_CODE: u64 = 2048;
-
-/// Why a symbol's code could not be read.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SymbolError {
-    #[error("symbol not found")]
-    NotFound,
-    #[error("no matching segment for {0:#x}")]
-    NotMapped(u64),
-}
-
-/// Why the TSD analysis failed; the text is upstream's.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TsdError {
-    #[error("unable to read 'pthread_getspecific': {0}")]
-    Symbol(SymbolError),
-    #[error("getspecific function size is {0}")]
-    TooShort(usize),
-    #[error("failed to extract getspecific data: {0}")]
-    Analysis(AnalysisError),
-}
-
-/// Why the analysis of a function's code found no layout.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum AnalysisError {
-    /// x86-64: an instruction did not decode.
-    #[error("at {at:#x}: undecodable instruction")]
-    Undecodable { at: usize },
-    /// x86-64: the code ended before a `ret`.
-    #[error("EOF")]
-    NoReturn,
-    /// x86-64: the return value has none of the known shapes.
-    #[error("could not extract tsdInfo amd")]
-    NoTsdPattern,
-    /// arm64: `x0` does not hold a TSD value at the end.
-    #[error("libc data not found")]
-    NoTsdValue,
-    #[error("could not extract DTV info: no matching pattern found")]
-    NoDtvPattern,
-}
-
-/// Why the DTV analysis failed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum DtvError {
-    #[error("unable to read '__tls_get_addr': {0}")]
-    Symbol(SymbolError),
-    #[error("failed to extract __tls_get_addr data: {0}")]
-    Analysis(AnalysisError),
-}
 
 /// The code of the defined dynamic symbol `name`: `min(size, max)` bytes
 /// at its address.

@@ -164,9 +164,10 @@ fn file_of(module: &[String], root: &Path, sources: &Sources) -> Option<PathBuf>
 /// Every path a file's code names that starts at `crate`, `super` or
 /// `self`, with `use` groups expanded (`crate::{a, b::c}` gives
 /// `crate::a` and `crate::b::c`).
-fn paths_in(code: &str) -> Vec<(usize, Vec<String>)> {
+fn paths_in(code: &str, children: &[String]) -> Vec<(usize, Vec<String>)> {
     let mut out = Vec::new();
     let b = code.as_bytes();
+    let child_heads: Vec<String> = children.iter().map(|c| format!("{c}::")).collect();
     let mut i = 0;
     while i < b.len() {
         let at_word =
@@ -174,16 +175,73 @@ fn paths_in(code: &str) -> Vec<(usize, Vec<String>)> {
         let head = ["crate::", "super::", "self::"]
             .into_iter()
             .find(|h| at_word && code[i..].starts_with(h));
-        match head {
-            Some(h) => {
+        // A bare path through a child module this file declares
+        // (`mod x;` ... `x::f()`, `pub use x::Y`) is `self::x::...`.
+        let child = child_heads
+            .iter()
+            .find(|h| at_word && code[i..].starts_with(h.as_str()));
+        match (head, child) {
+            (Some(h), _) => {
                 let (paths, used) = expand(&code[i..]);
                 out.extend(paths.into_iter().map(|p| (i, p)));
                 i += used.max(h.len());
             }
-            None => i += 1,
+            (None, Some(h)) => {
+                let (paths, used) = expand(&code[i..]);
+                out.extend(paths.into_iter().map(|mut p| {
+                    p.insert(0, "self".to_string());
+                    (i, p)
+                }));
+                i += used.max(h.len());
+            }
+            (None, None) => i += 1,
         }
     }
     out
+}
+
+/// `code` with its re-exports (`pub use ...;`, `pub(crate) use ...;`)
+/// blanked: like the crate root, a module that re-exports an item is a
+/// table of contents for its callers, not a user of the item. A cycle
+/// through a re-export alone is not one (what the parent uses itself, it
+/// imports with a plain `use`, which counts).
+fn without_reexports(code: &str) -> String {
+    let mut out = code.to_string();
+    for head in ["pub use ", "pub(crate) use ", "pub(super) use "] {
+        let mut from = 0;
+        while let Some(n) = out[from..].find(head) {
+            let at = from + n;
+            let end = out[at..].find(';').map_or(out.len(), |e| at + e + 1);
+            let blank: String = out[at..end]
+                .chars()
+                .map(|c| if c == '\n' { c } else { ' ' })
+                .collect();
+            out.replace_range(at..end, &blank);
+            from = at + blank.len();
+        }
+    }
+    out
+}
+
+/// The child modules a file declares in files of their own (`mod x;`,
+/// `pub(crate) mod x;`).
+fn child_modules(code: &str) -> Vec<String> {
+    code.split(';')
+        .filter_map(|stmt| {
+            let stmt = stmt.trim();
+            let rest = stmt.rsplit_once("mod ")?;
+            let before = rest.0.trim_end();
+            let visibility_only = before.is_empty()
+                || before.ends_with("pub")
+                || before.ends_with(')')
+                || before.ends_with(']');
+            let name = rest.1.trim();
+            (visibility_only
+                && !name.is_empty()
+                && name.chars().all(|c| c.is_alphanumeric() || c == '_'))
+            .then(|| name.to_string())
+        })
+        .collect()
 }
 
 /// Expands the path at the start of `text` (which may end in a `{...}`
@@ -330,9 +388,10 @@ fn graph(root: &Path, sources: &Sources) -> BTreeMap<PathBuf, BTreeSet<PathBuf>>
         if file == root {
             continue; // The root only declares and re-exports: its table of contents.
         }
-        let code = code_of(text);
+        let code = without_reexports(&code_of(text));
         let inline = inline_modules(&code);
-        for (at, path) in paths_in(&code) {
+        let children = child_modules(&code);
+        for (at, path) in paths_in(&code, &children) {
             let mut here = here.clone();
             here.extend(
                 inline
