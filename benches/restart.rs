@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use eim::abi::{StackDeltaPageInfo, StackDeltaPageKey, Wire};
 use eim::bpf::{sys, KernelConfig, KernelMaps};
-use eim::scan::{Host, HostConfig, Quiet};
+use eim::host::scan::{Host, HostConfig, Quiet};
 
 use eim_test_support::host::Libraries;
 

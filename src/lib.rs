@@ -13,7 +13,7 @@
 //! Files are read here, not in the core: [`ElfFileRef`] (a lazily opened
 //! ELF file, read on demand and never mapped, and its debug-file search)
 //! and [`ElfProvider`] (the stack-delta provider over it, which also runs
-//! the interpreter loaders: [`loaders`]).
+//! the interpreter loaders: [`files::loaders`]).
 //!
 //! Depending on `eim` alone keeps one version of each in a user's build and
 //! lets the split between the crates change without breaking users.
@@ -45,21 +45,11 @@ pub use eim_bpf as bpf;
 pub use eim_core::*;
 pub use eim_sim as sim;
 
-pub mod backend;
-pub mod counting;
-pub mod descriptors;
-pub mod elf_file;
-pub mod elf_provider;
-pub mod heap;
+pub mod backends;
+pub mod files;
 pub mod host;
-pub mod loaders;
-pub mod lookup;
 pub mod metrics_http;
-pub mod regular;
-pub mod scan;
-pub mod summary;
-pub mod table;
-pub mod watch;
+pub mod report;
 
-pub use elf_file::ElfFileRef;
-pub use elf_provider::ElfProvider;
+pub use files::elf_file::ElfFileRef;
+pub use files::elf_provider::ElfProvider;

@@ -21,7 +21,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::summary::Summary;
+use crate::report::summary::Summary;
 
 /// The metrics, registered once and updated after every step.
 pub struct Metrics {

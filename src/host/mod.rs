@@ -1,8 +1,16 @@
 //! The live host: its processes, their executable mappings, the files
-//! behind them and their ids. Everything here reads `/proc` and files; the
-//! decisions about references live in [`mappings`].
+//! behind them and their ids, and the loop that keeps the manager's
+//! references equal to what the processes map. [`procs`], [`open`] and
+//! [`fileids`] read `/proc` and files; the decisions about references live
+//! in [`mappings`]; [`scan::Host`] is one walk of the host (and a warm
+//! restart), [`watch`] a step every interval; [`descriptors`] and [`heap`]
+//! keep the process's descriptors and memory within bounds at host scale.
 
+pub mod descriptors;
 pub mod fileids;
+pub mod heap;
 pub mod mappings;
 pub mod open;
 pub mod procs;
+pub mod scan;
+pub mod watch;

@@ -21,7 +21,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::procs::ExecMapping;
-use crate::regular::open_regular;
+use crate::files::regular::open_regular;
 
 /// How a file was reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

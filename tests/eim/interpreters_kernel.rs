@@ -33,7 +33,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use eim::bpf::{Dump, KernelConfig, KernelMaps};
-use eim::loaders::{inspect, ALL_TRACERS};
+use eim::files::loaders::{inspect, ALL_TRACERS};
 use eim::manager::{Config, ManualClock};
 use eim::ops::Backend;
 use eim::sim::{SimConfig, SimMaps};
@@ -186,7 +186,7 @@ fn cases() -> Option<Vec<Case>> {
     )
 }
 
-/// What `eim::loaders::inspect` says a file's ranges are.
+/// What `eim::files::loaders::inspect` says a file's ranges are.
 fn inspected_offsets(path: &Path) -> Option<(Vec<Range<u64>>, u16)> {
     let matches = inspect(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut with = matches.iter().filter_map(|m| m.offsets());

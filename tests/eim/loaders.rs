@@ -18,10 +18,10 @@ use eim_test_support::tools::{first_external_jump, nm_address, nm_range, run};
 use std::path::{Path, PathBuf};
 
 use eim::elf::Elf;
+use eim::files::loaders::{inspect, ALL_TRACERS};
 use eim::interp::python::PythonData;
 use eim::interp::v8::V8Data;
 use eim::interp::{self, LoaderError, LoaderInfo};
-use eim::loaders::{inspect, ALL_TRACERS};
 use eim::{FileId, Tracers};
 use eim_test_support::data::oracle_bin;
 

@@ -14,8 +14,8 @@ use std::collections::BTreeSet;
 use std::sync::atomic::AtomicBool;
 
 use eim::bpf::{KernelConfig, KernelMaps};
-use eim::heap::resident_anonymous;
-use eim::scan::{Host, HostConfig, Quiet};
+use eim::host::heap::resident_anonymous;
+use eim::host::scan::{Host, HostConfig, Quiet};
 
 use eim_test_support::host::Libraries;
 

@@ -16,8 +16,8 @@ use eim_test_support::tools::{nm_address, objdump_lines};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use eim::files::loaders::inspect;
 use eim::interp::php::{JitBufferPointers, JitReturn, OpcacheData, PhpData};
-use eim::loaders::inspect;
 use eim::tracers::LoaderMatch;
 
 const PHP_DIR: &str = "usr/lib/php";

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use eim::elf::fileid::file_id_of;
 use eim::host::procs;
-use eim::scan::{Host, HostConfig, Quiet};
+use eim::host::scan::{Host, HostConfig, Quiet};
+use eim::report::summary::Summary;
 use eim::sim::{SimConfig, SimMaps};
-use eim::summary::Summary;
 use eim::FileId;
 use eim_test_support::testdata;
 use serde_json::Value;
@@ -122,7 +122,7 @@ fn host_of(pids: &[i32], delay: Option<Duration>) -> Host<SimMaps> {
     )
 }
 
-fn step<B: eim::backend::Inspect>(host: &mut Host<B>) {
+fn step<B: eim::backends::inspect::Inspect>(host: &mut Host<B>) {
     host.step(&AtomicBool::new(false), &mut Quiet)
         .expect("step");
 }
@@ -253,7 +253,7 @@ fn a_scan_reports_python_go_and_libc_with_their_versions() {
     let mut host = host_of(&[py.pid(), gop.pid()], None);
     step(&mut host);
     let summary = Summary::of(&mut host).expect("summary");
-    let kinds = |kind: &str| -> Vec<&eim::summary::Found> {
+    let kinds = |kind: &str| -> Vec<&eim::report::summary::Found> {
         summary.found.iter().filter(|f| f.kind == kind).collect()
     };
     let python = kinds("python");

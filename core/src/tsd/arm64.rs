@@ -17,8 +17,8 @@
 
 use yaxpeax_arm::armv8::a64::{Opcode, Operand};
 
-use super::layout::{DtvInfo, TsdInfo};
 use super::error::AnalysisError;
+use super::layout::{DtvInfo, TsdInfo};
 use crate::elf::entry::{a64_decode, a64_mov_alias, bitmask_immediate_valid};
 
 /// A memory operand as upstream sees it.

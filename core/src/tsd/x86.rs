@@ -9,9 +9,9 @@
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 
+use super::error::AnalysisError;
 use super::expr::{Expr, Name, Pat, Segment};
 use super::layout::{DtvInfo, TsdInfo};
-use super::error::AnalysisError;
 
 /// Register slots: 0 for registers the interpreter does not track (the
 /// high byte registers), then RAX..R15 in encoding order, then RIP.

@@ -62,7 +62,7 @@ const CRATES: &[&str] = &[
     "sim/src/lib.rs",
     "bpf-backend/src/lib.rs",
     "src/lib.rs",
-    "src/main.rs",
+    "src/cli/main.rs",
     "tests/cross-crate/src/lib.rs",
     "tests/support/src/lib.rs",
 ];
@@ -467,9 +467,8 @@ fn cycles(edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
     out
 }
 
-/// The files of a crate: every `.rs` under the root file's directory that
-/// belongs to this crate (for the root package, whose library and binary
-/// share `src/`, every file counts for both: names do not collide).
+/// The files of a crate: every `.rs` under the root file's directory, but
+/// not under another crate's root.
 fn read_crate(repo: &Path, root: &str) -> (PathBuf, Sources) {
     let root_path = repo.join(root);
     let dir = root_path
@@ -482,7 +481,11 @@ fn read_crate(repo: &Path, root: &str) -> (PathBuf, Sources) {
         for entry in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
             let path = entry.expect("a directory entry").path();
             if path.is_dir() {
-                if path.file_name().is_some_and(|n| n != "bin") {
+                // Another crate's root (`src/bin`, the CLI's `src/cli`) is
+                // not this crate's module tree.
+                let other_crate =
+                    path.file_name().is_some_and(|n| n == "bin") || path.join("main.rs").is_file();
+                if !other_crate {
                     stack.push(path);
                 }
             } else if path.extension().is_some_and(|e| e == "rs") {

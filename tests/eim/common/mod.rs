@@ -7,8 +7,8 @@
 use std::any::Any;
 use std::path::Path;
 
+use eim::files::loaders::inspect;
 use eim::interp::Loaded;
-use eim::loaders::inspect;
 use eim::tracers::LoaderMatch;
 
 /// Every loader's answer for `path` (which must be readable), each printed

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use eim::elf_file::{ElfFileRef, DEFAULT_MAX_SIZE};
+use eim::files::elf_file::{ElfFileRef, DEFAULT_MAX_SIZE};
 use eim::text::{render_deltas, render_deltas_error};
 use eim::ElfProvider;
 

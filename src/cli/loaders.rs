@@ -18,7 +18,8 @@ pub struct LoadersArgs {
 
 pub fn run(args: &LoadersArgs, out: &mut impl Write) -> std::io::Result<Outcome> {
     each::run(&args.files, out, |path| {
-        let matches = eim::loaders::inspect(path).map_err(|e| Failure::message(e.message))?;
+        let matches =
+            eim::files::loaders::inspect(path).map_err(|e| Failure::message(e.message))?;
         if matches.is_empty() {
             return Ok(format!("{} -\n", path.display()));
         }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use eim::deltas::IntervalData;
 use eim::elf::Elf;
-use eim::elf_file::{ElfFileRef, DEFAULT_MAX_SIZE};
+use eim::files::elf_file::{ElfFileRef, DEFAULT_MAX_SIZE};
 use eim::tsd::{extract_dtv, extract_tsd, is_potential_libc_dso, is_potential_tsd_dso};
 use eim::FileId;
 use serde::Serialize;
@@ -124,28 +124,34 @@ pub fn loaders(
     deltas: &IntervalData,
 ) -> Vec<LoaderMatch> {
     let name = path.to_string_lossy();
-    eim::loaders::detect(file_id, &name, elf, deltas, eim::loaders::ALL_TRACERS)
-        .into_iter()
-        .map(|m| {
-            let (data, offsets) = match &m.outcome {
-                Ok(loaded) => (format!("{:?}", loaded.data), loaded.offsets.clone()),
-                Err(e) => (format!("error: {e}"), None),
-            };
-            LoaderMatch {
-                loader: m.loader.to_string(),
-                data,
-                program: offsets.as_ref().map(|o| o.program),
-                interpreter_offsets: offsets
-                    .iter()
-                    .flat_map(|o| std::iter::once(o.first.clone()).chain(o.second.clone()))
-                    .map(|r| OffsetRange {
-                        lower: r.start,
-                        upper: r.end,
-                    })
-                    .collect(),
-            }
-        })
-        .collect()
+    eim::files::loaders::detect(
+        file_id,
+        &name,
+        elf,
+        deltas,
+        eim::files::loaders::ALL_TRACERS,
+    )
+    .into_iter()
+    .map(|m| {
+        let (data, offsets) = match &m.outcome {
+            Ok(loaded) => (format!("{:?}", loaded.data), loaded.offsets.clone()),
+            Err(e) => (format!("error: {e}"), None),
+        };
+        LoaderMatch {
+            loader: m.loader.to_string(),
+            data,
+            program: offsets.as_ref().map(|o| o.program),
+            interpreter_offsets: offsets
+                .iter()
+                .flat_map(|o| std::iter::once(o.first.clone()).chain(o.second.clone()))
+                .map(|r| OffsetRange {
+                    lower: r.start,
+                    upper: r.end,
+                })
+                .collect(),
+        }
+    })
+    .collect()
 }
 
 /// Everything `eim inspect` says about one file.
@@ -202,9 +208,9 @@ pub fn inspect(path: &Path, force_libc: bool, max_size: u64) -> Result<Report, F
     let elf = open.elf();
     let mut debuglink = || {
         let found = file.find_debug_file(&open).ok().flatten();
-        found.map(|d| eim::elf_provider::SharedDebugFile(std::sync::Arc::new(d)))
+        found.map(|d| eim::files::elf_provider::SharedDebugFile(std::sync::Arc::new(d)))
     };
-    let (data, deltas_error) = match eim::elf_provider::extract(elf, &mut debuglink) {
+    let (data, deltas_error) = match eim::files::elf_provider::extract(elf, &mut debuglink) {
         Ok(data) => (Some(data), None),
         Err(e) => (None, Some(e)),
     };

@@ -1,31 +1,24 @@
-//! `eim scan`, `eim watch` and `eim lookup`: the command-line side of
-//! [`eim::scan::Host`] (arguments, the backend, the progress bar, the stop
-//! signals, printing). The work is done in the library.
+//! What `eim scan`, `eim watch` and `eim lookup` share: the backend
+//! arguments and choice (simulated or kernel maps, pins, privileges), the
+//! host over them (a warm restart over pins that hold entries), the
+//! progress bar and the printed summary. The work is done in the library.
 
-use std::ffi::{OsStr, OsString};
 use std::io::IsTerminal;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use eim::backend::Inspect;
 use eim::bpf::{KernelConfig, KernelMaps};
 use eim::host::open::OpenStrategy;
-use eim::lookup;
-use eim::metrics_http::{Metrics, MetricsServer};
-use eim::scan::{Host, HostConfig, NotRestarted, Progress, Quiet, RestartFailed};
+use eim::host::scan::{Host, HostConfig, NotRestarted, Progress, RestartFailed};
+use eim::report::summary::Summary;
 use eim::sim::{SimConfig, SimMaps};
-use eim::summary::Summary;
-use eim::watch::{self, WatchConfig};
 
 use crate::out::{self, note};
-use crate::stop::{self, Maps};
+use crate::stop::Maps;
 
 /// Which maps to load into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -66,84 +59,11 @@ pub struct BackendArgs {
     pub no_map_files: bool,
 }
 
-/// Options of `eim scan`.
-#[derive(Clone, Debug, clap::Args)]
-pub struct ScanArgs {
-    #[command(flatten)]
-    pub backend: BackendArgs,
-    /// Only these processes (repeatable; default: every process).
-    #[arg(long = "pid")]
-    pub pids: Vec<i32>,
-    /// Print the summary as one JSON document.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// Options of `eim watch`.
-#[derive(Clone, Debug, clap::Args)]
-pub struct WatchArgs {
-    #[command(flatten)]
-    pub backend: BackendArgs,
-    /// Time between two steps (at least 10ms).
-    #[arg(long, default_value = "1s", value_parser = parse_interval)]
-    pub interval: Duration,
-    /// Keep a file loaded this long after its last process exits (`0s`:
-    /// unload at once). Processes that come and go within the delay reuse
-    /// the loaded tables instead of extracting the file again.
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
-    pub unload_delay: Duration,
-    /// Serve metrics in the Prometheus text format at http://ADDR/metrics.
-    #[arg(long)]
-    pub metrics_addr: Option<SocketAddr>,
-    /// Only these processes (repeatable; default: every process).
-    #[arg(long = "pid")]
-    pub pids: Vec<i32>,
-    /// Stop after this many steps (default: until Ctrl-C).
-    #[arg(long)]
-    pub steps: Option<u64>,
-    /// Print the final summary as one JSON document.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// The shortest `--interval`: below it, watch is a busy loop re-reading
-/// `/proc` (`0s` took 80% of a core).
-pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
-
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    let interval = humantime::parse_duration(s).map_err(|e| e.to_string())?;
-    if interval < MIN_INTERVAL {
-        return Err(format!(
-            "{s} is shorter than the minimum of {}",
-            humantime::format_duration(MIN_INTERVAL)
-        ));
-    }
-    Ok(interval)
-}
-
-/// Options of `eim lookup`.
-#[derive(Clone, Debug, clap::Args)]
-pub struct LookupArgs {
-    #[command(flatten)]
-    pub backend: BackendArgs,
-    /// Look up addresses of this process (otherwise the first argument is
-    /// an ELF file and the addresses are its virtual addresses).
-    #[arg(long)]
-    pub pid: Option<i32>,
-    /// `ADDR...` with `--pid`, else `FILE ADDR...`; addresses in hex (0x...) or decimal.
-    /// (A file name need not be UTF-8.)
-    #[arg(required = true)]
-    pub args: Vec<OsString>,
-    /// Print the answers as one JSON document.
-    #[arg(long)]
-    pub json: bool,
-}
-
 /// The files a host batch holds open, and the inner arrays a publish
 /// holds, from what the soft limit of open files leaves now (after
-/// `main` raised it; [`eim::descriptors`]).
-fn files_per_batch() -> usize {
-    match eim::descriptors::files_per_batch_now() {
+/// `main` raised it; [`eim::host::descriptors`]).
+pub(crate) fn files_per_batch() -> usize {
+    match eim::host::descriptors::files_per_batch_now() {
         Ok(n) => {
             tracing::debug!(
                 files_per_batch = n,
@@ -152,14 +72,14 @@ fn files_per_batch() -> usize {
             n
         }
         Err(e) => {
-            let n = eim::descriptors::MAX_FILES_PER_BATCH;
+            let n = eim::host::descriptors::MAX_FILES_PER_BATCH;
             tracing::warn!("{e}; batches of {n} files");
             n
         }
     }
 }
 
-fn host_config(args: &BackendArgs, pids: &[i32]) -> HostConfig {
+pub(crate) fn host_config(args: &BackendArgs, pids: &[i32]) -> HostConfig {
     HostConfig {
         batch_files: files_per_batch(),
         only: (!pids.is_empty()).then(|| pids.iter().copied().collect()),
@@ -173,12 +93,12 @@ fn host_config(args: &BackendArgs, pids: &[i32]) -> HostConfig {
 }
 
 /// The simulated maps, with the kernel's default capacities.
-fn sim_maps() -> anyhow::Result<SimMaps> {
+pub(crate) fn sim_maps() -> anyhow::Result<SimMaps> {
     SimMaps::new(SimConfig::default()).context("creating the simulated maps")
 }
 
 /// What to tell a user who lacks the privileges for real maps.
-fn privileges_message(what_failed: &str) -> String {
+pub(crate) fn privileges_message(what_failed: &str) -> String {
     let missing = eim::bpf::probe::missing_capabilities();
     let mut msg = format!("--backend kernel: {what_failed}.\n");
     if missing.is_empty() {
@@ -203,7 +123,7 @@ fn privileges_message(what_failed: &str) -> String {
 /// reconcile.
 /// `arrays_in_flight`: the most inner arrays a publish holds open (the
 /// host's batch size, so that a step publishes each size class at once).
-fn kernel_maps(
+pub(crate) fn kernel_maps(
     args: &BackendArgs,
     pin: bool,
     adopt: bool,
@@ -263,10 +183,10 @@ fn kernel_maps(
 }
 
 /// The progress bar on stderr, hidden when stderr is not a terminal.
-struct Bar(ProgressBar);
+pub(crate) struct Bar(ProgressBar);
 
 impl Bar {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let bar = if std::io::stderr().is_terminal() {
             ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr())
         } else {
@@ -299,7 +219,7 @@ impl Progress for Bar {
 
 /// Prints the summary. A stopped run is a success: what it loaded is whole
 /// and consistent, and the summary says if the walk was cut short.
-fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<ExitCode> {
+pub(crate) fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<ExitCode> {
     let text = if json {
         serde_json::to_string_pretty(summary).context("encoding the summary")? + "\n"
     } else {
@@ -310,7 +230,7 @@ fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 /// What a second stop signal may cut short with these arguments.
-fn maps_kind(args: &BackendArgs) -> Maps {
+pub(crate) fn maps_kind(args: &BackendArgs) -> Maps {
     if args.backend == BackendKind::Kernel && !args.no_pin {
         Maps::Pinned
     } else {
@@ -324,7 +244,7 @@ fn maps_kind(args: &BackendArgs) -> Maps {
 /// that stays mapped. If the reconcile does not trust the maps, they are
 /// cleaned and the host starts cold. `None`: stopped before the maps were
 /// touched.
-fn kernel_host(
+pub(crate) fn kernel_host(
     args: &BackendArgs,
     config: HostConfig,
     stop: &AtomicBool,
@@ -391,163 +311,5 @@ fn kernel_host(
             );
             Ok(Some(Host::new(backend, config)))
         }
-    }
-}
-
-fn scan_on<B: Inspect>(
-    mut host: Host<B>,
-    args: &ScanArgs,
-    stop: &AtomicBool,
-) -> anyhow::Result<ExitCode> {
-    host.step(stop, &mut Bar::new())?;
-    // After a warm restart every unwind slot no kept table uses cools for
-    // one grace, and a file needing a rule no slot holds is refused until
-    // then (`docs/ARCHITECTURE.md`, "Warm restart: reconcile"). A daemon
-    // loads it at a later step; a scan waits that once (at most the grace).
-    if host.restarted().is_some() && !host.problems().is_empty() {
-        if let Some(wait) = host.manager().slots_cooling_for() {
-            note!(
-                "eim: waiting {:.1} s for the unwind slots to cool after the restart, then loading what was refused",
-                wait.as_secs_f64()
-            );
-            watch::sleep_unless_stopped(wait, stop);
-            if !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                host.step(stop, &mut Bar::new())?;
-            }
-        }
-    }
-    let summary = Summary::of(&mut host)?;
-    print_summary(&summary, args.json)
-}
-
-pub fn scan(args: &ScanArgs) -> anyhow::Result<ExitCode> {
-    // Before the maps are made: a signal while they are would kill eim.
-    let stop = stop::on_signals(maps_kind(&args.backend));
-    let config = host_config(&args.backend, &args.pids);
-    match args.backend.backend {
-        BackendKind::Sim => scan_on(Host::new(sim_maps()?, config), args, &stop),
-        BackendKind::Kernel => match kernel_host(&args.backend, config, &stop)? {
-            Some(host) => scan_on(host, args, &stop),
-            None => Ok(ExitCode::SUCCESS),
-        },
-    }
-}
-
-fn watch_on<B: Inspect>(
-    mut host: Host<B>,
-    args: &WatchArgs,
-    stop: &AtomicBool,
-) -> anyhow::Result<ExitCode> {
-    let metrics = Arc::new(Metrics::new());
-    // Without its metrics a watch still does its work: a port taken by
-    // someone else must not keep eim from loading tables.
-    let _server = match args
-        .metrics_addr
-        .map(|a| MetricsServer::start(a, metrics.clone()))
-    {
-        Some(Ok(server)) => {
-            note!("eim: metrics at http://{}/metrics", server.addr());
-            Some(server)
-        }
-        Some(Err(e)) => {
-            tracing::error!("{e}; watching without metrics");
-            None
-        }
-        None => None,
-    };
-    let summary = watch::watch(
-        &mut host,
-        &WatchConfig {
-            interval: args.interval,
-            steps: args.steps,
-        },
-        stop,
-        Some(&metrics),
-        &mut Quiet,
-        &mut |_| {},
-    )?;
-    // A stop signal is how a watch ends: its last step may stop between two
-    // processes, but what it loaded is whole, and pinned maps stay for the
-    // next run.
-    print_summary(
-        &Summary {
-            interrupted: false,
-            ..summary
-        },
-        args.json,
-    )
-}
-
-pub fn watch(args: &WatchArgs) -> anyhow::Result<ExitCode> {
-    let stop = stop::on_signals(maps_kind(&args.backend));
-    let mut config = host_config(&args.backend, &args.pids);
-    config.unload_delay = (!args.unload_delay.is_zero()).then_some(args.unload_delay);
-    match args.backend.backend {
-        BackendKind::Sim => watch_on(Host::new(sim_maps()?, config), args, &stop),
-        BackendKind::Kernel => match kernel_host(&args.backend, config, &stop)? {
-            Some(host) => watch_on(host, args, &stop),
-            None => Ok(ExitCode::SUCCESS),
-        },
-    }
-}
-
-fn parse_address(arg: &OsStr) -> anyhow::Result<u64> {
-    let s = arg
-        .to_str()
-        .with_context(|| format!("not an address: {arg:?}"))?;
-    let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => s.parse(),
-    };
-    parsed.with_context(|| format!("not an address: {s:?}"))
-}
-
-fn lookup_on<B: Inspect>(backend: B, args: &LookupArgs) -> anyhow::Result<ExitCode> {
-    let mut config = host_config(&args.backend, &[]);
-    let answers = match args.pid {
-        Some(pid) => {
-            let addresses: Vec<u64> = args
-                .args
-                .iter()
-                .map(|a| parse_address(a))
-                .collect::<anyhow::Result<_>>()?;
-            config.only = Some([pid].into());
-            let mut host = Host::new(backend, config);
-            lookup::lookup_pid(&mut host, pid, &addresses)?
-        }
-        None => {
-            let (file, rest) = args.args.split_first().context("FILE ADDR... expected")?;
-            if rest.is_empty() {
-                bail!("no address given for {}", file.to_string_lossy());
-            }
-            let addresses: Vec<u64> = rest
-                .iter()
-                .map(|a| parse_address(a))
-                .collect::<anyhow::Result<_>>()?;
-            let host = Host::new(backend, config);
-            lookup::lookup_file(&host, std::path::Path::new(file), &addresses)?
-        }
-    };
-    let text = if args.json {
-        serde_json::to_string_pretty(&answers).context("encoding the answers")? + "\n"
-    } else {
-        answers
-            .iter()
-            .map(|a| lookup::render_line(a) + "\n")
-            .collect()
-    };
-    out::print(&text)?;
-    Ok(ExitCode::SUCCESS)
-}
-
-pub fn lookup(args: &LookupArgs) -> anyhow::Result<ExitCode> {
-    match args.backend.backend {
-        BackendKind::Sim => lookup_on(sim_maps()?, args),
-        // Private maps: a lookup must not clean the maps a running scan or
-        // watch has pinned.
-        BackendKind::Kernel => lookup_on(
-            kernel_maps(&args.backend, false, false, files_per_batch())?,
-            args,
-        ),
     }
 }

@@ -30,8 +30,8 @@ use eim_core::ops::MapKind;
 use eim_core::{ExecutableInfoManager, FileId};
 
 use super::{host_elf_ref, Host, Identified, Problem, ProblemKind, StepReport};
-use crate::backend::Inspect;
-use crate::counting::HostFile;
+use crate::backends::inspect::Inspect;
+use crate::files::counting::HostFile;
 use crate::host::mappings::{MappingKey, ProcessEntry, Resolution};
 use crate::host::open;
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};

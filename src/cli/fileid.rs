@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use eim::elf_file::DEFAULT_MAX_SIZE;
+use eim::files::elf_file::DEFAULT_MAX_SIZE;
 use eim::ElfFileRef;
 
 use crate::each::{self, Failure, Outcome};

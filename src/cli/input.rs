@@ -8,8 +8,8 @@ use std::os::unix::fs::FileExt as _;
 use std::path::Path;
 
 use eim::deltas::IntervalData;
+use eim::files::regular::open_regular;
 use eim::provider::Provider;
-use eim::regular::open_regular;
 use eim::text_input::{read_deltas, ELF_MAGIC};
 use eim::{ElfFileRef, ElfProvider};
 
@@ -82,7 +82,7 @@ pub fn read_input(path: &Path, max_size: u64) -> anyhow::Result<Input> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eim::elf_file::DEFAULT_MAX_SIZE;
+    use eim::files::elf_file::DEFAULT_MAX_SIZE;
     use eim::text_input::XZ_MAGIC;
 
     fn temp(name: &str, bytes: &[u8]) -> std::path::PathBuf {

@@ -9,7 +9,7 @@ use eim_core::tracers::LoaderMatch;
 use eim_core::Tracers;
 
 // Asking the loaders is part of extraction; this module re-offers it.
-pub use crate::elf_provider::detect;
+pub use crate::files::elf_provider::detect;
 use crate::{ElfFileRef, ElfProvider};
 
 pub use eim_core::interp::{InterpreterOffsets, Loaded, LoaderError};

@@ -39,8 +39,8 @@ use eim_core::metrics::{self, MetricId};
 use eim_core::provider::ExtractErrorKind;
 use eim_core::{Error, ExecutableInfo, ExecutableInfoManager, FileId, Tracers};
 
-use crate::backend::{Inspect, InspectError, Usage};
-use crate::counting::{CountingProvider, ExtractionStats, HostFile, Timed};
+use crate::backends::inspect::{Inspect, InspectError, Usage};
+use crate::files::counting::{CountingProvider, ExtractionStats, HostFile, Timed};
 use crate::host::fileids::FileIdCache;
 use crate::host::mappings::{MappingKey, ProcessEntry, ProcessTable, Resolution};
 use crate::host::open::{self, OpenError, OpenStrategy};
@@ -65,7 +65,7 @@ pub struct HostConfig {
     /// Distinct new files per `load_many` batch. Each is held open until
     /// its batch is loaded, so this bounds the files open at once: `eim`
     /// sizes it from the descriptor limit
-    /// ([`crate::descriptors::files_per_batch`]).
+    /// ([`crate::host::descriptors::files_per_batch`]).
     pub batch_files: usize,
     /// Only these processes (`eim lookup --pid`); all when `None`.
     pub only: Option<BTreeSet<i32>>,
@@ -264,7 +264,7 @@ struct StepClock {
 impl<B: Inspect> Host<B> {
     /// A host over `backend` with eim's extraction.
     pub fn new(backend: B, config: HostConfig) -> Self {
-        crate::heap::configure();
+        crate::host::heap::configure();
         let provider = CountingProvider::new(ElfProvider::new());
         let stats = provider.stats();
         let manager = ExecutableInfoManager::with_config(
@@ -445,7 +445,7 @@ impl<B: Inspect> Host<B> {
             }
         }
         if report.taken > 0 || report.released > 0 {
-            crate::heap::give_back();
+            crate::host::heap::give_back();
         }
         self.clock.busy += releasing.elapsed();
         progress.finish();

@@ -25,9 +25,9 @@ use eim_core::abi;
 use eim_core::metrics::{self, MetricId};
 use eim_core::tsd::LibcInfo;
 
-use crate::backend::{Inspect, InspectError};
-use crate::scan::{Counters, FileRecord, Host, Problem, ProblemKind};
-use crate::table::{grouped, Align, Table};
+use crate::backends::inspect::{Inspect, InspectError};
+use crate::host::scan::{Counters, FileRecord, Host, Problem, ProblemKind};
+use crate::report::table::{grouped, Align, Table};
 
 /// Bytes the kernel uses per element of a delta array (4-byte values are
 /// stored in 8-byte slots).
@@ -174,7 +174,7 @@ pub struct Pins {
     pub cleaned: Option<Cleaned>,
     /// What the warm restart over the re-opened maps kept, loaded and
     /// removed (`null` when nothing was pinned with entries).
-    pub reconciled: Option<crate::scan::Reconciled>,
+    pub reconciled: Option<crate::host::scan::Reconciled>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -255,7 +255,7 @@ pub struct Seconds {
     pub phases: PhaseSeconds,
 }
 
-/// [`crate::scan::Phases`] in seconds.
+/// [`crate::host::scan::Phases`] in seconds.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct PhaseSeconds {
     pub walk: f64,
@@ -268,7 +268,7 @@ pub struct PhaseSeconds {
 }
 
 impl PhaseSeconds {
-    fn of(p: &crate::scan::Phases) -> Self {
+    fn of(p: &crate::host::scan::Phases) -> Self {
         Self {
             walk: secs(p.walk),
             open: secs(p.open),

@@ -11,7 +11,7 @@
 //! does: the kernel backend keeps none per loaded table, see
 //! `eim_bpf::maps`, "Descriptors"):
 //!
-//! * a host batch ([`crate::scan::HostConfig::batch_files`]) holds each of
+//! * a host batch ([`crate::host::scan::HostConfig::batch_files`]) holds each of
 //!   its files open from its identification to the end of its load: the
 //!   file id was computed from that open file, and opening it again by
 //!   path could find another file;

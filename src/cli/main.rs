@@ -10,21 +10,24 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
+mod backend;
 mod deltas;
 mod demo;
 mod each;
 mod fileid;
-mod host_cli;
 mod input;
 mod inspect;
-mod loaders_cmd;
+mod loaders;
+mod lookup;
 mod out;
+mod scan;
 mod stop;
 mod synth;
 mod tables;
+mod watch;
 
 // The text tables live in the library (the scan summary uses them too).
-use eim::table;
+use eim::report::table;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,20 +60,20 @@ enum Command {
     Fileid(fileid::FileidArgs),
     /// Load every executable file mapped by a process of this host, then
     /// print what the maps hold, what it costs and what failed.
-    Scan(host_cli::ScanArgs),
+    Scan(scan::ScanArgs),
     /// Keep the maps in step with the host: load new processes' files,
     /// release those of exited processes, every interval, until Ctrl-C.
-    Watch(host_cli::WatchArgs),
+    Watch(watch::WatchArgs),
     /// Which file, file id, page and unwind info the unwinder uses at each
     /// address (of a process with --pid, else of an ELF file).
-    Lookup(host_cli::LookupArgs),
+    Lookup(lookup::LookupArgs),
     /// Print what eim knows about each ELF file: file ids, delta count,
     /// C-library TSD (the oracle's `.tsd` line) and DTV layouts, and the
     /// interpreter loaders that recognise it.
     Inspect(inspect::InspectArgs),
     /// Print what every interpreter loader says about each ELF file: the
     /// loader, the interpreter version and the interpreter_offsets ranges.
-    Loaders(loaders_cmd::LoadersArgs),
+    Loaders(loaders::LoadersArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -119,10 +122,10 @@ fn each(
 }
 
 /// Raises the soft limit of open files to the hard limit
-/// ([`eim::descriptors`]), saying so at `-v`; a failure is a warning, not
+/// ([`eim::host::descriptors`]), saying so at `-v`; a failure is a warning, not
 /// an error: eim then works within the soft limit.
 fn raise_descriptor_limit() {
-    match eim::descriptors::raise_soft_limit() {
+    match eim::host::descriptors::raise_soft_limit() {
         Ok(r) if r.changed() => tracing::info!(
             "raised the soft limit of open files (RLIMIT_NOFILE) from {} to the hard limit {}",
             r.from,
@@ -145,11 +148,11 @@ fn main() -> ExitCode {
         Command::Tables(args) => ("tables", each(|out| tables::run(args, out))),
         Command::Deltas(args) => ("deltas", each(|out| deltas::run(args, out))),
         Command::Fileid(args) => ("fileid", each(|out| fileid::run(args, out))),
-        Command::Scan(args) => ("scan", host_cli::scan(args)),
-        Command::Watch(args) => ("watch", host_cli::watch(args)),
-        Command::Lookup(args) => ("lookup", host_cli::lookup(args)),
+        Command::Scan(args) => ("scan", scan::run(args)),
+        Command::Watch(args) => ("watch", watch::run(args)),
+        Command::Lookup(args) => ("lookup", lookup::run(args)),
         Command::Inspect(args) => ("inspect", each(|out| inspect::run(args, out))),
-        Command::Loaders(args) => ("loaders", each(|out| loaders_cmd::run(args, out))),
+        Command::Loaders(args) => ("loaders", each(|out| loaders::run(args, out))),
     };
     out::exit_code(name, result)
 }

@@ -17,13 +17,13 @@ use serde::Serialize;
 use eim_core::elf::Elf;
 use eim_core::FileId;
 
-use crate::backend::{Inspect, LookupAnswer};
-use crate::counting::HostFile;
+use crate::backends::inspect::{Inspect, LookupAnswer};
+use crate::files::counting::HostFile;
+use crate::files::regular::open_regular;
 use crate::host::fileids;
 use crate::host::open;
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
-use crate::regular::open_regular;
-use crate::scan::{Host, Quiet};
+use crate::host::scan::{Host, Quiet};
 use crate::ElfFileRef;
 
 /// The answer for one address.
@@ -69,7 +69,7 @@ pub enum LookupError {
     #[error("{}: {message}", path.display())]
     File { path: PathBuf, message: String },
     #[error(transparent)]
-    Inspect(#[from] crate::backend::InspectError),
+    Inspect(#[from] crate::backends::inspect::InspectError),
 }
 
 /// The ELF virtual address of file offset `offset`, through the segment
@@ -207,7 +207,7 @@ pub fn lookup_file<B: Inspect>(
 
 /// An answer as one line of text.
 pub fn render_line(a: &AddressAnswer) -> String {
-    use crate::backend::Outcome;
+    use crate::backends::inspect::Outcome;
     let mut line = format!("{:#x}", a.address);
     if let Some(p) = &a.path {
         line.push_str(&format!(" {}", p.display()));

@@ -8,11 +8,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::backend::{Inspect, InspectError};
+use crate::backends::inspect::{Inspect, InspectError};
 use crate::host::procs::ListError;
+use crate::host::scan::{Host, Progress};
 use crate::metrics_http::Metrics;
-use crate::scan::{Host, Progress};
-use crate::summary::Summary;
+use crate::report::summary::Summary;
 
 /// How long and how often to watch.
 #[derive(Clone, Debug)]
@@ -50,7 +50,7 @@ fn step_once<B: Inspect>(
     host: &mut Host<B>,
     stop: &AtomicBool,
     progress: &mut dyn Progress,
-) -> Result<(crate::scan::StepReport, Summary), WatchError> {
+) -> Result<(crate::host::scan::StepReport, Summary), WatchError> {
     let report = host.step(stop, progress)?.clone();
     Ok((report, Summary::of(host)?))
 }

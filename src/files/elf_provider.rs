@@ -18,7 +18,7 @@ use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
 use eim_core::tracers::LoaderMatch;
 use eim_core::tsd::{DtvInfo, LibcInfo, TsdInfo};
 
-use crate::elf_file::{DebugFile, ElfFileRef, OpenElf, Unreliable, DEFAULT_MAX_SIZE};
+use crate::files::elf_file::{DebugFile, ElfFileRef, OpenElf, Unreliable, DEFAULT_MAX_SIZE};
 use eim_core::elf::extract::{DebugBytes, DebugFileError};
 use eim_core::{FileId, Tracers};
 
@@ -360,7 +360,7 @@ pub fn detect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::elf_file::tests::{tempdir, testdata, tiny_elf, X86_64};
+    use crate::files::elf_file::tests::{tempdir, testdata, tiny_elf, X86_64};
     use eim_core::deltas::{hint, info, StackDelta};
 
     fn one_delta(elf: &Elf<'_>) -> IntervalData {

@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use eim::elf_file::DEFAULT_MAX_SIZE;
+use eim::files::elf_file::DEFAULT_MAX_SIZE;
 use eim::machine::{Capacities, KernelBook};
 use eim::text::Tables;
 use eim::FileId;

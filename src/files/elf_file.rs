@@ -59,7 +59,7 @@ use eim_core::elf::{ByteSource, Elf, ElfError, FileView, LazyFile, SourceError};
 use eim_core::provider::{ExtractError, ExtractErrorKind};
 use object::Object;
 
-use crate::regular::{check_regular, open_regular};
+use crate::files::regular::{check_regular, open_regular};
 
 /// The default size limit: 2 GiB.
 pub const DEFAULT_MAX_SIZE: u64 = 2 << 30;

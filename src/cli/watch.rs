@@ -1,0 +1,120 @@
+//! `eim watch`: a [`eim::host::scan::Host`] kept in step with the host,
+//! one step every `--interval` until stopped, with metrics served if asked.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use eim::backends::inspect::Inspect;
+use eim::host::scan::{Host, Quiet};
+use eim::host::watch::{self, WatchConfig};
+use eim::metrics_http::{Metrics, MetricsServer};
+use eim::report::summary::Summary;
+
+use crate::backend::{
+    host_config, kernel_host, maps_kind, print_summary, sim_maps, BackendArgs, BackendKind,
+};
+use crate::out::note;
+use crate::stop;
+
+/// Options of `eim watch`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Time between two steps (at least 10ms).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Keep a file loaded this long after its last process exits (`0s`:
+    /// unload at once). Processes that come and go within the delay reuse
+    /// the loaded tables instead of extracting the file again.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub unload_delay: Duration,
+    /// Serve metrics in the Prometheus text format at http://ADDR/metrics.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Only these processes (repeatable; default: every process).
+    #[arg(long = "pid")]
+    pub pids: Vec<i32>,
+    /// Stop after this many steps (default: until Ctrl-C).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Print the final summary as one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The shortest `--interval`: below it, watch is a busy loop re-reading
+/// `/proc` (`0s` took 80% of a core).
+pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let interval = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if interval < MIN_INTERVAL {
+        return Err(format!(
+            "{s} is shorter than the minimum of {}",
+            humantime::format_duration(MIN_INTERVAL)
+        ));
+    }
+    Ok(interval)
+}
+
+fn watch_on<B: Inspect>(
+    mut host: Host<B>,
+    args: &WatchArgs,
+    stop: &AtomicBool,
+) -> anyhow::Result<ExitCode> {
+    let metrics = Arc::new(Metrics::new());
+    // Without its metrics a watch still does its work: a port taken by
+    // someone else must not keep eim from loading tables.
+    let _server = match args
+        .metrics_addr
+        .map(|a| MetricsServer::start(a, metrics.clone()))
+    {
+        Some(Ok(server)) => {
+            note!("eim: metrics at http://{}/metrics", server.addr());
+            Some(server)
+        }
+        Some(Err(e)) => {
+            tracing::error!("{e}; watching without metrics");
+            None
+        }
+        None => None,
+    };
+    let summary = watch::watch(
+        &mut host,
+        &WatchConfig {
+            interval: args.interval,
+            steps: args.steps,
+        },
+        stop,
+        Some(&metrics),
+        &mut Quiet,
+        &mut |_| {},
+    )?;
+    // A stop signal is how a watch ends: its last step may stop between two
+    // processes, but what it loaded is whole, and pinned maps stay for the
+    // next run.
+    print_summary(
+        &Summary {
+            interrupted: false,
+            ..summary
+        },
+        args.json,
+    )
+}
+
+pub fn run(args: &WatchArgs) -> anyhow::Result<ExitCode> {
+    let stop = stop::on_signals(maps_kind(&args.backend));
+    let mut config = host_config(&args.backend, &args.pids);
+    config.unload_delay = (!args.unload_delay.is_zero()).then_some(args.unload_delay);
+    match args.backend.backend {
+        BackendKind::Sim => watch_on(Host::new(sim_maps()?, config), args, &stop),
+        BackendKind::Kernel => match kernel_host(&args.backend, config, &stop)? {
+            Some(host) => watch_on(host, args, &stop),
+            None => Ok(ExitCode::SUCCESS),
+        },
+    }
+}
