@@ -1,5 +1,5 @@
 //! What the benchmarks that read a host's files share: reading a file with
-//! `pread` as `eim` does (`src/elf_file.rs`). Finding the files is
+//! `pread` as `eim` does (`src/files/elf_file.rs`). Finding the files is
 //! `eim_test_support::files`.
 
 #![allow(dead_code)] // each bench uses part of it

@@ -20,7 +20,7 @@
 //! is built on first use and shared by all loaders: the symbol index, and
 //! the gaps (a walk over every delta, which only V8 needs, on a file named
 //! like node). On a file no loader claims neither is built, and nothing of
-//! the file is read but its note segments (`tests/loaders_evidence.rs`).
+//! the file is read but its note segments (`tests/eim/loaders_evidence.rs`).
 //!
 //! One module per interpreter; [`access`] holds the ELF reading they share,
 //! [`evidence`] what they test first, and [`names`] the file-name patterns

@@ -28,7 +28,7 @@
 //! 3.7 on); that guesses the form from an alignment the C types do not
 //! promise (`Py_tss_t` is 4-aligned, and a key loaded by value may sit at
 //! an 8-aligned address). Both agree on Debian's files and on CPython
-//! 3.6 to 3.13 built by pyenv (`tests/loaders.rs`).
+//! 3.6 to 3.13 built by pyenv (`tests/eim/loaders.rs`).
 //!
 //! An instruction the tracker does not understand makes it forget every
 //! register (an unknown key is an error the user sees; a wrong one would
