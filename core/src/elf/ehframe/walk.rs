@@ -824,6 +824,59 @@ impl<F: ForkFilter> Walker<'_, '_, F> {
     }
 }
 
+/// A walker over a CFI section of `section_len` bytes whose CFI describes
+/// `code`'s machine code, emitting into `deltas` (with room reserved for
+/// the deltas a section of that size usually gives, returned too). The one
+/// set-up of the three walks below: they differ only in the section and
+/// in how its FDEs are found.
+fn walker_over<'a, 'd, F: FdeFilter + ?Sized>(
+    section_len: usize,
+    arch: Arch,
+    code: &'a Elf<'d>,
+    allow_generic_regs: bool,
+    filter: &'a mut F,
+    deltas: &'a mut IntervalData,
+) -> (Walker<'a, 'd, F>, usize) {
+    let reserve = section_len / SECTION_BYTES_PER_DELTA;
+    deltas.deltas.reserve(reserve);
+    let out = Emitter {
+        arch,
+        code: Code::File(code),
+        allow_generic_regs,
+        filter,
+        deltas,
+    };
+    (Walker::new(section_len, out), reserve)
+}
+
+/// The `.eh_frame` walk both entry points share: `table` walks the FDEs
+/// through a usable search table (given the walker, the table, the section
+/// and the reserved delta count), else they are walked linearly.
+fn walk_eh_frame<F: FdeFilter + ?Sized>(
+    elf: &Elf<'_>,
+    allow_generic_regs: bool,
+    filter: &mut F,
+    deltas: &mut IntervalData,
+    table: impl FnOnce(&mut Walker<'_, '_, F>, &Region<'_>, &Region<'_>, usize) -> Result<(), CfiError>,
+) -> Result<(), CfiError> {
+    let (hdr, eh) = find_eh_sections(elf)?;
+    let Some(eh) = eh else {
+        return Ok(());
+    };
+    let (mut walker, reserve) = walker_over(
+        eh.data.len(),
+        elf.arch,
+        elf,
+        allow_generic_regs,
+        filter,
+        deltas,
+    );
+    match hdr {
+        Some(hdr) => table(&mut walker, &hdr, &eh, reserve),
+        None => walker.walk_linear(&eh, false),
+    }
+}
+
 /// Adds the deltas of `elf`'s `.eh_frame` (spec 5.3): through the
 /// `.eh_frame_hdr` search table when it is usable, else by a linear walk.
 /// A file without `.eh_frame` adds nothing.
@@ -833,27 +886,9 @@ pub fn parse_eh_frame<F: FdeFilter + ?Sized>(
     filter: &mut F,
     deltas: &mut IntervalData,
 ) -> Result<(), CfiError> {
-    let (hdr, eh) = find_eh_sections(elf)?;
-    let Some(eh) = eh else {
-        return Ok(());
-    };
-    deltas
-        .deltas
-        .reserve(eh.data.len() / SECTION_BYTES_PER_DELTA);
-    let mut walker = Walker::new(
-        eh.data.len(),
-        Emitter {
-            arch: elf.arch,
-            code: Code::File(elf),
-            allow_generic_regs,
-            filter,
-            deltas,
-        },
-    );
-    match hdr {
-        Some(hdr) => walker.walk_table(&hdr, &eh),
-        None => walker.walk_linear(&eh, false),
-    }
+    walk_eh_frame(elf, allow_generic_regs, filter, deltas, |w, hdr, eh, _| {
+        w.walk_table(hdr, eh)
+    })
 }
 
 /// [`parse_eh_frame`] with the search-table walk cut into parts walked on
@@ -866,26 +901,13 @@ pub fn parse_eh_frame_with<F: ForkFilter>(
     deltas: &mut IntervalData,
     parallelism: Parallelism,
 ) -> Result<(), CfiError> {
-    let (hdr, eh) = find_eh_sections(elf)?;
-    let Some(eh) = eh else {
-        return Ok(());
-    };
-    let reserve = eh.data.len() / SECTION_BYTES_PER_DELTA;
-    deltas.deltas.reserve(reserve);
-    let mut walker = Walker::new(
-        eh.data.len(),
-        Emitter {
-            arch: elf.arch,
-            code: Code::File(elf),
-            allow_generic_regs,
-            filter,
-            deltas,
-        },
-    );
-    match hdr {
-        Some(hdr) => walker.walk_table_parallel(&hdr, &eh, parallelism, reserve),
-        None => walker.walk_linear(&eh, false),
-    }
+    walk_eh_frame(
+        elf,
+        allow_generic_regs,
+        filter,
+        deltas,
+        |w, hdr, eh, reserve| w.walk_table_parallel(hdr, eh, parallelism, reserve),
+    )
 }
 
 /// Adds the deltas of `elf`'s `.debug_frame` (always a linear walk).
@@ -901,18 +923,13 @@ pub fn parse_debug_frame<F: FdeFilter + ?Sized>(
     let Some(section) = elf.section_region(".debug_frame", MAX_SECTION_BYTES) else {
         return Ok(());
     };
-    deltas
-        .deltas
-        .reserve(section.data.len() / SECTION_BYTES_PER_DELTA);
-    let mut walker = Walker::new(
+    let (mut walker, _) = walker_over(
         section.data.len(),
-        Emitter {
-            arch: elf.arch,
-            code: Code::File(code),
-            allow_generic_regs,
-            filter,
-            deltas,
-        },
+        elf.arch,
+        code,
+        allow_generic_regs,
+        filter,
+        deltas,
     );
     walker.walk_linear(&section, true)
 }
