@@ -21,7 +21,12 @@ fuzz_target!(|data: &[u8]| {
     let extracted = extract(&elf, None);
     if let Ok(deltas) = &extracted {
         // Every delta comes from at least one input byte.
-        assert!(deltas.len() <= data.len(), "{} deltas from {} bytes", deltas.len(), data.len());
+        assert!(
+            deltas.len() <= data.len(),
+            "{} deltas from {} bytes",
+            deltas.len(),
+            data.len()
+        );
     }
     on_demand::check(data, Some(&extracted));
     let _ = vdso::synthesize(&elf);

@@ -91,7 +91,12 @@ fuzz_target!(|input: Input| {
     };
     let extracted = extract(&elf, None);
     if let Ok(deltas) = &extracted {
-        assert!(deltas.len() <= b.len(), "{} deltas from {} bytes", deltas.len(), b.len());
+        assert!(
+            deltas.len() <= b.len(),
+            "{} deltas from {} bytes",
+            deltas.len(),
+            b.len()
+        );
     }
     // Read the way eim reads files, the same answer.
     on_demand::check(&b, Some(&extracted));

@@ -283,7 +283,11 @@ fuzz_target!(|input: Input| {
         "one entry per page of the span, dead pages excepted"
     );
     for key in sim.pages().keys() {
-        assert!(!draft.is_dead(key.page), "dead page {:#x} written", key.page);
+        assert!(
+            !draft.is_dead(key.page),
+            "dead page {:#x} written",
+            key.page
+        );
     }
 
     let data = IntervalData::from_deltas(deltas);

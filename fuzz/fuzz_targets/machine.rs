@@ -13,13 +13,13 @@
 //! * without a fault, retries leave nothing pending and cleanup reports no
 //!   error.
 //!
-//! The model in `tests/tests/model.rs` is the full reference (deferral,
-//! expected errors); this target trades it for libFuzzer's coverage guidance
-//! over much longer runs. `assert`/`panic` here mark the properties.
+//! The reference counts are `eim_tests::refcount::RefCounts`, the model the
+//! property test `tests/cross-crate/tests/model.rs` keeps too (which adds
+//! deferral and expected errors); this target trades those for libFuzzer's
+//! coverage guidance over much longer runs. `assert`/`panic` here mark the properties.
 
 #![no_main]
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +32,8 @@ use eim_core::manager::ManualClock;
 use eim_core::ops::Errno;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider};
 use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo};
-use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+use eim_sim::{Observed, SimConfig, SimMaps, Sources};
+use eim_tests::refcount::RefCounts;
 
 const FILES: usize = 4;
 const MAX_STEPS: usize = 48;
@@ -167,16 +168,13 @@ fn id(i: u8) -> FileId {
     FileId(0x100 + u64::from(i) % FILES as u64)
 }
 
-/// Reference count and "unused since" of every known file.
-type Model = BTreeMap<FileId, (u64, Option<Duration>)>;
-
 struct Harness {
     manager: ExecutableInfoManager<Arc<MemoryProvider>, Observed>,
     provider: Arc<MemoryProvider>,
     clock: Arc<ManualClock>,
     sources: Arc<Sources>,
-    model: Model,
-    now: Duration,
+    /// The reference counts the model-based property test keeps too.
+    model: RefCounts,
 }
 
 impl Harness {
@@ -203,8 +201,7 @@ impl Harness {
             provider,
             clock,
             sources,
-            model: Model::new(),
-            now: Duration::ZERO,
+            model: RefCounts::new(),
         };
         for i in 0..FILES as u8 {
             h.set_mode(i, Mode::Data);
@@ -237,17 +234,8 @@ impl Harness {
     /// An add's result against the model: a known file always gets a
     /// reference; a new one gets one when the load worked.
     fn added(&mut self, file: FileId, result: Result<(), Error>) {
-        match self.model.get_mut(&file) {
-            Some((rc, since)) => {
-                assert!(result.is_ok(), "known file {file}: {result:?}");
-                *rc += 1;
-                *since = None;
-            }
-            None => {
-                if result.is_ok() {
-                    self.model.insert(file, (1, None));
-                }
-            }
+        if !self.model.add_known(file, &result) && result.is_ok() {
+            self.model.loaded(file);
         }
     }
 
@@ -284,108 +272,39 @@ impl Harness {
                 let result = self
                     .manager
                     .add_synth_interval_data(file, &self.sources[&file]);
-                if self.model.contains_key(&file) {
+                if self.model.knows(file) {
                     assert_eq!(result, Err(Error::AlreadyLoaded { file_id: file }));
                 } else if result.is_ok() {
-                    self.model.insert(file, (1, None));
+                    self.model.loaded(file);
                 }
             }
             Call::Remove(i) => {
                 let file = id(*i);
                 let result = self.manager.remove_or_dec_ref(file);
-                match self.model.get(&file).copied() {
-                    None => assert_eq!(result, Err(Error::Unknown { file_id: file })),
-                    Some((0, _)) => {
-                        assert_eq!(result, Err(Error::NoReference { file_id: file }))
-                    }
-                    Some((1, _)) => {
-                        match result {
-                            Ok(()) => {}
-                            Err(Error::UnloadIncomplete { .. }) if armed => {}
-                            Err(e) => panic!("last release of {file}: {e}"),
-                        }
-                        self.model.remove(&file);
-                    }
-                    Some((rc, _)) => {
-                        assert_eq!(result, Ok(()));
-                        self.model.insert(file, (rc - 1, None));
-                    }
-                }
+                self.model.removed(file, result, armed);
             }
             Call::DecRef(i) => {
                 let file = id(*i);
-                let result = self.manager.dec_ref(file);
-                match self.model.get_mut(&file) {
-                    None => assert_eq!(result, Err(Error::Unknown { file_id: file })),
-                    Some((0, _)) => {
-                        assert_eq!(result, Err(Error::NoReference { file_id: file }))
-                    }
-                    Some((rc, since)) => {
-                        assert_eq!(result, Ok(()));
-                        *rc -= 1;
-                        if *rc == 0 {
-                            *since = Some(self.now);
-                        }
-                    }
-                }
+                self.model.dec_ref(file, self.manager.dec_ref(file));
             }
             Call::Cleanup(secs) => {
                 let age = Duration::from_secs(u64::from(*secs));
                 let report = self.manager.cleanup_unused(age);
-                let cutoff = self.now.checked_sub(age);
-                let due: Vec<FileId> = self
-                    .model
-                    .iter()
-                    .filter(|(_, (rc, since))| {
-                        *rc == 0 && matches!((since, cutoff), (Some(s), Some(c)) if *s <= c)
-                    })
-                    .map(|(f, _)| *f)
-                    .collect();
-                assert_eq!(report.unloaded, due.len(), "files due for cleanup");
-                assert!(armed || report.errors.is_empty(), "{:?}", report.errors);
-                for f in due {
-                    self.model.remove(&f);
-                }
+                self.model.cleaned(age, &report, armed);
             }
             Call::Advance(secs) => {
                 let by = Duration::from_secs(u64::from(*secs));
                 self.clock.advance(by);
-                self.now += by;
+                self.model.now += by;
             }
-            Call::Retry => {
-                let pending = self.manager.retry_leftovers();
-                assert!(
-                    armed || pending == 0,
-                    "{pending} leftover ops after a fault-free retry"
-                );
-            }
+            Call::Retry => RefCounts::retried(self.manager.retry_leftovers(), armed),
             Call::Provider(i, mode) => self.set_mode(*i, *mode),
         }
         self.manager.with_backend(|b| b.maps.clear_faults());
     }
 
     fn check(&self) {
-        let state = self.manager.state();
-        let violation = self.manager.with_backend(|b| {
-            if let Some((op, v)) = &b.violation {
-                return Some(format!("during {op:?}: {v}"));
-            }
-            check_all(&state, &b.maps, &self.sources)
-                .err()
-                .map(|v| v.to_string())
-        });
-        assert_eq!(violation, None);
-        let counts: BTreeMap<FileId, (u64, bool)> = state
-            .files
-            .iter()
-            .map(|(id, e)| (*id, (e.rc, e.unused_since.is_some())))
-            .collect();
-        let want: BTreeMap<FileId, (u64, bool)> = self
-            .model
-            .iter()
-            .map(|(id, (rc, since))| (*id, (*rc, since.is_some())))
-            .collect();
-        assert_eq!(counts, want, "reference counts");
+        self.model.check(&self.manager, &self.sources);
     }
 }
 

@@ -37,7 +37,11 @@ fuzz_target!(|bytes: &[u8]| {
         Ok(parsed) => parsed,
         Err(e) => {
             let message = e.to_string();
-            assert!(message.len() <= MAX_ERROR, "{} bytes: {message}", message.len());
+            assert!(
+                message.len() <= MAX_ERROR,
+                "{} bytes: {message}",
+                message.len()
+            );
             return;
         }
     };

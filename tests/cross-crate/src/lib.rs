@@ -1,6 +1,8 @@
 //! Shared helpers of eim's cross-crate tests (the test data and the
 //! oracle's files are `eim-test-support`'s, shared by every crate).
 
+pub mod refcount;
+
 pub mod gen {
     //! Strategies for realistic interval data: functions of push/pop steps
     //! (so merge opcodes occur), frame-pointer rules, commands, end markers,

@@ -19,8 +19,9 @@ use eim_core::metrics;
 use eim_core::ops::Errno;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider};
 use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo, Tracers};
-use eim_sim::{check_all, check_rolled_back, Fault, Observed, SimConfig, SimMaps, Sources};
+use eim_sim::{check_rolled_back, Fault, Observed, SimConfig, SimMaps, Sources};
 use eim_tests::gen::arb_interval_data;
+use eim_tests::refcount::RefCounts;
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
@@ -120,22 +121,22 @@ impl ReferenceStateMachine for Reference {
     }
 }
 
-/// The reference model: what the public API promises about counts and deferral.
+/// The reference model: the reference counts both call-sequence tests
+/// keep ([`RefCounts`]), and what only this one models: deferral and the
+/// provider's answers.
 #[derive(Default, Debug)]
 struct Model {
-    /// file -> (references, unused since)
-    files: BTreeMap<FileId, (u64, Option<Duration>)>,
+    refs: RefCounts,
     /// file -> deferred until
     deferred: BTreeMap<FileId, Duration>,
     modes: BTreeMap<FileId, Mode>,
-    now: Duration,
 }
 
 impl Model {
     fn deferred(&self, id: FileId) -> bool {
         self.deferred
             .get(&id)
-            .is_some_and(|until| self.now < *until)
+            .is_some_and(|until| self.refs.now < *until)
     }
 }
 
@@ -191,12 +192,10 @@ impl Harness {
         defers: bool,
     ) {
         match result {
-            Ok(()) => {
-                self.model.files.insert(file, (1, None));
-            }
+            Ok(()) => self.model.refs.loaded(file),
             Err(Error::Kernel { .. }) if armed => {
                 if defers {
-                    self.model.deferred.insert(file, self.model.now + TTL);
+                    self.model.deferred.insert(file, self.model.refs.now + TTL);
                 }
             }
             Err(Error::CleanupPending { .. }) if armed => {}
@@ -222,10 +221,10 @@ impl Harness {
             Call::Add(i) => {
                 let file = id(i);
                 let result = m.add_or_inc_ref(file, &file);
-                if let Some((rc, since)) = self.model.files.get_mut(&file) {
-                    assert!(result.is_ok(), "known file {file}: {result:?}");
-                    *rc += 1;
-                    *since = None;
+                let outcome = result.as_ref().map(|_| ()).map_err(Clone::clone);
+                if self.model.refs.add_known(file, &outcome) {
+                    // A known file: one more reference, whatever the
+                    // provider would say now.
                 } else if self.model.deferred(file) {
                     assert_eq!(result.unwrap_err(), Error::Deferred { file_id: file });
                 } else {
@@ -237,7 +236,7 @@ impl Harness {
                         }
                         Mode::Broken => {
                             assert!(matches!(result, Err(Error::Extraction { .. })));
-                            self.model.deferred.insert(file, self.model.now + TTL);
+                            self.model.deferred.insert(file, self.model.refs.now + TTL);
                         }
                         Mode::Data => {
                             if let Err(Error::Kernel {
@@ -259,7 +258,7 @@ impl Harness {
             Call::Synth(i) => {
                 let file = id(i);
                 let result = m.add_synth_interval_data(file, &self.sources[&file]);
-                if self.model.files.contains_key(&file) {
+                if self.model.refs.knows(file) {
                     assert_eq!(result.unwrap_err(), Error::AlreadyLoaded { file_id: file });
                 } else {
                     self.loaded_or_faulted(file, result, armed, false);
@@ -267,102 +266,30 @@ impl Harness {
             }
             Call::Remove(i) => {
                 let file = id(i);
-                let result = m.remove_or_dec_ref(file);
-                match self.model.files.get(&file).copied() {
-                    None => assert_eq!(result.unwrap_err(), Error::Unknown { file_id: file }),
-                    Some((0, _)) => {
-                        assert_eq!(result.unwrap_err(), Error::NoReference { file_id: file })
-                    }
-                    Some((1, _)) => {
-                        match result {
-                            Ok(()) => {}
-                            Err(Error::UnloadIncomplete { .. }) if armed => {}
-                            Err(e) => panic!("last release of {file}: {e}"),
-                        }
-                        self.model.files.remove(&file);
-                    }
-                    Some((rc, _)) => {
-                        result.unwrap();
-                        self.model.files.insert(file, (rc - 1, None));
-                    }
-                }
+                self.model
+                    .refs
+                    .removed(file, m.remove_or_dec_ref(file), armed);
             }
             Call::DecRef(i) => {
                 let file = id(i);
-                let result = m.dec_ref(file);
-                match self.model.files.get_mut(&file) {
-                    None => assert_eq!(result.unwrap_err(), Error::Unknown { file_id: file }),
-                    Some((0, _)) => {
-                        assert_eq!(result.unwrap_err(), Error::NoReference { file_id: file })
-                    }
-                    Some((rc, since)) => {
-                        result.unwrap();
-                        *rc -= 1;
-                        if *rc == 0 {
-                            *since = Some(self.model.now);
-                        }
-                    }
-                }
+                self.model.refs.dec_ref(file, m.dec_ref(file));
             }
             Call::Cleanup(secs) => {
                 let age = Duration::from_secs(secs);
-                let report = m.cleanup_unused(age);
-                let now = self.model.now;
-                let due: Vec<FileId> = self
-                    .model
-                    .files
-                    .iter()
-                    .filter(|(_, (rc, since))| {
-                        *rc == 0
-                            && since.is_some_and(|s| now.checked_sub(age).is_some_and(|c| s <= c))
-                    })
-                    .map(|(f, _)| *f)
-                    .collect();
-                assert_eq!(report.unloaded, due.len(), "files due for cleanup");
-                assert!(armed || report.errors.is_empty(), "{:?}", report.errors);
-                for f in due {
-                    self.model.files.remove(&f);
-                }
+                self.model.refs.cleaned(age, &m.cleanup_unused(age), armed);
             }
             Call::Advance(secs) => {
                 self.clock.advance(Duration::from_secs(secs));
-                self.model.now += Duration::from_secs(secs);
+                self.model.refs.now += Duration::from_secs(secs);
             }
             Call::Provider(i, mode) => self.set_mode(i, mode),
-            Call::Retry => {
-                let pending = m.retry_leftovers();
-                assert!(
-                    armed || pending == 0,
-                    "{pending} leftover ops after a fault-free retry"
-                );
-            }
+            Call::Retry => RefCounts::retried(m.retry_leftovers(), armed),
         }
         self.manager.with_backend(|b| b.maps.clear_faults());
     }
 
     fn check(&self) {
-        let state = self.manager.state();
-        let violation = self.manager.with_backend(|b| {
-            if let Some((op, v)) = &b.violation {
-                return Some(format!("during {op:?}: {v}"));
-            }
-            check_all(&state, &b.maps, &self.sources)
-                .err()
-                .map(|v| v.to_string())
-        });
-        assert_eq!(violation, None);
-        let counts: BTreeMap<FileId, (u64, bool)> = state
-            .files
-            .iter()
-            .map(|(id, e)| (*id, (e.rc, e.unused_since.is_some())))
-            .collect();
-        let want: BTreeMap<FileId, (u64, bool)> = self
-            .model
-            .files
-            .iter()
-            .map(|(id, (rc, since))| (*id, (*rc, since.is_some())))
-            .collect();
-        assert_eq!(counts, want, "reference counts");
+        self.model.refs.check(&self.manager, &self.sources);
         for i in 0..POOL {
             assert_eq!(
                 self.manager.is_deferred(id(i)),
@@ -376,9 +303,9 @@ impl Harness {
         self.manager.update_metric_summary(&mut summary);
         let with_tables: Vec<&IntervalData> = self
             .model
-            .files
-            .keys()
-            .map(|f| &self.sources[f])
+            .refs
+            .files()
+            .map(|f| &self.sources[&f])
             .filter(|d| !d.is_empty())
             .collect();
         // Every page of each span except the dead ones (weakness 14),
