@@ -17,5 +17,17 @@ pub const STACK_DELTA_PROVIDER_SUCCESS: MetricId = MetricId(271);
 /// Failed extractions since the last read, files that vanished excluded.
 pub const STACK_DELTA_PROVIDER_EXTRACTION_ERROR: MetricId = MetricId(204);
 
+/// Each metric's name in upstream, for reports.
+pub const UPSTREAM_NAMES: [(MetricId, &str); 5] = [
+    (NUM_EXE_ID_LOADED_TO_EBPF, "NumExeIDLoadedToEBPF"),
+    (UNWIND_INFO_ARRAY_SIZE, "UnwindInfoArraySize"),
+    (HASHMAP_NUM_STACK_DELTA_PAGES, "HashmapNumStackDeltaPages"),
+    (STACK_DELTA_PROVIDER_SUCCESS, "StackDeltaProviderSuccess"),
+    (
+        STACK_DELTA_PROVIDER_EXTRACTION_ERROR,
+        "StackDeltaProviderExtractionError",
+    ),
+];
+
 /// Metric values by id.
 pub type Summary = BTreeMap<MetricId, u64>;

@@ -16,8 +16,10 @@ use serde::Serialize;
 
 use eim::abi::{self, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo, Wire};
 use eim::manager::StateView;
-use eim::metrics::{self, MetricId, Summary};
+use eim::metrics::Summary;
 use eim::provider::MemoryProvider;
+use eim::report;
+use eim::report::metrics::Metric;
 use eim::sim::{SimConfig, SimMaps};
 use eim::{ExecutableInfoManager, FileId, Tracers};
 
@@ -115,13 +117,6 @@ pub struct Memory {
     pub total: u64,
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct Metric {
-    pub id: u32,
-    pub name: &'static str,
-    pub value: u64,
-}
-
 /// Wall-clock times; kept apart because they differ from run to run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Timing {
@@ -129,24 +124,6 @@ pub struct Timing {
     pub load_ms: f64,
     pub exit_ms: f64,
 }
-
-/// Upstream's names of the metrics the manager sets.
-const METRIC_NAMES: [(MetricId, &str); 5] = [
-    (metrics::NUM_EXE_ID_LOADED_TO_EBPF, "NumExeIDLoadedToEBPF"),
-    (metrics::UNWIND_INFO_ARRAY_SIZE, "UnwindInfoArraySize"),
-    (
-        metrics::HASHMAP_NUM_STACK_DELTA_PAGES,
-        "HashmapNumStackDeltaPages",
-    ),
-    (
-        metrics::STACK_DELTA_PROVIDER_SUCCESS,
-        "StackDeltaProviderSuccess",
-    ),
-    (
-        metrics::STACK_DELTA_PROVIDER_EXTRACTION_ERROR,
-        "StackDeltaProviderExtractionError",
-    ),
-];
 
 type Manager = ExecutableInfoManager<MemoryProvider, SimMaps>;
 
@@ -232,14 +209,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Report> {
 
     let mut summary = Summary::new();
     manager.update_metric_summary(&mut summary);
-    let metrics = METRIC_NAMES
-        .iter()
-        .map(|&(id, name)| Metric {
-            id: id.0,
-            name,
-            value: summary.get(&id).copied().unwrap_or(0),
-        })
-        .collect();
+    let metrics = report::metrics::list(&summary);
     let book_matches_kernel = book_matches_kernel(&manager.state(), &after_exit);
     if !book_matches_kernel {
         tracing::error!("the manager's book and the simulated maps disagree");
@@ -485,15 +455,7 @@ pub fn render_text(r: &Report) -> String {
     out.push_str(&t.render());
     out.push('\n');
 
-    let mut t = Table::new(&[
-        ("metric", Align::Left),
-        ("id", Align::Right),
-        ("value", Align::Right),
-    ]);
-    for m in &r.metrics {
-        t.row([m.name.to_string(), m.id.to_string(), grouped(m.value)]);
-    }
-    out.push_str(&t.render());
+    out.push_str(&report::metrics::table(&r.metrics));
     out.push('\n');
 
     out.push_str(&format!(

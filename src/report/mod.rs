@@ -1,6 +1,7 @@
 //! The reports: what a scan or a watch found and what it costs
-//! ([`summary::Summary`], as text or JSON), in plain-text tables
-//! ([`table`]).
+//! ([`summary::Summary`], as text or JSON), the manager's metrics under
+//! upstream's names ([`metrics`]), in plain-text tables ([`table`]).
 
+pub mod metrics;
 pub mod summary;
 pub mod table;

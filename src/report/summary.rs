@@ -22,11 +22,12 @@ use serde::Serialize;
 
 use eim_bpf::{PinReport, PinState};
 use eim_core::abi;
-use eim_core::metrics::{self, MetricId};
 use eim_core::tsd::LibcInfo;
 
 use crate::backends::inspect::{Inspect, InspectError};
 use crate::host::scan::{Counters, FileRecord, Host, Problem, ProblemKind};
+use crate::report;
+use crate::report::metrics::Metric;
 use crate::report::table::{grouped, Align, Table};
 
 /// Bytes the kernel uses per element of a delta array (4-byte values are
@@ -36,24 +37,6 @@ pub const DELTA_ELEMENT_BYTES: u64 = 8;
 pub const PAGE_ENTRY_BYTES: u64 = 24;
 /// An `unwind_info_array` element (12 bytes rounded up to 8).
 pub const UNWIND_INFO_BYTES: u64 = 16;
-
-/// Upstream's names of the manager's metrics.
-pub const METRIC_NAMES: [(MetricId, &str); 5] = [
-    (metrics::NUM_EXE_ID_LOADED_TO_EBPF, "NumExeIDLoadedToEBPF"),
-    (metrics::UNWIND_INFO_ARRAY_SIZE, "UnwindInfoArraySize"),
-    (
-        metrics::HASHMAP_NUM_STACK_DELTA_PAGES,
-        "HashmapNumStackDeltaPages",
-    ),
-    (
-        metrics::STACK_DELTA_PROVIDER_SUCCESS,
-        "StackDeltaProviderSuccess",
-    ),
-    (
-        metrics::STACK_DELTA_PROVIDER_EXTRACTION_ERROR,
-        "StackDeltaProviderExtractionError",
-    ),
-];
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Summary {
@@ -239,13 +222,6 @@ pub struct Bytes {
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct Metric {
-    pub id: u32,
-    pub name: &'static str,
-    pub value: u64,
-}
-
-#[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Seconds {
     /// The last step, all included.
     pub last_step: f64,
@@ -381,14 +357,7 @@ impl Summary {
                 }),
             problems,
             found,
-            metrics: METRIC_NAMES
-                .iter()
-                .map(|(id, name)| Metric {
-                    id: id.0,
-                    name,
-                    value: metrics.get(id).copied().unwrap_or(0),
-                })
-                .collect(),
+            metrics: report::metrics::list(&metrics),
             counters: host.counters().clone(),
             seconds: Seconds {
                 last_step: secs(step.elapsed),
@@ -494,15 +463,7 @@ impl Summary {
             "(tables x 2^class x 8 bytes; page entries x 24; unwind infos x 16; map overhead not counted)\n\n",
         );
 
-        let mut t = Table::new(&[
-            ("metric", Align::Left),
-            ("id", Align::Right),
-            ("value", Align::Right),
-        ]);
-        for m in &self.metrics {
-            t.row([m.name.into(), m.id.to_string(), grouped(m.value)]);
-        }
-        out.push_str(&t.render());
+        out.push_str(&report::metrics::table(&self.metrics));
         out.push('\n');
 
         out.push_str(&format!(
