@@ -154,11 +154,12 @@ use std::path::PathBuf;
 use aya::maps::{Map, MapData};
 use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun};
 use aya::{Ebpf, EbpfLoader};
+use eim_core::abi::flatten;
 use eim_core::abi::{
     self, capacity, OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo,
     Wire, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
 };
-use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
+use eim_core::ops::{self, Backend, Errno, MapOp, OpFailure};
 use eim_core::FileId;
 
 use crate::bpffs;
@@ -397,15 +398,6 @@ fn mapped_values(deltas: &[StackDelta]) -> Vec<u8> {
     let mut out = vec![0u8; deltas.len() * stride];
     for (slot, delta) in out.chunks_exact_mut(stride).zip(deltas) {
         delta.write(&mut slot[..StackDelta::SIZE]);
-    }
-    out
-}
-
-fn flatten<T: Wire>(items: impl ExactSizeIterator<Item = T>) -> Vec<u8> {
-    // Written in place: a buffer per element was a tenth of a big load.
-    let mut out = vec![0u8; items.len() * T::SIZE];
-    for (slot, item) in out.chunks_exact_mut(T::SIZE.max(1)).zip(items) {
-        item.write(slot);
     }
     out
 }
@@ -834,14 +826,9 @@ impl KernelMaps {
         &mut self,
         pages: &[(StackDeltaPageKey, StackDeltaPageInfo)],
     ) -> Result<(), OpFailure> {
-        let mut seen = BTreeSet::new();
-        let absent = pages
-            .iter()
-            .position(|(key, _)| !seen.insert(*key) || self.page_keys.contains(key))
-            .unwrap_or(pages.len());
+        let absent = ops::pages_before_existing(pages, |key| self.page_keys.contains(key));
         let prefix = &pages[..absent];
-        let keys = flatten(prefix.iter().map(|(k, _)| *k));
-        let values = flatten(prefix.iter().map(|(_, v)| *v));
+        let (keys, values) = ops::page_buffers(prefix);
         let written = elements::update(
             self.config.write_mode,
             fd(&self.pages),
@@ -1092,8 +1079,7 @@ impl Backend for KernelMaps {
                         })?;
                     }
                 }
-                let keys = flatten(infos.iter().map(|(slot, _)| u32::from(*slot)));
-                let values = flatten(infos.iter().map(|(_, info)| *info));
+                let (keys, values) = ops::slot_buffers(infos);
                 elements::update(
                     self.config.write_mode,
                     fd(&self.unwind_info),

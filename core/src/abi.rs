@@ -213,6 +213,17 @@ pub trait Wire: Sized {
     }
 }
 
+/// The wire bytes of `items`, end to end: a batch syscall's key or value
+/// buffer, as both backends hand it to their maps.
+pub fn flatten<T: Wire>(items: impl ExactSizeIterator<Item = T>) -> Vec<u8> {
+    // Written in place: a buffer per element was a tenth of a big load.
+    let mut out = vec![0u8; items.len() * T::SIZE];
+    for (slot, item) in out.chunks_exact_mut(T::SIZE.max(1)).zip(items) {
+        item.write(slot);
+    }
+    out
+}
+
 fn le_u16(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
 }
@@ -369,6 +380,15 @@ pub fn class_entries(class: u16) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flatten_lays_the_elements_end_to_end() {
+        assert_eq!(
+            flatten([1u32, 0x0203_0405].into_iter()),
+            [1, 0, 0, 0, 5, 4, 3, 2]
+        );
+        assert!(flatten(std::iter::empty::<u64>()).is_empty());
+    }
 
     #[test]
     fn encoded_commands_are_the_kernel_values() {

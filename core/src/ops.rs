@@ -104,6 +104,40 @@ impl fmt::Display for MapKind {
     }
 }
 
+/// The key and value buffers of a `PutUnwindInfos`: each slot index as
+/// the array's 4-byte key, each rule as its value, end to end.
+pub fn slot_buffers(infos: &[(u16, UnwindInfo)]) -> (Vec<u8>, Vec<u8>) {
+    (
+        abi::flatten(infos.iter().map(|(slot, _)| u32::from(*slot))),
+        abi::flatten(infos.iter().map(|(_, info)| *info)),
+    )
+}
+
+/// How many of a `PutPages`' entries are written before it fails: the
+/// pages are written with `BPF_NOEXIST` semantics, so the first key
+/// `present` in the map already, or repeated within the op, stops it
+/// there with `EEXIST` (the entries before it take effect). Both backends
+/// apply this one rule.
+pub fn pages_before_existing(
+    pages: &[(StackDeltaPageKey, StackDeltaPageInfo)],
+    present: impl Fn(&StackDeltaPageKey) -> bool,
+) -> usize {
+    let mut seen = std::collections::BTreeSet::new();
+    pages
+        .iter()
+        .position(|(key, _)| !seen.insert(*key) || present(key))
+        .unwrap_or(pages.len())
+}
+
+/// The key and value buffers of a `PutPages`' entries (each key and
+/// page info as the page map stores them, end to end).
+pub fn page_buffers(pages: &[(StackDeltaPageKey, StackDeltaPageInfo)]) -> (Vec<u8>, Vec<u8>) {
+    (
+        abi::flatten(pages.iter().map(|(k, _)| *k)),
+        abi::flatten(pages.iter().map(|(_, v)| *v)),
+    )
+}
+
 /// One kernel effect. Batch ops hold several elements and may stop part way.
 #[derive(Clone, PartialEq, Eq)]
 pub enum MapOp {
@@ -297,6 +331,39 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_put_pages_stops_at_the_first_present_or_repeated_key() {
+        let info = StackDeltaPageInfo::default();
+        let pages = [
+            (key(1), info),
+            (key(2), info),
+            (key(1), info),
+            (key(3), info),
+        ];
+        assert_eq!(
+            pages_before_existing(&pages, |_| false),
+            2,
+            "the repeat stops it"
+        );
+        assert_eq!(pages_before_existing(&pages, |k| *k == key(2)), 1);
+        assert_eq!(
+            pages_before_existing(&pages[..2], |_| false),
+            2,
+            "all are written"
+        );
+        assert_eq!(pages_before_existing(&[], |_| true), 0);
+    }
+
+    #[test]
+    fn slot_buffers_key_each_rule_by_its_slot() {
+        use crate::abi::Wire;
+        let rule = UnwindInfo::new(abi::opcode::BASE_SP, 16, 0, 0);
+        let (keys, values) = slot_buffers(&[(3, rule), (0x1234, UnwindInfo::default())]);
+        assert_eq!(keys, [3, 0, 0, 0, 0x34, 0x12, 0, 0]);
+        assert_eq!(values.len(), 2 * UnwindInfo::SIZE);
+        assert_eq!(UnwindInfo::read(&values[..UnwindInfo::SIZE]), Some(rule));
+    }
 
     fn key(page: u64) -> StackDeltaPageKey {
         StackDeltaPageKey { file_id: 7, page }

@@ -8,11 +8,12 @@
 
 use std::collections::BTreeMap;
 
+use eim_core::abi::flatten;
 use eim_core::abi::{
     self, capacity, OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo,
     Wire, SIZE_CLASS_COUNT, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
 };
-use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
+use eim_core::ops::{self, Backend, Errno, MapOp, OpFailure};
 use eim_core::FileId;
 
 use crate::faults::{Fault, FaultPlan};
@@ -282,8 +283,7 @@ impl SimMaps {
     pub(crate) fn apply_now(&mut self, op: &MapOp) -> Result<(), OpFailure> {
         match op {
             MapOp::PutUnwindInfos(infos) => {
-                let keys = flatten(infos.iter().map(|(slot, _)| u32::from(*slot)));
-                let values = flatten(infos.iter().map(|(_, info)| *info));
+                let (keys, values) = ops::slot_buffers(infos);
                 self.reg
                     .update_batch(self.unwind_info, &keys, &values, infos.len(), 0)
                     .map_err(failure)
@@ -440,14 +440,9 @@ impl SimMaps {
         &mut self,
         pages: &[(StackDeltaPageKey, StackDeltaPageInfo)],
     ) -> Result<(), OpFailure> {
-        let mut seen = std::collections::BTreeSet::new();
-        let absent = pages
-            .iter()
-            .position(|(key, _)| !seen.insert(*key) || self.page(key).is_some())
-            .unwrap_or(pages.len());
+        let absent = ops::pages_before_existing(pages, |key| self.page(key).is_some());
         let prefix = &pages[..absent];
-        let keys = flatten(prefix.iter().map(|(k, _)| *k));
-        let values = flatten(prefix.iter().map(|(_, v)| *v));
+        let (keys, values) = ops::page_buffers(prefix);
         self.reg
             .update_batch(self.pages, &keys, &values, prefix.len(), 0)
             .map_err(failure)?;
@@ -538,15 +533,6 @@ impl InnerTable<'_> {
 
 fn failure(e: BatchError) -> OpFailure {
     OpFailure::new(e.errno, e.processed)
-}
-
-/// The wire bytes of `items`, end to end (a batch call's key or value buffer).
-fn flatten<T: Wire>(items: impl Iterator<Item = T>) -> Vec<u8> {
-    let mut out = Vec::new();
-    for item in items {
-        out.extend_from_slice(&item.to_bytes());
-    }
-    out
 }
 
 /// A hash map's entries decoded; entries that do not decode (impossible
