@@ -1,9 +1,9 @@
 //! End-to-end tests of the `eim` binary: what a user types, what they see.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use assert_cmd::Command;
-use eim_test_support::{oracle, testdata};
+use eim_test_support::{oracle, read_xz, testdata};
 use predicates::prelude::*;
 use serde_json::Value;
 
@@ -12,14 +12,6 @@ fn eim() -> Command {
     // Logging settings of the caller must not leak into the output.
     cmd.env_remove("RUST_LOG");
     cmd
-}
-
-fn read_xz(path: &Path) -> Vec<u8> {
-    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut out = Vec::new();
-    lzma_rs::xz_decompress(&mut raw.as_slice(), &mut out)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    out
 }
 
 fn stdout_of(cmd: &mut Command) -> String {
@@ -206,7 +198,7 @@ fn tables_print_upstream_encoding_byte_for_byte() {
         .clone();
     let expected = read_xz(&dir.join("volname.encoded.xz"));
     assert!(
-        out == expected,
+        out == expected.as_bytes(),
         "eim tables differs from upstream:\n{}",
         String::from_utf8_lossy(&out)
     );
@@ -226,7 +218,7 @@ fn tables_of_several_files_are_concatenated_in_order() {
         .clone();
     let expected: Vec<u8> = names
         .iter()
-        .flat_map(|n| read_xz(&dir.join(format!("{n}.encoded.xz"))))
+        .flat_map(|n| read_xz(&dir.join(format!("{n}.encoded.xz"))).into_bytes())
         .collect();
     assert!(out == expected);
 }
@@ -236,7 +228,7 @@ fn a_missing_file_is_named_and_fails_after_the_others() {
     let dir = testdata().join("upstream");
     let missing = dir.join("no-such-file.deltas.xz");
     let good = dir.join("volname.deltas.xz");
-    let expected = String::from_utf8(read_xz(&dir.join("volname.encoded.xz"))).expect("UTF-8");
+    let expected = read_xz(&dir.join("volname.encoded.xz"));
     eim()
         .arg("tables")
         .arg(&missing)
@@ -460,16 +452,14 @@ fn the_size_limit_is_configurable() {
         .success();
 }
 
-const NEEDS_EXTRACTION: &str = "needs the extraction orchestrator from the wt-cfi branch";
-
-#[test]
-fn deltas_equal_every_oracle_deltas_file() {
-    let _ = NEEDS_EXTRACTION;
+/// `eim COMMAND <input>`, run where the input's outputs are, prints exactly
+/// upstream's `<name>.SUFFIX.xz` for every oracle input.
+fn every_oracle_output_equals(command: &str, suffix: &str) {
     for input in oracle_inputs() {
-        let expected = read_xz(&input.dir.join(format!("{}.deltas.xz", input.name)));
+        let expected = read_xz(&input.dir.join(format!("{}.{suffix}.xz", input.name)));
         let out = eim()
             .current_dir(&input.dir)
-            .arg("deltas")
+            .arg(command)
             .arg(&input.path)
             .assert()
             .success()
@@ -477,8 +467,8 @@ fn deltas_equal_every_oracle_deltas_file() {
             .stdout
             .clone();
         assert!(
-            out == expected,
-            "{}: eim deltas differs from upstream (first lines):\n{}",
+            out == expected.as_bytes(),
+            "{}: eim {command} differs from upstream (first lines):\n{}",
             input.name,
             String::from_utf8_lossy(&out[..out.len().min(2000)])
         );
@@ -486,11 +476,16 @@ fn deltas_equal_every_oracle_deltas_file() {
 }
 
 #[test]
+fn deltas_equal_every_oracle_deltas_file() {
+    every_oracle_output_equals("deltas", "deltas");
+}
+
+#[test]
 fn plain_extraction_of_the_arm64_vdso_gives_no_deltas_as_upstream() {
     // No unwind sections: upstream's extraction yields 0 deltas (the
     // synthesized ones come only from the vDSO synthesis).
     let dir = testdata().join("upstream");
-    let expected = read_xz(&dir.join("vdso.arch64.withframe.deltas.xz"));
+    let expected = read_xz(&dir.join("vdso.arch64.withframe.deltas.xz")).into_bytes();
     let out = eim()
         .current_dir(&dir)
         .args(["deltas", "vdso.arch64.withframe"])
@@ -504,24 +499,7 @@ fn plain_extraction_of_the_arm64_vdso_gives_no_deltas_as_upstream() {
 
 #[test]
 fn tables_of_every_oracle_elf_file_equal_upstream_encoding() {
-    for input in oracle_inputs() {
-        let expected = read_xz(&input.dir.join(format!("{}.encoded.xz", input.name)));
-        let out = eim()
-            .current_dir(&input.dir)
-            .arg("tables")
-            .arg(&input.path)
-            .assert()
-            .success()
-            .get_output()
-            .stdout
-            .clone();
-        assert!(
-            out == expected,
-            "{}: eim tables differs from upstream:\n{}",
-            input.name,
-            String::from_utf8_lossy(&out[..out.len().min(2000)])
-        );
-    }
+    every_oracle_output_equals("tables", "encoded");
 }
 
 #[test]
