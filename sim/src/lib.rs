@@ -19,6 +19,8 @@
 //! * [`observed`]: a backend that checks reader safety after every op.
 //! * [`slot_watch`]: reader safety across time for `unwind_info_array`: no
 //!   slot gets a different rule while a reader may still reach it.
+//! * [`world`]: the manager over checked maps that the fault, property and
+//!   checker tests drive; [`fixtures`]: small hand-written inputs for them.
 //!
 //! The seeded simulator (binary `eim-sim`, `docs/SIMULATOR.md`):
 //!
@@ -51,6 +53,7 @@ pub mod synth;
 pub mod trace;
 pub mod watch;
 pub mod workload;
+pub mod world;
 
 pub use checker::{
     check_accounting, check_all, check_lookup_equivalence, check_projection, check_reader_safety,

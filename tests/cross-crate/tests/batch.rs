@@ -18,12 +18,13 @@ use eim_core::manager::ManualClock;
 use eim_core::ops::{Errno, MapOp};
 use eim_core::provider::MemoryProvider;
 use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
-use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim::{check_all, SimConfig, SimMaps, Sources};
 use eim_tests::gen::arb_interval_data;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
 
-type Manager = ExecutableInfoManager<Arc<MemoryProvider>, Observed>;
+type Manager = CheckedManager;
 
 /// Deterministic varied files: small ones (class 8) and bigger ones
 /// (classes 9 and 10), some sharing rules, a few with empty pages.
@@ -42,22 +43,12 @@ fn files(n: usize) -> Vec<(FileId, IntervalData)> {
 }
 
 fn setup(files: &[(FileId, IntervalData)]) -> (Manager, Arc<ManualClock>, Arc<Sources>) {
-    let sources: Sources = files.iter().cloned().collect();
-    let sources = Arc::new(sources);
-    let provider = Arc::new(MemoryProvider::new());
-    for (id, data) in sources.iter() {
-        provider.insert(*id, data.clone());
-    }
-    let clock = Arc::new(ManualClock::new());
-    let maps = SimMaps::new(SimConfig::default()).expect("sim maps");
-    let m = ExecutableInfoManager::with_config(
-        provider,
-        Observed::new(maps, sources.clone(), 8),
-        Tracers::none(),
-        Config::default(),
-        Box::new(clock.clone()),
-    );
-    (m, clock, sources)
+    let spec = WorldSpec {
+        spread: 8,
+        ..WorldSpec::default()
+    };
+    let w = CheckedWorld::new(files.iter().cloned(), &spec);
+    (w.manager, w.clock, w.sources)
 }
 
 fn check(m: &Manager, sources: &Sources, what: &str) {

@@ -22,14 +22,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eim_core::deltas::{hint, IntervalData};
-use eim_core::machine::Capacities;
 use eim_core::manager::ManualClock;
 use eim_core::ops::Errno;
-use eim_core::provider::{Extraction, MemoryProvider};
+use eim_core::provider::Extraction;
 use eim_core::tracers::LoaderMatch;
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo, Tracers};
+use eim_core::{Error, FileId, LibcInfo};
 use eim_sim::fixtures::{deltas, python, three_pages};
-use eim_sim::{check_all, check_rolled_back, Observed, SimConfig, SimMaps, Sources};
+use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim::{check_all, check_rolled_back, SimConfig, Sources};
 
 const FILE: FileId = FileId(0xf11e);
 const OTHER: FileId = FileId(0x07e7);
@@ -101,7 +101,7 @@ fn files() -> Vec<(FileId, IntervalData, Vec<LoaderMatch>)> {
     ]
 }
 
-type Manager = ExecutableInfoManager<Arc<MemoryProvider>, Observed>;
+type Manager = CheckedManager;
 
 struct World {
     m: Manager,
@@ -111,11 +111,16 @@ struct World {
 
 fn world(slots: u32) -> World {
     let files = files();
-    let sources: Sources = files.iter().map(|(id, d, _)| (*id, d.clone())).collect();
-    let sources = Arc::new(sources);
-    let provider = Arc::new(MemoryProvider::new());
+    let spec = WorldSpec {
+        unwind_slots: slots,
+        slot_grace: GRACE,
+        watch_slots: Some(GRACE),
+        ..WorldSpec::default()
+    };
+    let w = CheckedWorld::new(files.iter().map(|(id, d, _)| (*id, d.clone())), &spec);
+    // The provider serves each file with its interpreter matches too.
     for (id, data, interpreters) in files {
-        provider.set(
+        w.provider.set(
             id,
             Ok(Extraction {
                 data,
@@ -124,29 +129,12 @@ fn world(slots: u32) -> World {
             }),
         );
     }
-    let clock = Arc::new(ManualClock::new());
-    let maps = SimMaps::new(SimConfig {
-        unwind_info: slots,
-        ..SimConfig::default()
-    })
-    .expect("sim maps");
-    let config = Config {
-        capacities: Capacities {
-            unwind_slots: slots,
-            ..Capacities::default()
-        },
-        slot_grace: GRACE,
-        ..Config::default()
-    };
-    let m = ExecutableInfoManager::with_config(
-        provider,
-        Observed::new(maps, sources.clone(), 64).watch_slots(clock.clone(), GRACE),
-        Tracers::none(),
-        config,
-        Box::new(clock.clone()),
-    );
-    m.add_or_inc_ref(OTHER, &OTHER).expect("load OTHER");
-    World { m, clock, sources }
+    w.manager.add_or_inc_ref(OTHER, &OTHER).expect("load OTHER");
+    World {
+        m: w.manager,
+        clock: w.clock,
+        sources: w.sources,
+    }
 }
 
 /// What a scenario does under faults, and what it must end with.

@@ -10,10 +10,10 @@ use std::time::Duration;
 use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::manager::ManualClock;
 use eim_core::ops::Errno;
-use eim_core::provider::MemoryProvider;
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
+use eim_core::{Error, FileId};
 use eim_sim::fixtures::three_pages;
-use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim::{check_all, Sources};
 
 const FILE: FileId = FileId(0xf11e);
 const OTHER: FileId = FileId(0x07e7);
@@ -25,7 +25,7 @@ fn other() -> IntervalData {
     d
 }
 
-type Manager = ExecutableInfoManager<Arc<MemoryProvider>, Observed>;
+type Manager = CheckedManager;
 
 fn setup() -> (Manager, Arc<ManualClock>, Arc<Sources>) {
     let (m, clock, sources) = manager_over([(FILE, three_pages()), (OTHER, other())]);
@@ -40,23 +40,12 @@ fn setup() -> (Manager, Arc<ManualClock>, Arc<Sources>) {
 fn manager_over(
     files: impl IntoIterator<Item = (FileId, IntervalData)>,
 ) -> (Manager, Arc<ManualClock>, Arc<Sources>) {
-    let sources: Sources = files.into_iter().collect();
-    let sources = Arc::new(sources);
-    let provider = Arc::new(MemoryProvider::new());
-    for (id, data) in sources.iter() {
-        provider.insert(*id, data.clone());
-    }
-    let clock = Arc::new(ManualClock::new());
-    let maps = SimMaps::new(SimConfig::default()).expect("sim maps");
-    let m = ExecutableInfoManager::with_config(
-        provider,
-        Observed::new(maps, sources.clone(), 64)
-            .watch_slots(clock.clone(), eim_core::machine::slots::DEFAULT_SLOT_GRACE),
-        Tracers::none(),
-        Config::default(),
-        Box::new(clock.clone()),
-    );
-    (m, clock, sources)
+    let spec = WorldSpec {
+        watch_slots: Some(eim_core::machine::slots::DEFAULT_SLOT_GRACE),
+        ..WorldSpec::default()
+    };
+    let w = CheckedWorld::new(files, &spec);
+    (w.manager, w.clock, w.sources)
 }
 
 /// How a failure is injected: (op number in the plan, elements done).

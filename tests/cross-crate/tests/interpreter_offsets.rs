@@ -11,13 +11,13 @@ use eim_core::abi::{program, OffsetRange};
 use eim_core::deltas::info::sp;
 use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::interp::{InterpreterOffsets, Loaded, LoaderError};
-use eim_core::machine::Capacities;
 use eim_core::manager::ManualClock;
 use eim_core::ops::{Errno, MapKind};
 use eim_core::provider::{Extraction, MemoryProvider};
 use eim_core::tracers::LoaderMatch;
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, InterpreterData, LibcInfo, Tracers};
-use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+use eim_core::{Error, FileId, InterpreterData, LibcInfo};
+use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim::{check_all, Sources};
 
 const FILE: FileId = FileId(0x9e7);
 const OTHER: FileId = FileId(0x07e7);
@@ -70,7 +70,7 @@ fn extraction(data: IntervalData, interpreters: Vec<LoaderMatch>) -> Extraction 
     }
 }
 
-type Manager = ExecutableInfoManager<Arc<MemoryProvider>, Observed>;
+type Manager = CheckedManager;
 
 struct Setup {
     m: Manager,
@@ -97,32 +97,15 @@ fn setup_with(offsets_capacity: u32, extra: Vec<Extra>) -> Setup {
         (OTHER, other(), Vec::new()),
     ];
     files.extend(extra);
-    let sources: Sources = files.iter().map(|(id, d, _)| (*id, d.clone())).collect();
-    let sources = Arc::new(sources);
-    let provider = Arc::new(MemoryProvider::new());
-    for (id, data, matches) in files {
-        provider.set(id, Ok(extraction(data, matches)));
-    }
-    let clock = Arc::new(ManualClock::new());
-    let maps = SimMaps::new(SimConfig {
+    let spec = WorldSpec {
         interpreter_offsets: offsets_capacity,
-        ..SimConfig::default()
-    })
-    .expect("sim maps");
-    let config = Config {
-        capacities: Capacities {
-            interpreter_offsets: offsets_capacity,
-            ..Capacities::default()
-        },
-        ..Config::default()
+        ..WorldSpec::default()
     };
-    let m = ExecutableInfoManager::with_config(
-        provider.clone(),
-        Observed::new(maps, sources.clone(), 64),
-        Tracers::none(),
-        config,
-        Box::new(clock.clone()),
-    );
+    let w = CheckedWorld::new(files.iter().map(|(id, d, _)| (*id, d.clone())), &spec);
+    for (id, data, matches) in files {
+        w.provider.set(id, Ok(extraction(data, matches)));
+    }
+    let (m, clock, sources, provider) = (w.manager, w.clock, w.sources, w.provider);
     m.add_or_inc_ref(OTHER, &OTHER)
         .expect("load the other file");
     Setup {

@@ -17,7 +17,8 @@ use eim_core::machine::Capacities;
 use eim_core::manager::ManualClock;
 use eim_core::ops::{Errno, MapKind};
 use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
-use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources, Violation};
+use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim::{check_all, Sources, Violation};
 
 const GRACE: Duration = Duration::from_secs(5);
 
@@ -47,7 +48,7 @@ fn id(k: u32) -> FileId {
     FileId(0x1_0000 + u64::from(k))
 }
 
-type Manager = ExecutableInfoManager<Arc<eim_core::provider::MemoryProvider>, Observed>;
+type Manager = CheckedManager;
 
 struct World {
     m: Manager,
@@ -58,34 +59,19 @@ struct World {
 /// A manager over `binaries` with `slots` unwind slots; the book waits
 /// `book_grace`, the readers' model `GRACE`.
 fn world(binaries: u32, slots: u32, book_grace: Duration) -> World {
-    let sources: Arc<Sources> = Arc::new((0..binaries).map(|k| (id(k), binary(k))).collect());
-    let provider = Arc::new(eim_core::provider::MemoryProvider::new());
-    for (file_id, data) in sources.iter() {
-        provider.insert(*file_id, data.clone());
-    }
-    let clock = Arc::new(ManualClock::new());
-    let maps = SimMaps::new(SimConfig {
-        unwind_info: slots,
-        ..SimConfig::default()
-    })
-    .expect("sim maps");
-    let backend = Observed::new(maps, sources.clone(), 2).watch_slots(clock.clone(), GRACE);
-    let config = Config {
-        capacities: Capacities {
-            unwind_slots: slots,
-            ..Capacities::default()
-        },
+    let spec = WorldSpec {
+        unwind_slots: slots,
         slot_grace: book_grace,
-        ..Config::default()
+        spread: 2,
+        watch_slots: Some(GRACE),
+        ..WorldSpec::default()
     };
-    let m = ExecutableInfoManager::with_config(
-        provider,
-        backend,
-        Tracers::none(),
-        config,
-        Box::new(clock.clone()),
-    );
-    World { m, clock, sources }
+    let w = CheckedWorld::new((0..binaries).map(|k| (id(k), binary(k))), &spec);
+    World {
+        m: w.manager,
+        clock: w.clock,
+        sources: w.sources,
+    }
 }
 
 impl World {

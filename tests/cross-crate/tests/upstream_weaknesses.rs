@@ -14,6 +14,7 @@ use eim_core::metrics;
 use eim_core::ops::Errno;
 use eim_core::provider::{ExtractError, Extraction, MemoryProvider, Provider};
 use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
+use eim_sim::world::{CheckedWorld, WorldSpec};
 use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
 
 /// `pages` pages, one function each.
@@ -42,32 +43,18 @@ impl World {
     /// A world whose `unwind_info_array` has `slots` entries. The backend
     /// also watches slot reuse with the default grace on the manager's clock.
     fn with_slots(files: &[(FileId, IntervalData)], slots: u32) -> Self {
-        let sources: Arc<Sources> = Arc::new(files.iter().cloned().collect());
-        let provider = Arc::new(MemoryProvider::new());
-        for (id, d) in files {
-            provider.insert(*id, d.clone());
+        let spec = WorldSpec {
+            unwind_slots: slots,
+            spread: 16,
+            watch_slots: Some(Config::default().slot_grace),
+            ..WorldSpec::default()
+        };
+        let w = CheckedWorld::new(files.iter().cloned(), &spec);
+        Self {
+            m: w.manager,
+            clock: w.clock,
+            sources: w.sources,
         }
-        let clock = Arc::new(ManualClock::new());
-        let config = Config::default();
-        let maps = SimMaps::new(SimConfig {
-            unwind_info: slots,
-            ..SimConfig::default()
-        })
-        .unwrap();
-        let m = ExecutableInfoManager::with_config(
-            provider,
-            Observed::new(maps, sources.clone(), 16).watch_slots(clock.clone(), config.slot_grace),
-            Tracers::none(),
-            Config {
-                capacities: eim_core::machine::Capacities {
-                    unwind_slots: slots,
-                    ..config.capacities
-                },
-                ..config
-            },
-            Box::new(clock.clone()),
-        );
-        Self { m, clock, sources }
     }
 
     fn check(&self) {
