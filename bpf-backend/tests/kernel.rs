@@ -39,6 +39,7 @@ use eim_sim::{expected, Answer, Resolved, SimConfig, SimMaps, SimReader};
 
 mod common;
 use common::{corpus, sim_dump};
+use eim_test_support::rng::XorShift;
 
 /// Whether BPF is usable here. Without privileges: a loud SKIPPED and
 /// `false`, or a panic when `EIM_REQUIRE_BPF=1`.
@@ -202,18 +203,6 @@ fn abi_agreement_values_written_from_rust_are_read_by_the_program() {
     assert_eq!(dump.live_inner_maps, 1);
 }
 
-/// A xorshift generator: deterministic addresses without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Random addresses probed per corpus file, besides every delta address
 /// and its two neighbours.
 const RANDOM_PROBES: usize = 3000;
@@ -232,8 +221,8 @@ fn probes(data: &IntervalData, random: usize, seed: u64) -> Vec<u64> {
     if let (Some(first), Some(last)) = (data.deltas.first(), data.deltas.last()) {
         let lo = first.address.saturating_sub(0x2_0000) & !PAGE_MASK;
         let hi = (last.address | PAGE_MASK) + 0x2_0000;
-        let mut rng = Rng(seed | 1);
-        out.extend((0..random).map(|_| lo + rng.next() % (hi - lo)));
+        let mut rng = XorShift::new(seed | 1);
+        out.extend((0..random).map(|_| lo + rng.next_u64() % (hi - lo)));
     }
     out
 }
@@ -371,13 +360,14 @@ fn the_same_calls_with_the_same_faults_leave_kernel_and_sim_identical() {
     files.truncate(6);
     let mut failed_calls = 0;
     for seed in 1..=6u64 {
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut rng = XorShift::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let faults: Arc<BTreeMap<usize, (i32, usize)>> = Arc::new(
             (0..12)
                 .map(|_| {
-                    let at = (rng.next() % 120) as usize;
-                    let errno = [libc::ENOMEM, libc::E2BIG, libc::EBUSY][(rng.next() % 3) as usize];
-                    (at, (errno, (rng.next() % 4) as usize))
+                    let at = (rng.next_u64() % 120) as usize;
+                    let errno =
+                        [libc::ENOMEM, libc::E2BIG, libc::EBUSY][(rng.next_u64() % 3) as usize];
+                    (at, (errno, (rng.next_u64() % 4) as usize))
                 })
                 .collect(),
         );
@@ -404,13 +394,13 @@ fn the_same_calls_with_the_same_faults_leave_kernel_and_sim_identical() {
             Tracers::none(),
         );
         for step in 0..40 {
-            let id = FileId(rng.next() % files.len() as u64 + 1);
-            let (got, want) = if rng.next().is_multiple_of(3) {
+            let id = FileId(rng.next_u64() % files.len() as u64 + 1);
+            let (got, want) = if rng.next_u64().is_multiple_of(3) {
                 (
                     format!("{:?}", kernel.remove_or_dec_ref(id)),
                     format!("{:?}", sim.remove_or_dec_ref(id)),
                 )
-            } else if rng.next().is_multiple_of(5) {
+            } else if rng.next_u64().is_multiple_of(5) {
                 (
                     format!("{:?}", kernel.retry_leftovers()),
                     format!("{:?}", sim.retry_leftovers()),

@@ -12,6 +12,7 @@ use eim_core::deltas::IntervalData;
 use eim_core::elf::{gopclntab, Elf};
 use eim_core::text::{parse_deltas, render_deltas};
 use eim_test_support::data::sha256_hex;
+use eim_test_support::rng::XorShift;
 use eim_test_support::{read_xz, testdata};
 use object::{Object, ObjectSection};
 
@@ -234,13 +235,8 @@ fn build_info_with_string_pointers() {
 /// some deltas, never a panic.
 #[test]
 fn edited_real_tables_never_panic() {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15);
+    let mut next = move || rng.next_u64();
     for c in corpus() {
         let (start, size) = {
             let file = object::File::parse(&*c.bytes).unwrap();

@@ -24,6 +24,7 @@ use eim::interp::v8::V8Data;
 use eim::interp::{self, LoaderError, LoaderInfo};
 use eim::{FileId, Tracers};
 use eim_test_support::data::oracle_bin;
+use eim_test_support::rng::XorShift;
 
 const PYTHON: &str = "/usr/bin/python3.11";
 const PERL_LIB: &str = "/usr/lib/x86_64-linux-gnu/libperl.so.5.36";
@@ -572,13 +573,8 @@ fn mutated_interpreter_files_never_panic() {
         let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.into());
         files.push((real.to_string_lossy().into_owned(), name));
     }
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15);
+    let mut next = move || rng.next_u64();
     for (path, name) in files {
         if !present(Path::new(&path)) {
             continue;

@@ -11,6 +11,7 @@ use object::{Object, ObjectSection};
 
 use super::ehframe::{Parallelism, PARTS_TAKEN_OVER};
 use super::{extract_with, Elf};
+use eim_test_support::rng::XorShift;
 use eim_test_support::{oracle, testdata};
 
 /// The oracle inputs that exist here.
@@ -90,18 +91,6 @@ fn parallel_equals_sequential_on_librustc_driver() {
     assert_same(&path.display().to_string(), &bytes, &CONFIGS[..2]);
 }
 
-/// A small deterministic generator (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 /// File ranges of the sections the walk reads (the search table twice as
 /// likely: its entries decide the parts).
 fn cfi_ranges(bytes: &[u8]) -> Vec<(usize, usize)> {
@@ -130,7 +119,7 @@ fn cfi_ranges(bytes: &[u8]) -> Vec<(usize, usize)> {
 /// A copy of `bytes` with a few CFI bytes changed: random bytes, flipped
 /// bits, lengths and table words set to edge values, table entries copied
 /// over others (duplicated and unsorted FDEs).
-fn mutate(bytes: &[u8], ranges: &[(usize, usize)], rng: &mut Rng) -> Vec<u8> {
+fn mutate(bytes: &[u8], ranges: &[(usize, usize)], rng: &mut XorShift) -> Vec<u8> {
     let mut b = bytes.to_vec();
     for _ in 0..1 + rng.below(3) {
         let (offset, size) = ranges[rng.below(ranges.len() as u64) as usize];
@@ -161,7 +150,7 @@ fn parallel_equals_sequential_on_mutated_files() {
         PARTS_TAKEN_OVER[0].load(Ordering::Relaxed),
         PARTS_TAKEN_OVER[1].load(Ordering::Relaxed),
     ];
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15);
     for (name, bytes) in oracle_files() {
         let ranges = cfi_ranges(&bytes);
         if ranges.is_empty() {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use eim_core::elf::extract::extract;
 use eim_core::elf::Elf;
+use eim_test_support::rng::XorShift;
 use eim_test_support::testdata;
 use object::{Object, ObjectSection};
 
@@ -45,22 +46,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// A small deterministic generator (the seed is the reproduction).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 /// Where the unwind data of a file lies, to aim mutations at it.
 fn unwind_ranges(bytes: &[u8]) -> Vec<(usize, usize)> {
     let Ok(file) = object::File::parse(bytes) else {
@@ -84,15 +69,15 @@ fn unwind_ranges(bytes: &[u8]) -> Vec<(usize, usize)> {
 const DW_CFA_REMEMBER_STATE: u8 = 0x0a;
 
 /// One mutation of `base`, aimed at the unwind sections most of the time.
-fn mutate(base: &[u8], ranges: &[(usize, usize)], rng: &mut Rng) -> (Vec<u8>, &'static str) {
+fn mutate(base: &[u8], ranges: &[(usize, usize)], rng: &mut XorShift) -> (Vec<u8>, &'static str) {
     let mut b = base.to_vec();
-    let (start, len) = if ranges.is_empty() || rng.below(5) == 0 {
+    let (start, len) = if ranges.is_empty() || rng.index(5) == 0 {
         (0, b.len())
     } else {
-        ranges[rng.below(ranges.len())]
+        ranges[rng.index(ranges.len())]
     };
-    let at = start + rng.below(len.max(1));
-    let kind = rng.below(8);
+    let at = start + rng.index(len.max(1));
+    let kind = rng.index(8);
     let put = |b: &mut Vec<u8>, at: usize, bytes: &[u8]| {
         for (i, x) in bytes.iter().enumerate() {
             if let Some(slot) = b.get_mut(at + i) {
@@ -106,16 +91,16 @@ fn mutate(base: &[u8], ranges: &[(usize, usize)], rng: &mut Rng) -> (Vec<u8>, &'
             (b, "truncation")
         }
         1 => {
-            for _ in 0..1 + rng.below(8) {
-                let i = start + rng.below(len.max(1));
+            for _ in 0..1 + rng.index(8) {
+                let i = start + rng.index(len.max(1));
                 if let Some(x) = b.get_mut(i) {
-                    *x ^= 1 << rng.below(8);
+                    *x ^= 1 << rng.index(8);
                 }
             }
             (b, "bit flips")
         }
         2 => {
-            let huge = [0xffff_fff0u32, 0xffff_ffff, 0x7fff_ffff, 0x8000_0000][rng.below(4)];
+            let huge = [0xffff_fff0u32, 0xffff_ffff, 0x7fff_ffff, 0x8000_0000][rng.index(4)];
             put(&mut b, at, &huge.to_le_bytes());
             (b, "huge length")
         }
@@ -125,7 +110,7 @@ fn mutate(base: &[u8], ranges: &[(usize, usize)], rng: &mut Rng) -> (Vec<u8>, &'
             (b, "self-referencing CIE pointer")
         }
         4 => {
-            let n = 1 + rng.below(64);
+            let n = 1 + rng.index(64);
             put(&mut b, at, &vec![DW_CFA_REMEMBER_STATE; n]);
             (b, "deep remember_state")
         }
@@ -135,13 +120,13 @@ fn mutate(base: &[u8], ranges: &[(usize, usize)], rng: &mut Rng) -> (Vec<u8>, &'
             (b, "overlong LEB128")
         }
         6 => {
-            let v = rng.next();
+            let v = rng.next_u64();
             put(&mut b, at, &v.to_le_bytes());
             (b, "random word")
         }
         _ => {
-            let n = rng.below(256);
-            let from = rng.below(b.len().max(1));
+            let n = rng.index(256);
+            let from = rng.index(b.len().max(1));
             let chunk: Vec<u8> = b.get(from..(from + n).min(b.len())).unwrap_or(&[]).to_vec();
             put(&mut b, at, &chunk);
             (b, "copied chunk")
@@ -188,7 +173,7 @@ fn thousands_of_mutations_never_panic_nor_run_away() {
         } else {
             per_file
         };
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (index as u64 + 1));
+        let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15 ^ (index as u64 + 1));
         for i in 0..count {
             let (bytes, kind) = mutate(base, &ranges, &mut rng);
             let before = LIVE.load(Ordering::Relaxed);

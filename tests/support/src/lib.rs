@@ -12,7 +12,8 @@
 //! * [`files`]: the host's ELF files and the stable toolchain's;
 //! * [`host`]: a big host in one process (distinct libraries mapped);
 //! * [`cfi`]: gimli's decoding of `.eh_frame`, the floor a CFI walk can
-//!   reach.
+//!   reach;
+//! * [`rng`]: a small deterministic generator.
 //!
 //! It depends on no eim crate, so that eim-core's own tests can use it.
 
@@ -21,6 +22,7 @@ pub mod data;
 pub mod files;
 pub mod host;
 pub mod oracle;
+pub mod rng;
 pub mod skip;
 pub mod tools;
 
