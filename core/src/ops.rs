@@ -104,6 +104,57 @@ impl fmt::Display for MapKind {
     }
 }
 
+/// What a backend does for each kind of op: the one dispatch of a
+/// [`MapOp`] to its maps ([`apply_to`]) is shared by every backend, which
+/// implements only the per-kind writes. Each method has the contract of
+/// its op ([`MapOp`]'s variants) and of [`Backend::apply`].
+pub trait OpTarget {
+    fn put_unwind_infos(&mut self, infos: &[(u16, UnwindInfo)]) -> Result<(), OpFailure>;
+    fn put_delta_table(
+        &mut self,
+        file_id: FileId,
+        class: u16,
+        deltas: &[abi::StackDelta],
+    ) -> Result<(), OpFailure>;
+    fn put_delta_tables(
+        &mut self,
+        class: u16,
+        tables: &[(FileId, Arc<[abi::StackDelta]>)],
+    ) -> Result<(), OpFailure>;
+    fn put_pages(
+        &mut self,
+        pages: &[(StackDeltaPageKey, StackDeltaPageInfo)],
+    ) -> Result<(), OpFailure>;
+    fn delete_pages(&mut self, keys: &[StackDeltaPageKey]) -> Result<(), OpFailure>;
+    fn delete_delta_table(&mut self, file_id: FileId, class: u16) -> Result<(), OpFailure>;
+    fn put_interpreter_offsets(
+        &mut self,
+        file_id: FileId,
+        range: &OffsetRange,
+    ) -> Result<(), OpFailure>;
+    fn delete_interpreter_offsets(&mut self, file_id: FileId) -> Result<(), OpFailure>;
+}
+
+/// Carries out `op` on `target`: the dispatch every backend shares.
+pub fn apply_to<T: OpTarget + ?Sized>(target: &mut T, op: &MapOp) -> Result<(), OpFailure> {
+    match op {
+        MapOp::PutUnwindInfos(infos) => target.put_unwind_infos(infos),
+        MapOp::PutDeltaTable {
+            file_id,
+            map_id,
+            deltas,
+        } => target.put_delta_table(*file_id, *map_id, deltas),
+        MapOp::PutDeltaTables { map_id, tables } => target.put_delta_tables(*map_id, tables),
+        MapOp::PutPages(pages) => target.put_pages(pages),
+        MapOp::DeletePages(keys) => target.delete_pages(keys),
+        MapOp::DeleteDeltaTable { file_id, map_id } => target.delete_delta_table(*file_id, *map_id),
+        MapOp::PutInterpreterOffsets { file_id, range } => {
+            target.put_interpreter_offsets(*file_id, range)
+        }
+        MapOp::DeleteInterpreterOffsets { file_id } => target.delete_interpreter_offsets(*file_id),
+    }
+}
+
 /// The key and value buffers of a `PutUnwindInfos`: each slot index as
 /// the array's 4-byte key, each rule as its value, end to end.
 pub fn slot_buffers(infos: &[(u16, UnwindInfo)]) -> (Vec<u8>, Vec<u8>) {

@@ -13,7 +13,7 @@ use eim_core::abi::{
     self, capacity, OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo,
     Wire, SIZE_CLASS_COUNT, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
 };
-use eim_core::ops::{self, Backend, Errno, MapOp, OpFailure};
+use eim_core::ops::{self, Backend, Errno, MapOp, OpFailure, OpTarget};
 use eim_core::FileId;
 
 use crate::faults::{Fault, FaultPlan};
@@ -281,50 +281,17 @@ impl SimMaps {
     /// Applies `op` without fault injection or counting: the kernel's
     /// answer to the syscalls a real backend issues for it.
     pub(crate) fn apply_now(&mut self, op: &MapOp) -> Result<(), OpFailure> {
-        match op {
-            MapOp::PutUnwindInfos(infos) => {
-                let (keys, values) = ops::slot_buffers(infos);
-                self.reg
-                    .update_batch(self.unwind_info, &keys, &values, infos.len(), 0)
-                    .map_err(failure)
-            }
-            MapOp::PutDeltaTable {
-                file_id,
-                map_id,
-                deltas,
-            } => self.put_delta_table(*file_id, *map_id, deltas),
-            MapOp::PutDeltaTables { map_id, tables } => self.put_delta_tables(*map_id, tables),
-            MapOp::PutPages(pages) => self.put_pages(pages),
-            MapOp::DeletePages(keys) => {
-                let flat = flatten(keys.iter().copied());
-                self.reg
-                    .delete_batch(self.pages, &flat, keys.len(), 0)
-                    .map_err(failure)
-            }
-            MapOp::DeleteDeltaTable { file_id, map_id } => {
-                // A real backend rejects a class it has no map for before
-                // any syscall.
-                let outer = self
-                    .outer(*map_id)
-                    .ok_or(OpFailure::new(Errno::EINVAL, 0))?;
-                self.reg
-                    .delete(outer, &file_id.0.to_bytes())
-                    .map_err(|errno| OpFailure::new(errno, 0))
-            }
-            MapOp::PutInterpreterOffsets { file_id, range } => self
-                .reg
-                .update(
-                    self.interpreter_offsets,
-                    &file_id.0.to_bytes(),
-                    &range.to_bytes(),
-                    BPF_ANY,
-                )
-                .map_err(|errno| OpFailure::new(errno, 0)),
-            MapOp::DeleteInterpreterOffsets { file_id } => self
-                .reg
-                .delete(self.interpreter_offsets, &file_id.0.to_bytes())
-                .map_err(|errno| OpFailure::new(errno, 0)),
-        }
+        ops::apply_to(self, op)
+    }
+}
+
+/// Each kind of op as the syscalls a real backend issues for it.
+impl OpTarget for SimMaps {
+    fn put_unwind_infos(&mut self, infos: &[(u16, UnwindInfo)]) -> Result<(), OpFailure> {
+        let (keys, values) = ops::slot_buffers(infos);
+        self.reg
+            .update_batch(self.unwind_info, &keys, &values, infos.len(), 0)
+            .map_err(failure)
     }
 
     /// Create the inner array, fill it with one batch, publish it with
@@ -450,6 +417,43 @@ impl SimMaps {
             return Err(OpFailure::new(Errno::EEXIST, absent));
         }
         Ok(())
+    }
+
+    fn delete_pages(&mut self, keys: &[StackDeltaPageKey]) -> Result<(), OpFailure> {
+        let flat = flatten(keys.iter().copied());
+        self.reg
+            .delete_batch(self.pages, &flat, keys.len(), 0)
+            .map_err(failure)
+    }
+
+    fn delete_delta_table(&mut self, file_id: FileId, class: u16) -> Result<(), OpFailure> {
+        // A real backend rejects a class it has no map for before any
+        // syscall.
+        let outer = self.outer(class).ok_or(OpFailure::new(Errno::EINVAL, 0))?;
+        self.reg
+            .delete(outer, &file_id.0.to_bytes())
+            .map_err(|errno| OpFailure::new(errno, 0))
+    }
+
+    fn put_interpreter_offsets(
+        &mut self,
+        file_id: FileId,
+        range: &OffsetRange,
+    ) -> Result<(), OpFailure> {
+        self.reg
+            .update(
+                self.interpreter_offsets,
+                &file_id.0.to_bytes(),
+                &range.to_bytes(),
+                BPF_ANY,
+            )
+            .map_err(|errno| OpFailure::new(errno, 0))
+    }
+
+    fn delete_interpreter_offsets(&mut self, file_id: FileId) -> Result<(), OpFailure> {
+        self.reg
+            .delete(self.interpreter_offsets, &file_id.0.to_bytes())
+            .map_err(|errno| OpFailure::new(errno, 0))
     }
 }
 

@@ -1073,6 +1073,11 @@ mod tests {
         Table { hdr: &'a [u8], hdr_vaddr: u64 },
     }
 
+    /// The search-table walk of `data` through `hdr` (at `hdr_vaddr`).
+    fn walk_table(data: &[u8], hdr: &[u8], hdr_vaddr: u64) -> Result<IntervalData, CfiError> {
+        walk(data, Mode::Table { hdr, hdr_vaddr })
+    }
+
     fn walk(data: &[u8], mode: Mode<'_>) -> Result<IntervalData, CfiError> {
         let elf_bytes = bare_elf(object::elf::EM_X86_64);
         let elf = Elf::parse(&elf_bytes).expect("bare ELF");
@@ -1141,14 +1146,7 @@ mod tests {
             StackDelta::new(0x2050, hint::GAP, info::INVALID),
         ];
         let (hdr, hdr_vaddr) = eh.hdr(&entries);
-        let table = walk(
-            &eh.data,
-            Mode::Table {
-                hdr: &hdr,
-                hdr_vaddr,
-            },
-        )
-        .unwrap();
+        let table = walk_table(&eh.data, &hdr, hdr_vaddr).unwrap();
         assert_eq!(table.deltas, want);
         let mut linear = walk(&eh.data, Mode::Linear { debug_frame: false }).unwrap();
         linear.sort_and_dedup();
@@ -1160,14 +1158,7 @@ mod tests {
         let (eh, entries) = sample();
         let (hdr, hdr_vaddr) = eh.hdr(&vec![entries[0]; 1000]);
         assert_eq!(
-            walk(
-                &eh.data,
-                Mode::Table {
-                    hdr: &hdr,
-                    hdr_vaddr
-                }
-            )
-            .unwrap_err(),
+            walk_table(&eh.data, &hdr, hdr_vaddr).unwrap_err(),
             CfiError::WorkLimit
         );
     }
@@ -1180,14 +1171,7 @@ mod tests {
         let (mut hdr, hdr_vaddr) = eh.hdr(&entries);
         hdr[8..12].copy_from_slice(&3u32.to_le_bytes()); // claims 3 entries
         assert_eq!(
-            walk(
-                &eh.data,
-                Mode::Table {
-                    hdr: &hdr,
-                    hdr_vaddr
-                }
-            )
-            .unwrap_err(),
+            walk_table(&eh.data, &hdr, hdr_vaddr).unwrap_err(),
             CfiError::FdeBeforeSection {
                 fde: hdr_vaddr,
                 section: VADDR
@@ -1197,14 +1181,7 @@ mod tests {
         let (mut hdr, hdr_vaddr) = eh.hdr_at(VADDR + 0x1000, &entries);
         hdr[8..12].copy_from_slice(&3u32.to_le_bytes());
         assert_eq!(
-            walk(
-                &eh.data,
-                Mode::Table {
-                    hdr: &hdr,
-                    hdr_vaddr
-                }
-            )
-            .unwrap_err(),
+            walk_table(&eh.data, &hdr, hdr_vaddr).unwrap_err(),
             CfiError::TableTruncated(2)
         );
     }
@@ -1214,13 +1191,7 @@ mod tests {
         let (eh, _) = sample();
         let (hdr, hdr_vaddr) = eh.hdr(&[(0x2000, 0)]);
         assert!(matches!(
-            walk(
-                &eh.data,
-                Mode::Table {
-                    hdr: &hdr,
-                    hdr_vaddr
-                }
-            ),
+            walk_table(&eh.data, &hdr, hdr_vaddr),
             Err(CfiError::TableFde(EntryError::UnexpectedType(0)))
         ));
     }
