@@ -65,6 +65,8 @@ const CRATES: &[&str] = &[
     "src/cli/main.rs",
     "tests/cross-crate/src/lib.rs",
     "tests/support/src/lib.rs",
+    "tests/eim/hostile/main.rs",
+    "tests/eim/pins/main.rs",
 ];
 
 /// A crate's sources: file path (relative to the crate's `src`) to text.
