@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-/// How many entries eim's maps hold (or, in [`PinReport::cleaned`], how
+/// How many entries eim's maps hold (or, in [`crate::PinReport::cleaned`], how
 /// many were removed), as the kernel reports them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapStats {
