@@ -36,12 +36,16 @@
 
 #[path = "go/buildinfo.rs"]
 mod buildinfo;
+#[path = "go/error.rs"]
+mod error;
 #[path = "go/locate.rs"]
 mod locate;
 #[path = "go/pcvalue.rs"]
 mod pcvalue;
 #[path = "go/table.rs"]
 mod table;
+
+pub use error::GoError;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -51,17 +55,6 @@ use crate::abi::{opcode, UnwindInfo};
 use crate::deltas::{hint, info, IntervalData, StackDelta};
 use pcvalue::PcValue;
 use table::{Pclntab, Version};
-
-/// Why a Go table could not be parsed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum GoError {
-    /// The table is there but malformed.
-    #[error("{0}")]
-    Corrupt(String),
-    /// The table could not be read from the file.
-    #[error("{0}")]
-    Load(String),
-}
 
 /// How the functions of one source file are unwound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

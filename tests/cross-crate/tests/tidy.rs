@@ -55,8 +55,9 @@ const CRATE_DEPENDENCIES: &[(&str, &[&str])] = &[
     ("tests/support/Cargo.toml", &[]),
 ];
 
-/// The source trees whose files must not form cycles: (crate root file,
-/// directory of its modules).
+/// The library and binary roots of the workspace. Every crate root is
+/// checked for cycles: these, and each test, bench, fuzz target and binary
+/// found in [`ROOT_DIRS`] ([`crate_roots`]).
 const CRATES: &[&str] = &[
     "core/src/lib.rs",
     "sim/src/lib.rs",
@@ -65,12 +66,122 @@ const CRATES: &[&str] = &[
     "src/cli/main.rs",
     "tests/cross-crate/src/lib.rs",
     "tests/support/src/lib.rs",
-    "tests/eim/hostile/main.rs",
-    "tests/eim/pins/main.rs",
 ];
 
-/// A crate's sources: file path (relative to the crate's `src`) to text.
+/// Directories whose `.rs` files (and `*/main.rs`) are each a crate root.
+const ROOT_DIRS: &[&str] = &[
+    "core/tests",
+    "core/benches",
+    "sim/tests",
+    "sim/src/bin",
+    "bpf-backend/tests",
+    "bpf-backend/benches",
+    "benches",
+    "tests/eim",
+    "tests/cross-crate/tests",
+    "fuzz/fuzz_targets",
+];
+
+/// A crate's sources: file path (relative to the root file's directory)
+/// to text.
 type Sources = BTreeMap<PathBuf, String>;
+
+/// A crate: its root, every file its `mod` declarations reach, and which
+/// module each file is.
+struct Crate {
+    root: PathBuf,
+    sources: Sources,
+    modules: BTreeMap<Vec<String>, PathBuf>,
+}
+
+impl Crate {
+    /// Follows the `mod` declarations from `root`, reading files with
+    /// `read` (the disk, or a made-up tree): `mod x;` is `x.rs` or
+    /// `x/mod.rs` beside a root or `mod.rs` file and under `a/` for a file
+    /// `a.rs`; `#[path = "p"]` is relative to the declaring file.
+    fn collect(root: &Path, read: &dyn Fn(&Path) -> Option<String>) -> Self {
+        let mut sources = Sources::new();
+        let mut modules = BTreeMap::new();
+        let mut queue = vec![(root.to_path_buf(), Vec::<String>::new(), true)];
+        while let Some((file, module, owns_dir)) = queue.pop() {
+            if sources.contains_key(&file) {
+                continue;
+            }
+            let Some(text) = read(&file) else { continue };
+            let here = file.parent().map(Path::to_path_buf).unwrap_or_default();
+            let children_dir = if owns_dir {
+                here.clone()
+            } else {
+                here.join(file.file_stem().unwrap_or_default())
+            };
+            for (name, path) in declared_modules(&text) {
+                let mut child_module = module.clone();
+                child_module.push(name.clone());
+                let candidates = match path {
+                    Some(p) => vec![normal(&here.join(p))],
+                    None => vec![
+                        children_dir.join(format!("{name}.rs")),
+                        children_dir.join(&name).join("mod.rs"),
+                    ],
+                };
+                if let Some(child) = candidates.into_iter().find(|c| read(c).is_some()) {
+                    let owns = child.file_name().is_some_and(|n| n == "mod.rs");
+                    queue.push((child, child_module, owns));
+                }
+            }
+            modules.insert(module, file.clone());
+            sources.insert(file, text);
+        }
+        Self {
+            root: root.to_path_buf(),
+            sources,
+            modules,
+        }
+    }
+}
+
+/// `path` with its `..` and `.` components folded.
+fn normal(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// The modules a file declares in files of their own, with a `#[path]`
+/// if it has one (`mod x;`, `pub(crate) mod x;`, `#[path = "p"] mod x;`).
+fn declared_modules(text: &str) -> Vec<(String, Option<String>)> {
+    let code = code_of(text);
+    let names = child_modules(&code);
+    // The path attribute's string is blanked in `code`; find it in the
+    // text, on the declaration's own lines.
+    names
+        .into_iter()
+        .map(|name| {
+            let decl = format!("mod {name};");
+            let path = text.find(&decl).and_then(|at| {
+                let before = &text[..at];
+                let attr = before.rfind("#[path")?;
+                // Only an attribute directly above this declaration.
+                let between = &before[attr..];
+                if between.matches(';').count() > 0 || between.matches('\n').count() > 2 {
+                    return None;
+                }
+                let open = attr + text[attr..].find('"')? + 1;
+                let close = open + text[open..].find('"')?;
+                Some(text[open..close].to_string())
+            });
+            (name, path)
+        })
+        .collect()
+}
 
 /// Removes comments, string and character literals (their text is not
 /// code), keeping the line structure.
@@ -134,33 +245,20 @@ fn char_literal_len(b: &[u8]) -> Option<usize> {
     (b.get(1 + c.len_utf8()) == Some(&b'\'')).then_some(c.len_utf8() + 2)
 }
 
-/// The module path of a file relative to its crate's source directory
-/// (`machine/book.rs` -> `["machine", "book"]`, `machine/mod.rs` ->
-/// `["machine"]`, the crate root -> `[]`).
-fn module_of(file: &Path, root: &Path) -> Vec<String> {
-    if file == root {
-        return Vec::new();
-    }
-    let mut parts: Vec<String> = file
-        .with_extension("")
+/// The module path of a file of the crate (`machine/book.rs` ->
+/// `["machine", "book"]`, the crate root -> `[]`).
+fn module_of(krate: &Crate, file: &Path) -> Vec<String> {
+    krate
+        .modules
         .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    if parts.last().is_some_and(|p| p == "mod") {
-        parts.pop();
-    }
-    parts
+        .find(|(_, f)| f.as_path() == file)
+        .map(|(m, _)| m.clone())
+        .unwrap_or_default()
 }
 
 /// The file of a module path, if the crate has one.
-fn file_of(module: &[String], root: &Path, sources: &Sources) -> Option<PathBuf> {
-    if module.is_empty() {
-        return Some(root.to_path_buf());
-    }
-    let base: PathBuf = module.iter().collect();
-    let flat = base.with_extension("rs");
-    let nested = base.join("mod.rs");
-    [flat, nested].into_iter().find(|f| sources.contains_key(f))
+fn file_of(krate: &Crate, module: &[String]) -> Option<PathBuf> {
+    krate.modules.get(module).cloned()
 }
 
 /// Every path a file's code names that starts at `crate`, `super` or
@@ -380,12 +478,13 @@ fn root_reexports(root_code: &str) -> BTreeMap<String, Vec<String>> {
 }
 
 /// The file dependency graph of one crate.
-fn graph(root: &Path, sources: &Sources) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
-    let root_code = code_of(&sources[root]);
+fn graph(krate: &Crate) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
+    let root = &krate.root;
+    let root_code = code_of(&krate.sources[root]);
     let reexports = root_reexports(&root_code);
     let mut edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
-    for (file, text) in sources {
-        let here = module_of(file, root);
+    for (file, text) in &krate.sources {
+        let here = module_of(krate, file);
         let deps = edges.entry(file.clone()).or_default();
         if file == root {
             continue; // The root only declares and re-exports: its table of contents.
@@ -425,7 +524,7 @@ fn graph(root: &Path, sources: &Sources) -> BTreeMap<PathBuf, BTreeSet<PathBuf>>
             }
             let found = (0..=target.len())
                 .rev()
-                .find_map(|n| file_of(&target[..n], root, sources));
+                .find_map(|n| file_of(krate, &target[..n]));
             if let Some(f) = found.filter(|f| f != file) {
                 deps.insert(f);
             }
@@ -469,47 +568,38 @@ fn cycles(edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
     out
 }
 
-/// The files of a crate: every `.rs` under the root file's directory, but
-/// not under another crate's root.
-fn read_crate(repo: &Path, root: &str) -> (PathBuf, Sources) {
+/// A crate of the workspace, read from the disk; its file names are
+/// relative to the root file's directory.
+fn read_crate(repo: &Path, root: &str) -> Crate {
     let root_path = repo.join(root);
     let dir = root_path
         .parent()
         .expect("a crate root has a directory")
         .to_path_buf();
-    let mut sources = Sources::new();
-    let mut stack = vec![dir.clone()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+    let read = |rel: &Path| std::fs::read_to_string(dir.join(rel)).ok();
+    let root_rel = PathBuf::from(root_path.file_name().expect("a file name"));
+    Crate::collect(&root_rel, &read)
+}
+
+/// Every crate root of the workspace: [`CRATES`], and each `.rs` file
+/// and `*/main.rs` of [`ROOT_DIRS`].
+fn crate_roots(repo: &Path) -> Vec<String> {
+    let mut roots: Vec<String> = CRATES.iter().map(|r| r.to_string()).collect();
+    for dir in ROOT_DIRS {
+        let entries = std::fs::read_dir(repo.join(dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        for entry in entries {
             let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                // Another crate's root (`src/bin`, the CLI's `src/cli`) is
-                // not this crate's module tree.
-                let other_crate =
-                    path.file_name().is_some_and(|n| n == "bin") || path.join("main.rs").is_file();
-                if !other_crate {
-                    stack.push(path);
-                }
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let rel = path
-                    .strip_prefix(&dir)
-                    .expect("under the crate")
-                    .to_path_buf();
-                let text = std::fs::read_to_string(&path)
-                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                sources.insert(rel, text);
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            let Some(name) = name else { continue };
+            if name.ends_with(".rs") {
+                roots.push(format!("{dir}/{name}"));
+            } else if path.join("main.rs").is_file() {
+                roots.push(format!("{dir}/{name}/main.rs"));
             }
         }
     }
-    let root_rel = PathBuf::from(root_path.file_name().expect("a file name"));
-    // The other crate root sharing the directory is not a module.
-    let other = if root_rel == Path::new("lib.rs") {
-        "main.rs"
-    } else {
-        "lib.rs"
-    };
-    sources.remove(Path::new(other));
-    (root_rel, sources)
+    roots.sort();
+    roots
 }
 
 /// A file's top-level module in `eim-core` (`machine/book.rs` -> `machine`).
@@ -602,10 +692,12 @@ fn describe(cycles: &[Vec<PathBuf>], edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>
 #[test]
 fn no_file_of_any_crate_is_in_a_cycle() {
     let mut report = String::new();
-    for root in CRATES {
-        let (root_file, sources) = read_crate(&repo(), root);
-        assert!(!sources.is_empty(), "{root}: no sources found");
-        let edges = graph(&root_file, &sources);
+    let roots = crate_roots(&repo());
+    assert!(roots.len() > 50, "crate roots: {roots:?}");
+    for root in &roots {
+        let krate = read_crate(&repo(), root);
+        assert!(!krate.sources.is_empty(), "{root}: no sources found");
+        let edges = graph(&krate);
         let found = cycles(&edges);
         if !found.is_empty() {
             report.push_str(&format!("{root}:\n{}", describe(&found, &edges)));
@@ -619,8 +711,9 @@ fn no_file_of_any_crate_is_in_a_cycle() {
 
 #[test]
 fn the_layers_of_core_only_point_down() {
-    let (root, sources) = read_crate(&repo(), "core/src/lib.rs");
-    let edges = graph(&root, &sources);
+    let krate = read_crate(&repo(), "core/src/lib.rs");
+    assert!(krate.sources.len() > 50, "core's modules were followed");
+    let edges = graph(&krate);
     let bad = layer_violations(&edges);
     assert!(
         bad.is_empty(),
@@ -649,41 +742,41 @@ fn each_crate_depends_only_on_the_crates_below_it() {
 
 // --- the checker itself, on made-up trees --------------------------------
 
-fn tree(files: &[(&str, &str)]) -> (PathBuf, Sources) {
-    let sources = files
+fn tree(files: &[(&str, &str)]) -> Crate {
+    let files: Sources = files
         .iter()
         .map(|(f, t)| (PathBuf::from(f), t.to_string()))
         .collect();
-    (PathBuf::from("lib.rs"), sources)
+    Crate::collect(Path::new("lib.rs"), &|p: &Path| files.get(p).cloned())
 }
 
 #[test]
 fn a_forbidden_use_is_found() {
     // The heart reaching up into the facade, through a `use` group.
-    let (root, sources) = tree(&[
+    let krate = tree(&[
         ("lib.rs", "pub mod abi; pub mod manager;"),
         ("abi.rs", "use crate::{manager::{Config, self}};\n"),
         ("manager.rs", "use crate::abi::X;\n"),
     ]);
-    let bad = layer_violations(&graph(&root, &sources));
+    let bad = layer_violations(&graph(&krate));
     assert_eq!(bad.len(), 1, "{bad:?}");
     assert!(
         bad[0].contains("abi.rs (heart) depends on manager.rs (facade)"),
         "{bad:?}"
     );
     // The same use in the other direction is allowed.
-    let (root, sources) = tree(&[
+    let krate = tree(&[
         ("lib.rs", "pub mod abi; pub mod manager;"),
         ("abi.rs", ""),
         ("manager.rs", "use crate::{abi::X};\n"),
     ]);
-    assert!(layer_violations(&graph(&root, &sources)).is_empty());
+    assert!(layer_violations(&graph(&krate)).is_empty());
 }
 
 #[test]
 fn a_module_no_layer_lists_is_reported() {
-    let (root, sources) = tree(&[("lib.rs", "pub mod gadget;"), ("gadget.rs", "")]);
-    let bad = layer_violations(&graph(&root, &sources));
+    let krate = tree(&[("lib.rs", "pub mod gadget;"), ("gadget.rs", "")]);
+    let bad = layer_violations(&graph(&krate));
     assert!(
         bad.iter().any(|b| b.contains("`gadget` is in no layer")),
         "{bad:?}"
@@ -692,8 +785,11 @@ fn a_module_no_layer_lists_is_reported() {
 
 #[test]
 fn cycles_are_found_through_super_and_root_reexports() {
-    let (root, sources) = tree(&[
-        ("lib.rs", "pub mod a; pub mod b;\npub use b::Thing;\n"),
+    let krate = tree(&[
+        (
+            "lib.rs",
+            "pub mod a; pub mod b; mod c;\npub use b::Thing;\n",
+        ),
         (
             "a/mod.rs",
             "mod child;\npub fn f() { child::g() }\nuse self::child::g;\n",
@@ -702,7 +798,7 @@ fn cycles_are_found_through_super_and_root_reexports() {
         ("b.rs", "fn h() { crate::a::f() }\n"),
         ("c.rs", "use crate::Thing;\n"),
     ]);
-    let edges = graph(&root, &sources);
+    let edges = graph(&krate);
     let found = cycles(&edges);
     assert_eq!(found.len(), 1, "{}", describe(&found, &edges));
     assert_eq!(
@@ -717,25 +813,25 @@ fn cycles_are_found_through_super_and_root_reexports() {
 
 #[test]
 fn comments_and_strings_are_not_dependencies() {
-    let (root, sources) = tree(&[
-        ("lib.rs", ""),
+    let krate = tree(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
         ("a.rs", "// use crate::b;\n/* crate::b::x */ const S: &str = \"crate::b\"; const C: char = '\"';\nfn f<'a>(x: &'a u8) {}\n"),
         ("b.rs", "use crate::a;\n#[cfg(test)]\nmod tests {\n    use super::*;\n    mod deeper { use super::super::X; }\n}\n"),
     ]);
-    assert!(cycles(&graph(&root, &sources)).is_empty());
+    assert!(cycles(&graph(&krate)).is_empty());
     // The inline module's `super` is the file itself, not the crate root.
-    let (root, sources) = tree(&[
+    let krate = tree(&[
         ("lib.rs", "pub mod a;"),
         ("a/mod.rs", "pub mod b;\nuse self::b::X;\n"),
         ("a/b.rs", "mod tests { use super::*; }\n"),
     ]);
-    assert!(cycles(&graph(&root, &sources)).is_empty());
-    let (root, sources) = tree(&[
+    assert!(cycles(&graph(&krate)).is_empty());
+    let krate = tree(&[
         ("lib.rs", "pub mod a;"),
         ("a/mod.rs", "pub mod b;\nuse self::b::X;\n"),
         ("a/b.rs", "mod tests { use super::super::Y; }\n"),
     ]);
-    assert_eq!(cycles(&graph(&root, &sources)).len(), 1);
+    assert_eq!(cycles(&graph(&krate)).len(), 1);
 }
 
 #[test]

@@ -6,8 +6,8 @@ use object::elf::{PF_R, PF_X, PT_LOAD, SHF_COMPRESSED};
 use object::read::elf::ProgramHeader;
 use object::{Object, ObjectSection, ObjectSymbol, SectionFlags};
 
-use super::super::gopclntab::GoError;
 use super::super::{Arch, Elf};
+use super::error::GoError;
 use super::table::{u32_at, Version, BASE_HEADER_SIZE};
 
 /// The most table (or segment) bytes looked at.

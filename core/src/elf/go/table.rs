@@ -3,7 +3,7 @@
 //! pc-value tables. Everything borrows the table bytes; every read is
 //! bounds-checked and a read outside the bytes is an error, never a panic.
 
-use super::super::gopclntab::GoError;
+use super::error::GoError;
 
 /// Size of the part of the header every version shares.
 pub(crate) const BASE_HEADER_SIZE: usize = 16;
