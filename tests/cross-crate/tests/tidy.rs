@@ -809,6 +809,41 @@ fn cycles_are_found_through_super_and_root_reexports() {
         edges[Path::new("c.rs")].contains(Path::new("b.rs")),
         "a root re-export resolves to its module"
     );
+    // A bare path through a declared child module is a dependency too.
+    let krate = tree(&[
+        ("lib.rs", "pub mod a;"),
+        (
+            "a/mod.rs",
+            "pub mod child;\n#[cfg(test)]\nmod other;\nfn g() { child::h() }\n",
+        ),
+        ("a/child.rs", "use super::f;\n"),
+        ("a/other.rs", ""),
+    ]);
+    assert_eq!(cycles(&graph(&krate)).len(), 1);
+    // A re-export alone is a table of contents, not a use.
+    let krate = tree(&[
+        ("lib.rs", "pub mod a;"),
+        (
+            "a/mod.rs",
+            "pub mod child;\npub use child::{Thing, Other};\npub(crate) use self::child::X;\n",
+        ),
+        ("a/child.rs", "use super::f;\n"),
+    ]);
+    assert!(cycles(&graph(&krate)).is_empty());
+    // Modules are found by following `mod` declarations, `#[path]` too; a
+    // file no declaration reaches is not part of the crate.
+    let krate = tree(&[
+        ("lib.rs", "#[path = \"x/y.rs\"]\nmod a;\nmod b;\n"),
+        ("x/y.rs", "use crate::b::B;\n"),
+        ("b.rs", "use crate::a::A;\n"),
+        ("stray.rs", "use crate::b::B;\n"),
+    ]);
+    let found = cycles(&graph(&krate));
+    assert_eq!(
+        found,
+        [vec![PathBuf::from("b.rs"), PathBuf::from("x/y.rs")]]
+    );
+    assert!(!krate.sources.contains_key(Path::new("stray.rs")));
 }
 
 #[test]
