@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::deltas::IntervalData;
-use crate::elf::extract;
 use crate::tracers::{LoaderMatch, Tracers};
 use crate::tsd::LibcInfo;
 use crate::FileId;
@@ -45,12 +44,6 @@ impl ExtractError {
             path: path.into(),
             message: message.into(),
         }
-    }
-
-    /// The provider-level error for an ELF extraction failure of the file
-    /// at `path`.
-    pub fn of_elf(path: impl Into<String>, e: &extract::ExtractError) -> Self {
-        Self::new(e.kind(), path, e.to_string())
     }
 
     pub fn is_not_found(&self) -> bool {
