@@ -12,6 +12,7 @@
 mod common;
 use common::{data_of, matches_of};
 use eim_test_support::skip::skip_or_fail;
+use eim_test_support::skip::{tools_present, BINUTILS};
 use eim_test_support::tools::{nm_address, objdump_lines};
 
 use std::path::{Path, PathBuf};
@@ -125,6 +126,9 @@ fn g_offset_of_each_link_shape() {
 
 #[test]
 fn a_stripped_binary_gives_what_its_twin_gives() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     let bin = eim_test_support::data::oracle_bin();
     let (full, stripped) = (
         bin.join("gocorpus-go1.23-amd64"),

@@ -21,6 +21,7 @@
 mod common;
 use common::ruby_library;
 use eim_test_support::skip::present;
+use eim_test_support::skip::{tools_present, BINUTILS};
 use eim_test_support::tools::{first_external_jump, nm_range, run};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -609,6 +610,9 @@ fn ids_of(cases: &[Case], which: impl Fn(usize) -> bool) -> BTreeSet<u64> {
 
 #[test]
 fn real_interpreters_write_their_offsets_to_kernel_maps_and_unloading_deletes_them() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     if !eim::bpf::probe::require_bpf("interpreter offsets in kernel maps") {
         return;
     }

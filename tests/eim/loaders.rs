@@ -13,6 +13,7 @@ use common::{
     assert_hotspot_vm_structs, data_of, find_in, loaded, loaders, matches_of, ruby_library,
 };
 use eim_test_support::skip::present;
+use eim_test_support::skip::{tools_present, BINUTILS};
 use eim_test_support::tools::{first_external_jump, nm_address, nm_range, run};
 
 use std::path::{Path, PathBuf};
@@ -45,6 +46,9 @@ fn c_binary() -> PathBuf {
 
 #[test]
 fn python_3_11() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     if !present(Path::new(PYTHON)) {
         return;
     }
@@ -114,6 +118,9 @@ fn tss_key_of(l: &interp::Loaded) -> u64 {
 
 #[test]
 fn python_3_11_tss_key_in_the_executable_and_the_library() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     const LIBPYTHON: &str = "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0";
     if !present(Path::new(PYTHON)) || !present(Path::new(LIBPYTHON)) {
         return;
@@ -179,6 +186,9 @@ fn pyenv_libpythons() -> Vec<(PathBuf, PathBuf)> {
 /// installed by `tests/run`: skipped loudly when absent.
 #[test]
 fn python_tss_key_of_every_pyenv_libpython() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     let libs: Vec<String> = pyenv_libpythons()
         .into_iter()
         .map(|(_, lib)| lib.to_string_lossy().into_owned())
@@ -225,6 +235,9 @@ fn python_tss_key_of_every_pyenv_libpython() {
 
 #[test]
 fn perl_5_36_library_and_executable() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     let lib = std::fs::canonicalize(PERL_LIB).unwrap_or_else(|_| PERL_LIB.into());
     if !present(&lib) {
         return;
@@ -257,6 +270,9 @@ fn perl_5_36_library_and_executable() {
 
 #[test]
 fn a_perl_executable_that_links_libperl_is_not_handled() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     // A C program that links libperl (built here), named perl.
     let lib = std::fs::canonicalize(PERL_LIB).unwrap_or_else(|_| PERL_LIB.into());
     if !present(&lib) || !present(Path::new("/usr/bin/cc")) {
@@ -288,6 +304,9 @@ fn a_perl_executable_that_links_libperl_is_not_handled() {
 
 #[test]
 fn php_8_2_and_its_opcache() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     if !present(Path::new(PHP)) {
         return;
     }
@@ -325,6 +344,12 @@ fn glob_one(dir: &str, name: &str) -> PathBuf {
 
 #[test]
 fn ruby_3_1() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
+    if !tools_present(&["ruby3.1"]) {
+        return;
+    }
     let lib = ruby_library(RUBY_LIB_DIR);
     if !present(&lib) {
         return;
@@ -363,6 +388,9 @@ fn hotspot_17() {
 
 #[test]
 fn node_v8() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     if !present(Path::new(NODE)) {
         return;
     }
@@ -622,6 +650,9 @@ fn shared_library(dir: &Path, name: &str, source: &str) -> String {
 
 #[test]
 fn dotnet_and_apm_on_libraries_built_here() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     // No .NET runtime or APM agent is packaged by Debian: minimal libraries
     // with the exports the loaders key on stand in for them.
     if !present(Path::new("/usr/bin/cc")) {
@@ -705,6 +736,9 @@ fn running_layouts(python: &Path) -> Vec<String> {
 
 #[test]
 fn python_type_layouts_are_what_the_running_interpreter_reports() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     if !present(Path::new(PYTHON)) {
         return;
     }
@@ -759,6 +793,9 @@ fn objdump_word(file: &str, addr: u64) -> i32 {
 
 #[test]
 fn v8_post_mortem_constants_are_the_files() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     if !present(Path::new(NODE)) {
         return;
     }

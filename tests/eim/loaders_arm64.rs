@@ -15,6 +15,7 @@
 mod common;
 use common::{assert_hotspot_vm_structs, loaded, loaders, matches_of};
 use eim_test_support::skip::{skip_or_fail, skip_unless_required};
+use eim_test_support::skip::{tools_present, ARM64_BINUTILS};
 use eim_test_support::tools::{nm_range_with, objdump_lines, run};
 
 use std::collections::HashMap;
@@ -337,6 +338,9 @@ fn gocorpus(name: &str) -> String {
 /// `load_g` must read both the same way.
 #[test]
 fn golabels_on_arm64_go() {
+    if !tools_present(ARM64_BINUTILS) {
+        return;
+    }
     for (name, go) in [
         ("gocorpus-go1.19-arm64", "go1.19"),
         ("gocorpus-go1.23-arm64", "go1.23"),

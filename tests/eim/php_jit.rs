@@ -11,6 +11,7 @@
 mod common;
 use common::data_of;
 use eim_test_support::skip::skip_or_fail;
+use eim_test_support::skip::{tools_present, BINUTILS};
 use eim_test_support::tools::{nm_address, objdump_lines};
 
 use std::path::{Path, PathBuf};
@@ -201,6 +202,9 @@ fn check(root: Root) {
 
 #[test]
 fn php_jit_facts_on_x86_64() {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     check(x86_root());
 }
 
@@ -242,6 +246,9 @@ fn patched(file: &Path, symbol: &str, patch: &[u8], dir: &Path, name: &str) -> P
 #[test]
 fn a_php_whose_vm_is_not_hybrid_or_unreadable_still_unwinds_but_an_opcache_without_jit_facts_is_refused(
 ) {
+    if !tools_present(BINUTILS) {
+        return;
+    }
     let root = x86_root();
     let (Some(php), Some(opcache)) = (root.php(), root.opcache()) else {
         return;

@@ -31,3 +31,52 @@ pub fn present(path: &Path) -> bool {
     skip_or_fail(&path.display().to_string());
     false
 }
+
+/// Binutils, as `tests/run` installs them (`nm`, `objdump`, `readelf`,
+/// `strings`).
+pub const BINUTILS: &[&str] = &["nm", "objdump", "readelf", "strings"];
+
+/// The arm64 cross binutils `tests/run` installs.
+pub const ARM64_BINUTILS: &[&str] = &[
+    "aarch64-linux-gnu-nm",
+    "aarch64-linux-gnu-objdump",
+    "aarch64-linux-gnu-readelf",
+    "aarch64-linux-gnu-strip",
+];
+
+/// Whether every program of `tools` is on `PATH`; otherwise [`skip_or_fail`]
+/// naming the first one missing. A test that runs tools calls this first:
+/// a missing tool is a loud skip on a stock machine, not a panic deep in a
+/// helper.
+pub fn tools_present(tools: &[&str]) -> bool {
+    match tools.iter().find(|t| !on_path(t)) {
+        None => true,
+        Some(missing) => {
+            skip_or_fail(&format!("the program {missing}"));
+            false
+        }
+    }
+}
+
+/// Whether an executable file named `program` is in a directory of `PATH`.
+fn on_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Some(path) = std::env::var_os("PATH") else {
+        return false;
+    };
+    std::env::split_paths(&path).any(|dir| {
+        std::fs::metadata(dir.join(program))
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_is_found_on_path_and_a_missing_one_is_not() {
+        assert!(on_path("sh"), "every machine has sh");
+        assert!(!on_path("eim-no-such-program"));
+    }
+}
