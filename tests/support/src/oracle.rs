@@ -36,6 +36,28 @@ impl Input {
         bytes
     }
 
+    /// Whether the file is here. A file of the machine image that a stock
+    /// machine lacks (musl's `libc.so`, which `tests/run` installs) is a
+    /// loud skip of this input, or a failure under
+    /// `EIM_REQUIRE_INTERPRETERS`; a missing file of the test data itself
+    /// is always a failure.
+    pub fn available(&self) -> bool {
+        if self.file.exists() {
+            return true;
+        }
+        assert!(
+            Path::new(&self.path).is_absolute(),
+            "{}: missing from the test data",
+            self.file.display()
+        );
+        crate::skip::skip_or_fail(&format!(
+            "the oracle input {} ({})",
+            self.file.display(),
+            self.name
+        ));
+        false
+    }
+
     /// Panics unless `bytes` have the recorded sha256.
     pub fn check(&self, bytes: &[u8]) {
         assert_eq!(
@@ -86,4 +108,10 @@ pub fn inputs(root: &Path) -> Vec<Input> {
         });
     }
     out
+}
+
+/// The inputs that are here ([`Input::available`]: the others are loud
+/// skips).
+pub fn available(root: &Path) -> Vec<Input> {
+    inputs(root).into_iter().filter(Input::available).collect()
 }
