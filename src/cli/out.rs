@@ -35,8 +35,12 @@ pub fn print(text: &str) -> Result<(), StdoutError> {
 
 /// Writes one line to stderr, or drops it if stderr cannot take it.
 pub fn write_note(args: fmt::Arguments<'_>) {
-    let mut err = io::stderr().lock();
-    let _ = err.write_fmt(args).and_then(|()| err.write_all(b"\n"));
+    // One write for the whole line: stderr is unbuffered, and a line
+    // written piece by piece could be cut short when another thread ends
+    // the process between the pieces (a stop note and the exit it allows).
+    let mut line = fmt::format(args);
+    line.push('\n');
+    let _ = io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// `note!("eim: ...")`: [`write_note`] with `format!` arguments, for what

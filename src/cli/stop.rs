@@ -60,8 +60,11 @@ pub fn on_signals(maps: Maps) -> Arc<AtomicBool> {
 fn listen(mut signals: Signals, stop: &AtomicBool, maps: Maps) {
     for signal in signals.forever() {
         let name = signal_name(signal).unwrap_or("a signal");
-        if !stop.swap(true, Ordering::SeqCst) {
+        if !stop.load(Ordering::SeqCst) {
+            // The note first: once the flag is up the run may end and exit,
+            // and the note must be out by then. Only this thread sets it.
             note!("eim: {name}: stopping after the current file batch");
+            stop.store(true, Ordering::SeqCst);
             continue;
         }
         match maps {
