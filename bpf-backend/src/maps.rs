@@ -941,11 +941,9 @@ impl OpTarget for KernelMaps {
             return Err(fail(libc::EINVAL));
         }
         let entries = abi::class_entries(class).ok_or(fail(libc::EINVAL))?;
-        let mut seen = BTreeSet::new();
-        let absent = tables
-            .iter()
-            .position(|(id, _)| !seen.insert(*id) || self.published.contains(&(class, *id)))
-            .unwrap_or(tables.len());
+        let absent = ops::noexist_prefix(tables.iter().map(|(id, _)| *id), |id| {
+            self.published.contains(&(class, *id))
+        });
         let mut done = 0;
         for chunk in tables.chunks(self.config.arrays_in_flight.max(1)) {
             self.publish_chunk(at, entries, chunk, absent - done)
@@ -965,7 +963,9 @@ impl OpTarget for KernelMaps {
         &mut self,
         pages: &[(StackDeltaPageKey, StackDeltaPageInfo)],
     ) -> Result<(), OpFailure> {
-        let absent = ops::pages_before_existing(pages, |key| self.page_keys.contains(key));
+        let absent = ops::noexist_prefix(pages.iter().map(|(k, _)| *k), |key| {
+            self.page_keys.contains(key)
+        });
         let prefix = &pages[..absent];
         let (keys, values) = ops::page_buffers(prefix);
         let written = elements::update(

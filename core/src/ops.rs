@@ -164,20 +164,24 @@ pub fn slot_buffers(infos: &[(u16, UnwindInfo)]) -> (Vec<u8>, Vec<u8>) {
     )
 }
 
-/// How many of a `PutPages`' entries are written before it fails: the
-/// pages are written with `BPF_NOEXIST` semantics, so the first key
-/// `present` in the map already, or repeated within the op, stops it
-/// there with `EEXIST` (the entries before it take effect). Both backends
-/// apply this one rule.
-pub fn pages_before_existing(
-    pages: &[(StackDeltaPageKey, StackDeltaPageInfo)],
-    present: impl Fn(&StackDeltaPageKey) -> bool,
+/// How many elements of a write with `BPF_NOEXIST` semantics (a
+/// `PutPages`' entries, a `PutDeltaTables`' outer entries) are written
+/// before it fails: the first key `present` in the map already, or
+/// repeated within the op, stops it there with `EEXIST` (the elements
+/// before it take effect). Both backends apply this one rule.
+pub fn noexist_prefix<K: Ord + Copy>(
+    keys: impl IntoIterator<Item = K>,
+    present: impl Fn(&K) -> bool,
 ) -> usize {
     let mut seen = std::collections::BTreeSet::new();
-    pages
-        .iter()
-        .position(|(key, _)| !seen.insert(*key) || present(key))
-        .unwrap_or(pages.len())
+    let mut count = 0;
+    for key in keys {
+        if !seen.insert(key) || present(&key) {
+            break;
+        }
+        count += 1;
+    }
+    count
 }
 
 /// The key and value buffers of a `PutPages`' entries (each key and
@@ -384,7 +388,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_put_pages_stops_at_the_first_present_or_repeated_key() {
+    fn a_noexist_write_stops_at_the_first_present_or_repeated_key() {
         let info = StackDeltaPageInfo::default();
         let pages = [
             (key(1), info),
@@ -393,17 +397,20 @@ mod tests {
             (key(3), info),
         ];
         assert_eq!(
-            pages_before_existing(&pages, |_| false),
+            noexist_prefix(pages.iter().map(|(k, _)| *k), |_| false),
             2,
             "the repeat stops it"
         );
-        assert_eq!(pages_before_existing(&pages, |k| *k == key(2)), 1);
         assert_eq!(
-            pages_before_existing(&pages[..2], |_| false),
+            noexist_prefix(pages.iter().map(|(k, _)| *k), |k| *k == key(2)),
+            1
+        );
+        assert_eq!(
+            noexist_prefix(pages[..2].iter().map(|(k, _)| *k), |_| false),
             2,
             "all are written"
         );
-        assert_eq!(pages_before_existing(&[], |_| true), 0);
+        assert_eq!(noexist_prefix(std::iter::empty::<u64>(), |_| true), 0);
     }
 
     #[test]

@@ -368,13 +368,9 @@ impl OpTarget for SimMaps {
             }
         }
         let published = filled.map_err(fail).and_then(|()| {
-            let mut seen = std::collections::BTreeSet::new();
-            let absent = tables
-                .iter()
-                .position(|(id, _)| {
-                    !seen.insert(*id) || self.reg.inner(outer, &id.0.to_bytes()).is_some()
-                })
-                .unwrap_or(tables.len());
+            let absent = ops::noexist_prefix(tables.iter().map(|(id, _)| *id), |id| {
+                self.reg.inner(outer, &id.0.to_bytes()).is_some()
+            });
             let keys = flatten(tables[..absent].iter().map(|(id, _)| id.0));
             let values = flatten(created[..absent].iter().map(|inner| inner.0));
             self.reg
@@ -407,7 +403,9 @@ impl OpTarget for SimMaps {
         &mut self,
         pages: &[(StackDeltaPageKey, StackDeltaPageInfo)],
     ) -> Result<(), OpFailure> {
-        let absent = ops::pages_before_existing(pages, |key| self.page(key).is_some());
+        let absent = ops::noexist_prefix(pages.iter().map(|(k, _)| *k), |key| {
+            self.page(key).is_some()
+        });
         let prefix = &pages[..absent];
         let (keys, values) = ops::page_buffers(prefix);
         self.reg
