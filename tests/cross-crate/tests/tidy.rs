@@ -102,12 +102,14 @@ impl Crate {
     fn collect(root: &Path, read: &dyn Fn(&Path) -> Option<String>) -> Self {
         let mut sources = Sources::new();
         let mut modules = BTreeMap::new();
-        let mut queue = vec![(root.to_path_buf(), Vec::<String>::new(), true)];
-        while let Some((file, module, owns_dir)) = queue.pop() {
+        let mut queue = Vec::new();
+        if let Some(text) = read(root) {
+            queue.push((root.to_path_buf(), Vec::<String>::new(), true, text));
+        }
+        while let Some((file, module, owns_dir, text)) = queue.pop() {
             if sources.contains_key(&file) {
                 continue;
             }
-            let Some(text) = read(&file) else { continue };
             let here = file.parent().map(Path::to_path_buf).unwrap_or_default();
             let children_dir = if owns_dir {
                 here.clone()
@@ -124,9 +126,12 @@ impl Crate {
                         children_dir.join(&name).join("mod.rs"),
                     ],
                 };
-                if let Some(child) = candidates.into_iter().find(|c| read(c).is_some()) {
+                let found = candidates
+                    .into_iter()
+                    .find_map(|c| read(&c).map(|text| (c, text)));
+                if let Some((child, child_text)) = found {
                     let owns = child.file_name().is_some_and(|n| n == "mod.rs");
-                    queue.push((child, child_module, owns));
+                    queue.push((child, child_module, owns, child_text));
                 }
             }
             modules.insert(module, file.clone());
