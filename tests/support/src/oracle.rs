@@ -32,7 +32,14 @@ impl Input {
     /// compared with another file's outputs.
     pub fn bytes(&self) -> Vec<u8> {
         let bytes = read(&self.file);
-        self.check(&bytes);
+        assert_eq!(
+            sha256_hex(&bytes),
+            self.sha256,
+            "{} is not the file the oracle was made from (compare {} with MANIFEST.tsv \
+             or SHA256SUMS): its outputs cannot be compared",
+            self.file.display(),
+            self.name
+        );
         bytes
     }
 
@@ -56,18 +63,6 @@ impl Input {
             self.name
         ));
         false
-    }
-
-    /// Panics unless `bytes` have the recorded sha256.
-    pub fn check(&self, bytes: &[u8]) {
-        assert_eq!(
-            sha256_hex(bytes),
-            self.sha256,
-            "{} is not the file the oracle was made from (compare {} with MANIFEST.tsv \
-             or SHA256SUMS): its outputs cannot be compared",
-            self.file.display(),
-            self.name
-        );
     }
 }
 
