@@ -42,14 +42,13 @@ pub fn read_xz(path: &Path) -> String {
     String::from_utf8(out).unwrap_or_else(|e| panic!("{}: not UTF-8: {e}", path.display()))
 }
 
-/// Every `<name>.deltas.xz` of the oracle and upstream sets, sorted.
+/// Every `<name>.deltas.xz` of the oracle and upstream sets, sorted: the
+/// deltas of the inputs [`crate::oracle::inputs`] names (the manifest and
+/// upstream's `SHA256SUMS`), which need no machine file to be read.
 pub fn oracle_delta_files() -> Vec<PathBuf> {
-    let dir = testdata();
-    let mut files: Vec<PathBuf> = ["oracle", "upstream"]
-        .iter()
-        .flat_map(|sub| std::fs::read_dir(dir.join(sub)).expect("readable test data"))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().ends_with(".deltas.xz"))
+    let mut files: Vec<PathBuf> = crate::oracle::inputs(&testdata())
+        .into_iter()
+        .map(|input| input.deltas)
         .collect();
     files.sort();
     files
