@@ -4,11 +4,12 @@
 use eim_core::machine::{Capacities, KernelBook};
 use eim_core::text::{parse_deltas, Tables};
 use eim_core::FileId;
-use eim_test_support::{oracle_delta_files, read_xz};
+use eim_test_support::oracle::delta_files;
+use eim_test_support::read_xz;
 
 #[test]
 fn every_oracle_file_encodes_exactly_as_upstream() {
-    let files = oracle_delta_files();
+    let files = delta_files();
     assert!(
         files.len() >= 21,
         "expected the whole oracle set, found {}",

@@ -42,18 +42,6 @@ pub fn read_xz(path: &Path) -> String {
     String::from_utf8(out).unwrap_or_else(|e| panic!("{}: not UTF-8: {e}", path.display()))
 }
 
-/// Every `<name>.deltas.xz` of the oracle and upstream sets, sorted: the
-/// deltas of the inputs [`crate::oracle::inputs`] names (the manifest and
-/// upstream's `SHA256SUMS`), which need no machine file to be read.
-pub fn oracle_delta_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = crate::oracle::inputs(&testdata())
-        .into_iter()
-        .map(|input| input.deltas)
-        .collect();
-    files.sort();
-    files
-}
-
 /// The SHA-256 of `data`, in lower-case hex (as `sha256sum` and the
 /// manifests write it).
 pub fn sha256_hex(data: &[u8]) -> String {

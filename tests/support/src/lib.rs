@@ -1,10 +1,10 @@
 //! What every test, bench and fuzz target of eim shares, in one place:
 //!
 //! * [`data`]: where the test data is (`$EIM_TESTDATA`, else
-//!   `shared/testdata` next to the repository), reading it (xz included),
-//!   the oracle's delta files;
+//!   `shared/testdata` next to the repository), reading it (xz included);
 //! * [`oracle`]: the oracle's inputs as its manifest names them, with the
-//!   check that a file of the machine image is the one it was made from;
+//!   check that a file of the machine image is the one it was made from,
+//!   and their delta files;
 //! * [`skip`]: loud skips that become failures under an `EIM_REQUIRE_*`
 //!   variable (`tests/run` and CI set them);
 //! * [`tools`]: binutils' view of a file (`nm`, `objdump`), independent of
@@ -26,5 +26,5 @@ pub mod rng;
 pub mod skip;
 pub mod tools;
 
-pub use data::{oracle_delta_files, read, read_xz, testdata};
+pub use data::{read, read_xz, testdata};
 pub use skip::{present, skip_or_fail};

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::data::{read, sha256_hex};
+use crate::data::{read, sha256_hex, testdata};
 
 /// One input: its name in the oracle, where it is here, the sha256 it must
 /// have, and where its outputs are.
@@ -109,4 +109,16 @@ pub fn inputs(root: &Path) -> Vec<Input> {
 /// skips).
 pub fn available(root: &Path) -> Vec<Input> {
     inputs(root).into_iter().filter(Input::available).collect()
+}
+
+/// Every `<name>.deltas.xz` of the oracle and upstream sets, sorted: the
+/// deltas of the inputs [`inputs`] names, which need no machine file to
+/// be read.
+pub fn delta_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = inputs(&testdata())
+        .into_iter()
+        .map(|input| input.deltas)
+        .collect();
+    files.sort();
+    files
 }
