@@ -11,6 +11,7 @@
 //! None of them performs I/O, reads a clock or locks: time is an argument
 //! and kernel effects are [`crate::ops::MapOp`]s.
 
+pub mod audit;
 pub mod book;
 pub mod deferred;
 pub mod files;
