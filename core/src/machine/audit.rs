@@ -149,7 +149,7 @@ pub fn audit(observed: &Observed, unwind_slots: u32) -> MapsAudit {
     let mut files: BTreeMap<FileId, FileHolding> = BTreeMap::new();
     // The slices each table's pages reach, walked once per table below.
     let mut slices: BTreeMap<(u16, FileId), Vec<(u64, u64)>> = BTreeMap::new();
-    for ((map_id, file_id), _) in &observed.delta_tables {
+    for (map_id, file_id) in observed.delta_tables.keys() {
         entry(&mut files, *file_id).classes.push(*map_id);
     }
     for (file_id, range) in &observed.interpreter_offsets {
