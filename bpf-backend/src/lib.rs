@@ -13,7 +13,8 @@
 //!   refused.
 //! * [`pin`]: the check of every pin found against the expected shape
 //!   (refused, or replaced when asked).
-//! * [`pinned`]: the pinned maps read without owning them.
+//! * [`pinned`]: the pinned maps read without owning them (dumped, and
+//!   looked up by the lookup program over the pins: [`PinnedReader`]).
 //! * [`lookup`]: the lookup program's codes and result record.
 //! * [`error`]: every error of the backend ([`KernelError`]); [`stats`]:
 //!   how many entries the maps hold ([`MapStats`]).
@@ -36,4 +37,5 @@ pub use error::{KernelError, ShapeMismatch};
 pub use lookup::{KernelResolved, LookupResult};
 pub use maps::{Dump, KernelConfig, KernelMaps, DEFAULT_ARRAYS_IN_FLIGHT, LOOKUP_OBJECT};
 pub use pin::{PinReport, PinState};
+pub use pinned::PinnedReader;
 pub use stats::MapStats;

@@ -33,9 +33,17 @@
 //! file is opened under it with `O_NOFOLLOW | O_NONBLOCK` and must be a
 //! regular file.
 //!
-//! Readers (nothing in eim reads the pins today: `lookup --backend kernel`
-//! uses private maps) take no lock, so they can neither block nor break an
-//! owner.
+//! # Readers
+//!
+//! A reader (`eim status`, `eim lookup --pinned`) never takes the owner's
+//! exclusive lock, and never makes a running owner wait: it asks for a
+//! **shared** lock without waiting ([`read_lock`]). Refused, an owner holds
+//! the directory, and the reader reads the live maps without a lock (they
+//! are safe for readers between any two ops) and names the owner. Granted,
+//! no owner runs, and the reader holds the shared lock while it reads, so
+//! that no owner can start and clean or replace the maps under it. An
+//! owner that starts meanwhile waits for readers up to [`READER_WAIT`]
+//! (readers are short) before it reports the directory in use.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -56,6 +64,11 @@ pub const FALLBACK_LOCK_DIR: &str = "/var/lib/eim/locks";
 /// How many times a start tries the lock when its holder turns out to be
 /// gone before it could be named.
 const ATTEMPTS: usize = 20;
+
+/// How long a start waits for readers holding the shared lock.
+pub const READER_WAIT: Duration = Duration::from_secs(3);
+/// How often it tries again meanwhile.
+const READER_POLL: Duration = Duration::from_millis(20);
 
 /// Why the pin directory could not be locked.
 #[derive(Debug, thiserror::Error)]
@@ -181,7 +194,10 @@ impl PinLock {
         let dir_fd = open_lock_dir(&lock_dir)?;
         let name = lock_name(dir);
         let path = lock_dir.join(&name);
-        for _ in 0..ATTEMPTS {
+        let readers_deadline = std::time::Instant::now() + READER_WAIT;
+        let mut attempts = 0;
+        while attempts < ATTEMPTS {
+            attempts += 1;
             let file = open_lock_file(&dir_fd, &name, &path)?;
             // SAFETY: flock on a descriptor this function owns.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -190,7 +206,15 @@ impl PinLock {
                     return Err(io_error("locking", &path)(e));
                 }
                 match holder(&file) {
-                    Some(pid) => {
+                    // A reader: it lets go soon.
+                    Some(Holder { shared: true, .. })
+                        if std::time::Instant::now() < readers_deadline =>
+                    {
+                        attempts -= 1;
+                        std::thread::sleep(READER_POLL);
+                        continue;
+                    }
+                    Some(Holder { pid, .. }) => {
                         return Err(LockError::InUse {
                             dir: dir.to_path_buf(),
                             pid,
@@ -273,6 +297,72 @@ impl PinLock {
             SlotsZeroed::Unknown => None,
         }
     }
+}
+
+/// What a reader found when it asked for the shared lock ([`read_lock`]).
+#[derive(Debug)]
+pub enum ReadLock {
+    /// No owner runs: the shared lock, held until dropped, keeps one from
+    /// starting (and cleaning the maps) while the reader reads.
+    Held { file: File, path: PathBuf },
+    /// An owner holds the exclusive lock: the maps are live.
+    Owned { pid: Option<i32>, path: PathBuf },
+}
+
+impl ReadLock {
+    /// The live owner's pid, if an owner runs and can be named.
+    pub fn owner(&self) -> Option<i32> {
+        match self {
+            Self::Held { .. } => None,
+            Self::Owned { pid, .. } => *pid,
+        }
+    }
+
+    /// Whether an owner runs (writes may happen while reading).
+    pub fn is_owned(&self) -> bool {
+        matches!(self, Self::Owned { .. })
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::Held { path, .. } | Self::Owned { path, .. } => path,
+        }
+    }
+}
+
+/// Asks for the shared lock on `dir` (an absolute, resolved path) without
+/// waiting (see "Readers" in the module notes).
+pub fn read_lock(dir: &Path) -> Result<ReadLock, LockError> {
+    let lock_dir = lock_dir();
+    let dir_fd = open_lock_dir(&lock_dir)?;
+    let name = lock_name(dir);
+    let path = lock_dir.join(&name);
+    for _ in 0..ATTEMPTS {
+        let file = open_lock_file(&dir_fd, &name, &path)?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            if !same_file(&dir_fd, &name, &file) {
+                continue;
+            }
+            return Ok(ReadLock::Held { file, path });
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(io_error("locking (shared)", &path)(e));
+        }
+        match holder(&file) {
+            Some(h) if !h.shared => {
+                return Ok(ReadLock::Owned {
+                    pid: Some(h.pid),
+                    path,
+                })
+            }
+            // Released meanwhile: try again.
+            _ => continue,
+        }
+    }
+    Ok(ReadLock::Owned { pid: None, path })
 }
 
 /// The directory of the lock files.
@@ -473,21 +563,30 @@ fn same_file(dir: &OwnedFd, name: &str, file: &File) -> bool {
     rc == 0 && st.st_dev == open.st_dev && st.st_ino == open.st_ino
 }
 
-/// The pid holding a lock on `file`: from `/proc/locks`, else the pid the
-/// owner wrote into it; `None` if neither names one.
-fn holder(file: &File) -> Option<i32> {
+/// Who holds a lock on a lock file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: i32,
+    /// A reader's shared lock (an owner's is exclusive).
+    pub shared: bool,
+}
+
+/// Who holds a lock on `file`: from `/proc/locks`, else the pid the owner
+/// wrote into it; `None` if neither names one.
+fn holder(file: &File) -> Option<Holder> {
     let st = fstat(file).ok()?;
     match std::fs::read_to_string("/proc/locks") {
         Ok(locks) => holder_in(&locks, st.st_dev, st.st_ino),
-        Err(_) => written_pid(file),
+        Err(_) => written_pid(file).map(|pid| Holder { pid, shared: false }),
     }
 }
 
-/// The pid that holds a lock on the inode (`dev`, `ino`) in the text of
+/// Who holds a lock on the inode (`dev`, `ino`) in the text of
 /// `/proc/locks`: lines such as
-/// `1: FLOCK  ADVISORY  WRITE 4242 fe:00:5915436 0 EOF`, the device's
-/// major and minor in hex. Waiters (`1: -> FLOCK ...`) hold nothing.
-pub fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<i32> {
+/// `1: FLOCK  ADVISORY  WRITE 4242 fe:00:5915436 0 EOF` (`READ` for a
+/// shared lock), the device's major and minor in hex. Waiters
+/// (`1: -> FLOCK ...`) hold nothing.
+pub fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<Holder> {
     let want = format!(
         "{:02x}:{:02x}:{ino}",
         libc::major(dev as libc::dev_t),
@@ -500,9 +599,14 @@ pub fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<i32> {
         }
         match fields.as_slice() {
             // A holder outside this pid namespace shows as pid 0.
-            [_, "FLOCK", _, _, pid, id, ..] if *id == want => {
-                pid.parse().ok().filter(|pid: &i32| *pid > 0)
-            }
+            [_, "FLOCK", _, kind, pid, id, ..] if *id == want => pid
+                .parse()
+                .ok()
+                .filter(|pid: &i32| *pid > 0)
+                .map(|pid| Holder {
+                    pid,
+                    shared: *kind == "READ",
+                }),
             _ => None,
         }
     })
@@ -578,12 +682,20 @@ mod tests {
                      2: FLOCK  ADVISORY  WRITE 22 fe:01:77 0 EOF\n\
                      2: -> FLOCK  ADVISORY  WRITE 33 fe:00:77 0 EOF\n\
                      3: FLOCK  ADVISORY  WRITE 44 fe:00:77 0 EOF\n";
-        assert_eq!(holder_in(locks, dev, 77), Some(44));
+        let owner = |pid| Holder { pid, shared: false };
+        assert_eq!(holder_in(locks, dev, 77), Some(owner(44)));
         assert_eq!(holder_in(locks, dev, 78), None);
         let big = libc::makedev(259, 3) as u64;
         assert_eq!(
             holder_in("9: FLOCK  ADVISORY  WRITE 5 103:03:12 0 EOF", big, 12),
-            Some(5)
+            Some(owner(5))
+        );
+        assert_eq!(
+            holder_in("9: FLOCK  ADVISORY  READ 6 103:03:12 0 EOF", big, 12),
+            Some(Holder {
+                pid: 6,
+                shared: true
+            })
         );
     }
 

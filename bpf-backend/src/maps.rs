@@ -174,8 +174,8 @@ use crate::sys::{self, SysError};
 /// The compiled lookup program and map definitions (`bpf/build.sh`).
 pub static LOOKUP_OBJECT: &[u8] = include_bytes!("../../bpf/lookup.bpf.o");
 
-const PROGRAM: &str = "eim_lookup";
-const RESULT_MAP: &str = "eim_lookup_result";
+pub(crate) const PROGRAM: &str = "eim_lookup";
+pub(crate) const RESULT_MAP: &str = "eim_lookup_result";
 
 /// Capacities of the maps (the object's values are the defaults; tests use
 /// tiny ones to reach the limits), and where to pin them.
@@ -376,7 +376,7 @@ pub struct KernelMaps {
     owner: Option<PinLock>,
 }
 
-fn take(ebpf: &mut Ebpf, name: &str) -> Result<MapData, KernelError> {
+pub(crate) fn take(ebpf: &mut Ebpf, name: &str) -> Result<MapData, KernelError> {
     match ebpf.take_map(name) {
         Some(Map::HashMap(m) | Map::Array(m) | Map::HashOfMaps(m)) => Ok(m),
         _ => Err(KernelError::Missing(format!("map {name}"))),
@@ -729,19 +729,29 @@ impl KernelMaps {
     /// Runs the lookup program for `address` of `file_id`
     /// (`BPF_PROG_TEST_RUN`, then one lookup of the result map).
     pub fn lookup(&self, file_id: FileId, address: u64) -> Result<LookupResult, KernelError> {
-        let program: &RawTracePoint = self
-            .ebpf
-            .program(PROGRAM)
-            .ok_or_else(|| KernelError::Missing(format!("program {PROGRAM}")))?
-            .try_into()?;
-        let mut opts = RawTracePointRunOptions::new();
-        opts.args[0] = file_id.0;
-        opts.args[1] = address;
-        let run = program.test_run(opts)?;
-        let bytes = sys::lookup_elem(fd(&self.result), &0u32.to_le_bytes(), RESULT_SIZE)?
-            .ok_or(KernelError::Result)?;
-        LookupResult::decode(run.return_value, &bytes).ok_or(KernelError::Result)
+        run_lookup(&self.ebpf, &self.result, file_id, address)
     }
+}
+
+/// Runs the lookup program of `ebpf` for `address` of `file_id` and reads
+/// its record from `result`.
+pub(crate) fn run_lookup(
+    ebpf: &Ebpf,
+    result: &MapData,
+    file_id: FileId,
+    address: u64,
+) -> Result<LookupResult, KernelError> {
+    let program: &RawTracePoint = ebpf
+        .program(PROGRAM)
+        .ok_or_else(|| KernelError::Missing(format!("program {PROGRAM}")))?
+        .try_into()?;
+    let mut opts = RawTracePointRunOptions::new();
+    opts.args[0] = file_id.0;
+    opts.args[1] = address;
+    let run = program.test_run(opts)?;
+    let bytes = sys::lookup_elem(fd(result), &0u32.to_le_bytes(), RESULT_SIZE)?
+        .ok_or(KernelError::Result)?;
+    LookupResult::decode(run.return_value, &bytes).ok_or(KernelError::Result)
 }
 
 /// A read-only fd of the inner array with map id `id`, which the outer map

@@ -13,7 +13,7 @@ use eim_core::FileId;
 use eim_sim::{LookupError, Resolved, SimMaps, SimReader};
 
 use eim_bpf::lookup::{self as klookup, KernelResolved};
-use eim_bpf::{KernelError, KernelMaps, PinReport};
+use eim_bpf::{KernelError, KernelMaps, PinReport, PinnedReader};
 
 /// How many entries the maps hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -186,23 +186,44 @@ impl Inspect for KernelMaps {
     }
 
     fn lookup(&self, file_id: FileId, address: u64) -> Result<LookupAnswer, InspectError> {
-        let r = KernelMaps::lookup(self, file_id, address).map_err(kernel_error)?;
-        let page = (r.have & klookup::have::PAGE != 0).then(|| page_used(r.page, r.page_info));
-        // The program records the index before it reads the delta; it is
-        // the delta in force only if the read succeeded.
-        let delta_index = (r.have & klookup::have::DELTA != 0).then_some(r.index);
-        let outcome = match r.resolved() {
-            Ok(KernelResolved::Stop) => Outcome::Stop,
-            Ok(KernelResolved::Command(command)) => Outcome::Command { command },
-            Ok(KernelResolved::Rule { info, slot, .. }) => rule(slot, info),
-            Err(code) => Outcome::Error {
-                code: klookup::error_name(code).unwrap_or("unknown lookup error"),
-            },
-        };
-        Ok(LookupAnswer {
-            page,
-            delta_index,
-            outcome,
-        })
+        KernelMaps::lookup(self, file_id, address)
+            .map(kernel_answer)
+            .map_err(kernel_error)
     }
+}
+
+/// The lookup program's record as an answer.
+fn kernel_answer(r: klookup::LookupResult) -> LookupAnswer {
+    let page = (r.have & klookup::have::PAGE != 0).then(|| page_used(r.page, r.page_info));
+    // The program records the index before it reads the delta; it is
+    // the delta in force only if the read succeeded.
+    let delta_index = (r.have & klookup::have::DELTA != 0).then_some(r.index);
+    let outcome = match r.resolved() {
+        Ok(KernelResolved::Stop) => Outcome::Stop,
+        Ok(KernelResolved::Command(command)) => Outcome::Command { command },
+        Ok(KernelResolved::Rule { info, slot, .. }) => rule(slot, info),
+        Err(code) => Outcome::Error {
+            code: klookup::error_name(code).unwrap_or("unknown lookup error"),
+        },
+    };
+    LookupAnswer {
+        page,
+        delta_index,
+        outcome,
+    }
+}
+
+/// The lookup program's answer over live pinned maps.
+pub fn pinned_lookup(
+    reader: &PinnedReader,
+    file_id: FileId,
+    address: u64,
+) -> Result<LookupAnswer, InspectError> {
+    reader
+        .lookup(file_id, address)
+        .map(kernel_answer)
+        .map_err(|e| InspectError {
+            backend: "pinned",
+            message: e.to_string(),
+        })
 }

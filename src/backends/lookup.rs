@@ -17,11 +17,13 @@ use serde::Serialize;
 use eim_core::elf::Elf;
 use eim_core::FileId;
 
-use crate::backends::inspect::{Inspect, LookupAnswer};
+use eim_bpf::PinnedReader;
+
+use crate::backends::inspect::{pinned_lookup, Inspect, LookupAnswer};
 use crate::files::counting::HostFile;
 use crate::files::regular::open_regular;
 use crate::host::fileids;
-use crate::host::open;
+use crate::host::open::{self, OpenStrategy};
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
 use crate::host::scan::{Host, Quiet};
 use crate::ElfFileRef;
@@ -203,6 +205,111 @@ pub fn lookup_file<B: Inspect>(
         out.push(a);
     }
     Ok(out)
+}
+
+/// Answers each of `addresses` of process `pid` from live pinned maps:
+/// nothing is loaded; each address's file is opened (as a scan opens it,
+/// by `strategy`) for its file id and ELF address only.
+pub fn lookup_pid_pinned(
+    reader: &PinnedReader,
+    pid: i32,
+    addresses: &[u64],
+    strategy: OpenStrategy,
+) -> Result<Vec<AddressAnswer>, LookupError> {
+    let mappings = match procs::exec_mappings(pid) {
+        Err(ProcessError::Vanished { .. }) => return Err(LookupError::NoProcess { pid }),
+        other => other?,
+    };
+    let mut out = Vec::with_capacity(addresses.len());
+    for &address in addresses {
+        let Some(mapping) = mappings.files.iter().find(|m| m.contains(address)) else {
+            out.push(AddressAnswer::unanswered(
+                address,
+                "not in an executable file mapping of the process",
+            ));
+            continue;
+        };
+        let mut a = AddressAnswer::unanswered(address, "");
+        a.path = Some(mapping.path.clone());
+        let opened = match open::open_mapping(pid, mapping, strategy) {
+            Ok(opened) => opened,
+            Err(e) => {
+                a.note = Some(e.to_string());
+                out.push(a);
+                continue;
+            }
+        };
+        let id128 = match fileids::compute(&opened.file, opened.identity.size) {
+            Ok(id) => id,
+            Err(e) => {
+                a.note = Some(format!("reading its file id: {e}"));
+                out.push(a);
+                continue;
+            }
+        };
+        a.file_id = Some(id128.to_string());
+        a.host_file_id = Some(host_id(id128.host()));
+        let offset = address - mapping.start + mapping.offset;
+        let elf = ElfFileRef::new(&mapping.path).with_file(opened.file);
+        let elf_address = match elf.get() {
+            Ok(open) => elf_address(open.elf(), offset),
+            Err(e) => {
+                a.note = Some(e.to_string());
+                out.push(a);
+                continue;
+            }
+        };
+        let Some(elf_address) = elf_address else {
+            a.note = Some(format!("file offset {offset:#x} is in no PT_LOAD segment"));
+            out.push(a);
+            continue;
+        };
+        a.elf_address = Some(elf_address);
+        answer_pinned(&mut a, reader, id128.host(), elf_address);
+        out.push(a);
+    }
+    Ok(out)
+}
+
+/// Answers each of `addresses` (ELF virtual addresses) of the file at
+/// `path` from live pinned maps; nothing is loaded.
+pub fn lookup_file_pinned(
+    reader: &PinnedReader,
+    path: &Path,
+    addresses: &[u64],
+) -> Result<Vec<AddressAnswer>, LookupError> {
+    let file_error = |message: String| LookupError::File {
+        path: path.to_path_buf(),
+        message,
+    };
+    let (file, meta) = open_regular(path).map_err(|e| file_error(e.to_string()))?;
+    let id128 = fileids::compute(&file, meta.len()).map_err(|e| file_error(e.to_string()))?;
+    let mut out = Vec::with_capacity(addresses.len());
+    for &address in addresses {
+        let mut a = AddressAnswer::unanswered(address, "");
+        a.path = Some(path.to_path_buf());
+        a.file_id = Some(id128.to_string());
+        a.host_file_id = Some(host_id(id128.host()));
+        a.elf_address = Some(address);
+        answer_pinned(&mut a, reader, id128.host(), address);
+        out.push(a);
+    }
+    Ok(out)
+}
+
+/// Runs the pinned lookup into `a`; a file the maps hold no page of (not
+/// loaded, or not at this address) says so.
+fn answer_pinned(a: &mut AddressAnswer, reader: &PinnedReader, id: FileId, elf_address: u64) {
+    match pinned_lookup(reader, id, elf_address) {
+        Ok(answer) => {
+            a.note = answer
+                .page
+                .is_none()
+                .then(|| "the pinned maps hold no page entry of this file here".to_string());
+            a.answer = Some(answer);
+        }
+        Err(e) => a.note = Some(e.to_string()),
+    }
 }
 
 /// An answer as one line of text.

@@ -20,6 +20,13 @@ use eim::sim::{SimConfig, SimMaps};
 use crate::out::{self, note};
 use crate::stop::Maps;
 
+/// Where the kernel maps are pinned unless `--pin-dir` says otherwise.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/eim";
+
+/// Why scan and watch refuse the pin options without pins.
+pub const PINS_ONLY_IN_KERNEL: &str =
+    "the maps are pinned only with --backend kernel, and not with --no-pin";
+
 /// Which maps to load into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {
@@ -38,9 +45,9 @@ pub struct BackendArgs {
     /// With `--backend kernel`: pin the maps here, so they outlive eim and
     /// the next run reuses them. One eim at a time owns a pin directory. It
     /// must be on a bpffs: eim mounts one itself only under /sys/fs/bpf, or
-    /// with --mount-bpffs.
-    #[arg(long, default_value = "/sys/fs/bpf/eim")]
-    pub pin_dir: PathBuf,
+    /// with --mount-bpffs. [default: /sys/fs/bpf/eim]
+    #[arg(long)]
+    pub pin_dir: Option<PathBuf>,
     /// With `--backend kernel`: mount a bpffs on the pin directory if it is
     /// not on one (an empty directory only, created if missing).
     #[arg(long)]
@@ -57,6 +64,42 @@ pub struct BackendArgs {
     /// unprivileged eim does), not through /proc/PID/map_files.
     #[arg(long)]
     pub no_map_files: bool,
+}
+
+impl BackendArgs {
+    /// The pin directory, given or default.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.pin_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_PIN_DIR))
+    }
+
+    /// Whether these arguments pin the maps (`--backend kernel` without
+    /// `--no-pin`).
+    pub fn pins(&self) -> bool {
+        self.backend == BackendKind::Kernel && !self.no_pin
+    }
+
+    /// Refuses the options of pinned maps where `uses_pins` is false (they
+    /// would be ignored, and a user who gave them expects them to act):
+    /// `why` says why the command does not use them.
+    pub fn refuse_unused_pin_options(&self, uses_pins: bool, why: &str) -> anyhow::Result<()> {
+        if uses_pins {
+            return Ok(());
+        }
+        let given: Vec<&str> = [
+            (self.pin_dir.is_some(), "--pin-dir"),
+            (self.mount_bpffs, "--mount-bpffs"),
+            (self.recreate_mismatched, "--recreate-mismatched"),
+        ]
+        .into_iter()
+        .filter_map(|(given, name)| given.then_some(name))
+        .collect();
+        if given.is_empty() {
+            return Ok(());
+        }
+        bail!("{} would be ignored: {why}", given.join(", "))
+    }
 }
 
 /// The files a host batch holds open, and the inner arrays a publish
@@ -137,7 +180,7 @@ pub(crate) fn kernel_maps(
         Err(e) => bail!("--backend kernel: probing BPF: {e}"),
     }
     let config = KernelConfig {
-        pin_dir: pin.then(|| args.pin_dir.clone()),
+        pin_dir: pin.then(|| args.pin_dir()),
         mount_bpffs: args.mount_bpffs,
         recreate_mismatched: args.recreate_mismatched,
         adopt_pins: pin && adopt,
@@ -157,7 +200,7 @@ pub(crate) fn kernel_maps(
             return Err(e).with_context(|| {
                 format!(
                     "creating the kernel maps pinned in {}",
-                    args.pin_dir.display()
+                    args.pin_dir().display()
                 )
             })
         }
@@ -231,7 +274,7 @@ pub(crate) fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<Exi
 
 /// What a second stop signal may cut short with these arguments.
 pub(crate) fn maps_kind(args: &BackendArgs) -> Maps {
-    if args.backend == BackendKind::Kernel && !args.no_pin {
+    if args.pins() {
         Maps::Pinned
     } else {
         Maps::Private
@@ -256,7 +299,7 @@ pub(crate) fn kernel_host(
     }
     let observed = maps
         .observed()
-        .with_context(|| format!("reading the maps pinned in {}", args.pin_dir.display()))?;
+        .with_context(|| format!("reading the maps pinned in {}", args.pin_dir().display()))?;
     if observed.is_empty() {
         return Ok(Some(Host::new(maps, config)));
     }
@@ -287,7 +330,7 @@ pub(crate) fn kernel_host(
         }) => {
             note!(
                 "eim: stopped before the maps pinned in {} were reconciled; they are as they were",
-                args.pin_dir.display()
+                args.pin_dir().display()
             );
             Ok(None)
         }
@@ -300,11 +343,11 @@ pub(crate) fn kernel_host(
             mut backend,
         }) => {
             let cleaned = backend.clean_pins().with_context(|| {
-                format!("cleaning the maps pinned in {}", args.pin_dir.display())
+                format!("cleaning the maps pinned in {}", args.pin_dir().display())
             })?;
             note!(
                 "eim: the maps pinned in {} were not reconciled ({e}); cleaned them: {} page entries, {} tables, {} unwind infos",
-                args.pin_dir.display(),
+                args.pin_dir().display(),
                 cleaned.pages,
                 cleaned.tables.values().sum::<usize>(),
                 cleaned.unwind_slots

@@ -1,5 +1,6 @@
 //! `eim lookup`: what the unwinder's lookup answers for addresses of a
-//! process or an ELF file, on a fresh load into either backend.
+//! process or an ELF file, on a fresh load into either backend, or from
+//! the live pinned maps (`--pinned`).
 
 use std::ffi::{OsStr, OsString};
 use std::process::ExitCode;
@@ -31,6 +32,11 @@ pub struct LookupArgs {
     /// Print the answers as one JSON document.
     #[arg(long)]
     pub json: bool,
+    /// Answer from the live maps pinned in --pin-dir (what the profiler
+    /// reads now), through the lookup program loaded over them; nothing is
+    /// loaded, and the owner's lock is never taken.
+    #[arg(long, conflicts_with_all = ["backend", "no_pin", "mount_bpffs", "recreate_mismatched"])]
+    pub pinned: bool,
 }
 
 fn parse_address(arg: &OsStr) -> anyhow::Result<u64> {
@@ -44,34 +50,21 @@ fn parse_address(arg: &OsStr) -> anyhow::Result<u64> {
     parsed.with_context(|| format!("not an address: {s:?}"))
 }
 
-fn lookup_on<B: Inspect>(backend: B, args: &LookupArgs) -> anyhow::Result<ExitCode> {
-    let mut config = host_config(&args.backend, &[]);
-    let answers = match args.pid {
-        Some(pid) => {
-            let addresses: Vec<u64> = args
-                .args
-                .iter()
-                .map(|a| parse_address(a))
-                .collect::<anyhow::Result<_>>()?;
-            config.only = Some([pid].into());
-            let mut host = Host::new(backend, config);
-            lookup::lookup_pid(&mut host, pid, &addresses)?
-        }
-        None => {
-            let (file, rest) = args.args.split_first().context("FILE ADDR... expected")?;
-            if rest.is_empty() {
-                bail!("no address given for {}", file.to_string_lossy());
-            }
-            let addresses: Vec<u64> = rest
-                .iter()
-                .map(|a| parse_address(a))
-                .collect::<anyhow::Result<_>>()?;
-            let host = Host::new(backend, config);
-            lookup::lookup_file(&host, std::path::Path::new(file), &addresses)?
-        }
-    };
-    let text = if args.json {
-        serde_json::to_string_pretty(&answers).context("encoding the answers")? + "\n"
+fn addresses(args: &[OsString]) -> anyhow::Result<Vec<u64>> {
+    args.iter().map(|a| parse_address(a)).collect()
+}
+
+fn file_and_addresses(args: &LookupArgs) -> anyhow::Result<(&OsString, Vec<u64>)> {
+    let (file, rest) = args.args.split_first().context("FILE ADDR... expected")?;
+    if rest.is_empty() {
+        bail!("no address given for {}", file.to_string_lossy());
+    }
+    Ok((file, addresses(rest)?))
+}
+
+fn print_answers(answers: &[lookup::AddressAnswer], json: bool) -> anyhow::Result<ExitCode> {
+    let text = if json {
+        serde_json::to_string_pretty(answers).context("encoding the answers")? + "\n"
     } else {
         answers
             .iter()
@@ -82,7 +75,49 @@ fn lookup_on<B: Inspect>(backend: B, args: &LookupArgs) -> anyhow::Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
+fn lookup_on<B: Inspect>(backend: B, args: &LookupArgs) -> anyhow::Result<ExitCode> {
+    let mut config = host_config(&args.backend, &[]);
+    let answers = match args.pid {
+        Some(pid) => {
+            let addresses = addresses(&args.args)?;
+            config.only = Some([pid].into());
+            let mut host = Host::new(backend, config);
+            lookup::lookup_pid(&mut host, pid, &addresses)?
+        }
+        None => {
+            let (file, rest) = file_and_addresses(args)?;
+            let host = Host::new(backend, config);
+            lookup::lookup_file(&host, std::path::Path::new(file), &rest)?
+        }
+    };
+    print_answers(&answers, args.json)
+}
+
+/// The answers from the live pinned maps.
+fn lookup_pinned(args: &LookupArgs) -> anyhow::Result<ExitCode> {
+    let reader = crate::status::open_reader(&args.backend.pin_dir())?;
+    let strategy = host_config(&args.backend, &[]).strategy;
+    let answers = match args.pid {
+        Some(pid) => {
+            let addresses = addresses(&args.args)?;
+            lookup::lookup_pid_pinned(&reader, pid, &addresses, strategy)?
+        }
+        None => {
+            let (file, rest) = file_and_addresses(args)?;
+            lookup::lookup_file_pinned(&reader, std::path::Path::new(file), &rest)?
+        }
+    };
+    print_answers(&answers, args.json)
+}
+
 pub fn run(args: &LookupArgs) -> anyhow::Result<ExitCode> {
+    if args.pinned {
+        return lookup_pinned(args);
+    }
+    args.backend.refuse_unused_pin_options(
+        false,
+        "lookup loads into private maps (never the pinned ones); --pinned reads the pinned maps",
+    )?;
     match args.backend.backend {
         BackendKind::Sim => lookup_on(sim_maps()?, args),
         // Private maps: a lookup must not clean the maps a running scan or

@@ -21,6 +21,7 @@ mod loaders;
 mod lookup;
 mod out;
 mod scan;
+mod status;
 mod stop;
 mod synth;
 mod tables;
@@ -74,6 +75,11 @@ enum Command {
     /// Print what every interpreter loader says about each ELF file: the
     /// loader, the interpreter version and the interpreter_offsets ranges.
     Loaders(loaders::LoadersArgs),
+    /// Show what the live pinned maps hold (per file id: class, pages,
+    /// deltas, slots, interpreter offsets; memory) and check their
+    /// consistency from the maps alone; exits 1 on any violation. Read-only:
+    /// never takes the owner's lock.
+    Status(status::StatusArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -153,6 +159,7 @@ fn main() -> ExitCode {
         Command::Lookup(args) => ("lookup", lookup::run(args)),
         Command::Inspect(args) => ("inspect", each(|out| inspect::run(args, out))),
         Command::Loaders(args) => ("loaders", each(|out| loaders::run(args, out))),
+        Command::Status(args) => ("status", status::run(args)),
     };
     out::exit_code(name, result)
 }

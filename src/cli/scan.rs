@@ -11,6 +11,7 @@ use eim::report::summary::Summary;
 
 use crate::backend::{
     host_config, kernel_host, maps_kind, print_summary, sim_maps, BackendArgs, BackendKind, Bar,
+    PINS_ONLY_IN_KERNEL,
 };
 use crate::out::note;
 use crate::stop;
@@ -55,6 +56,8 @@ fn scan_on<B: Inspect>(
 }
 
 pub fn run(args: &ScanArgs) -> anyhow::Result<ExitCode> {
+    args.backend
+        .refuse_unused_pin_options(args.backend.pins(), PINS_ONLY_IN_KERNEL)?;
     // Before the maps are made: a signal while they are would kill eim.
     let stop = stop::on_signals(maps_kind(&args.backend));
     let config = host_config(&args.backend, &args.pids);

@@ -15,6 +15,7 @@ use eim::report::summary::Summary;
 
 use crate::backend::{
     host_config, kernel_host, maps_kind, print_summary, sim_maps, BackendArgs, BackendKind,
+    PINS_ONLY_IN_KERNEL,
 };
 use crate::out::note;
 use crate::stop;
@@ -107,6 +108,8 @@ fn watch_on<B: Inspect>(
 }
 
 pub fn run(args: &WatchArgs) -> anyhow::Result<ExitCode> {
+    args.backend
+        .refuse_unused_pin_options(args.backend.pins(), PINS_ONLY_IN_KERNEL)?;
     let stop = stop::on_signals(maps_kind(&args.backend));
     let mut config = host_config(&args.backend, &args.pids);
     config.unload_delay = (!args.unload_delay.is_zero()).then_some(args.unload_delay);
