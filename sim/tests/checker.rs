@@ -10,6 +10,7 @@ use std::sync::Arc;
 use eim_core::abi::{OffsetRange, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
 use eim_core::deltas::hint;
 use eim_core::deltas::info::sp;
+use eim_core::machine::audit::{audit, MapViolation};
 use eim_core::manager::{ManualClock, StateView};
 use eim_core::ops::{Backend, MapOp};
 use eim_core::provider::{Extraction, MemoryProvider};
@@ -476,4 +477,117 @@ fn a_plan_committed_after_it_was_rolled_back_is_caught() {
     assert_eq!(check_accounting(&book), Ok(()));
     book.commit_load(plan);
     accounting_says(check_accounting(&book), "state Free");
+}
+
+// The maps-alone audit (`eim status`), which has no book: what each
+// corruption above breaks that the maps themselves can show, it reports;
+// the healthy maps it passes.
+
+fn audited(maps: &SimMaps) -> Vec<MapViolation> {
+    audit(&maps.observed(), maps.config().unwind_info).violations
+}
+
+fn audit_says(maps: &SimMaps, kind: &str, file: Option<FileId>) {
+    let found = audited(maps);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.kind() == kind && v.file_id() == file),
+        "wanted {kind} of {file:?}, got {found:?}"
+    );
+}
+
+#[test]
+fn the_audit_passes_the_healthy_maps_and_says_what_each_file_holds() {
+    let h = healthy();
+    let a = audit(&h.maps.observed(), h.maps.config().unwind_info);
+    assert_eq!(a.violations, []);
+    let loaded = h.state.book.loaded();
+    let ids: Vec<FileId> = a.files.iter().map(|f| f.file_id).collect();
+    assert_eq!(ids, loaded.keys().copied().collect::<Vec<_>>());
+    for f in &a.files {
+        let table = &loaded[&f.file_id];
+        assert_eq!(f.classes, [table.map_ref.map_id]);
+        assert_eq!(f.pages, table.page_keys(f.file_id).count());
+        let book_slots: std::collections::BTreeSet<u16> = table.slots.iter().copied().collect();
+        assert_eq!(f.slots, book_slots, "file {}", f.file_id);
+    }
+    assert_eq!(
+        a.files
+            .iter()
+            .find(|f| f.file_id == FILE)
+            .and_then(|f| f.interpreter_offsets)
+            .is_some(),
+        h.maps.interpreter_offsets().contains_key(&FILE)
+    );
+}
+
+#[test]
+fn the_audit_reports_a_corrupted_page_entry() {
+    let h = healthy();
+    let (_, info) = h.page_of(FILE, 0);
+    let maps = h.page_replaced(
+        0,
+        StackDeltaPageInfo {
+            map_id: info.map_id + 1,
+            ..info
+        },
+    );
+    audit_says(&maps, "page_without_table", Some(FILE));
+    let maps = h.page_replaced(
+        2,
+        StackDeltaPageInfo {
+            num_deltas: u16::MAX,
+            ..h.page_of(FILE, 2).1
+        },
+    );
+    audit_says(&maps, "slice_out_of_bounds", Some(FILE));
+}
+
+#[test]
+fn the_audit_reports_a_corrupted_table() {
+    let h = healthy();
+    let class = h.state.book.loaded()[&FILE].map_ref.map_id;
+    let mut deltas = h
+        .maps
+        .delta_table(class, FILE)
+        .expect("FILE's table")
+        .entries();
+    // The first delta naming a slot now names one past the array.
+    let named = deltas
+        .iter_mut()
+        .find(|d| d.unwind_info & eim_core::abi::DELTA_COMMAND_FLAG == 0)
+        .expect("a delta naming a slot");
+    named.unwind_info = 0x7fff;
+    let mut maps = h.written(MapOp::DeleteDeltaTable {
+        file_id: FILE,
+        map_id: class,
+    });
+    audit_says(&maps, "page_without_table", Some(FILE));
+    maps.apply(&MapOp::PutDeltaTable {
+        file_id: FILE,
+        map_id: class,
+        deltas: Arc::from(deltas),
+    })
+    .expect("the corruption applies");
+    audit_says(&maps, "slot_out_of_range", Some(FILE));
+    // A table without pages.
+    let maps = h.written(MapOp::PutDeltaTable {
+        file_id: STRANGER,
+        map_id: class,
+        deltas: Arc::from(vec![eim_core::abi::StackDelta::default(); 2]),
+    });
+    audit_says(&maps, "orphan_table", Some(STRANGER));
+}
+
+#[test]
+fn the_audit_reports_a_corrupted_slot() {
+    let h = healthy();
+    let slot = h.file_slot();
+    let maps = h.written(MapOp::PutUnwindInfos(vec![(slot, UnwindInfo::default())]));
+    audit_says(&maps, "zero_slot", Some(FILE));
+    // Another slot given FILE's rule: one rule in two slots.
+    let rule = h.maps.unwind_info(u32::from(slot)).expect("the slot");
+    let maps = h.written(MapOp::PutUnwindInfos(vec![(40, rule)]));
+    audit_says(&maps, "duplicate_rule", None);
 }

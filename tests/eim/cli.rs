@@ -272,6 +272,70 @@ fn help_lists_the_subcommands() {
     );
 }
 
+#[test]
+fn pin_options_where_nothing_is_pinned_are_refused_before_any_work() {
+    // Each would be ignored: the user who typed it expects it to act.
+    for (args, named) in [
+        (vec!["scan", "--pin-dir", "/nonexistent/pins"], "--pin-dir"),
+        (vec!["scan", "--mount-bpffs"], "--mount-bpffs"),
+        (
+            vec!["scan", "--backend", "kernel", "--no-pin", "--pin-dir", "/x"],
+            "--pin-dir",
+        ),
+        (
+            vec!["watch", "--recreate-mismatched", "--interval", "1s"],
+            "--recreate-mismatched",
+        ),
+        (
+            vec!["lookup", "--pin-dir", "/x", "/usr/bin/sleep", "0x1000"],
+            "--pin-dir",
+        ),
+        (
+            vec![
+                "lookup",
+                "--backend",
+                "kernel",
+                "--pin-dir",
+                "/x",
+                "/bin/sh",
+                "0",
+            ],
+            "--pin-dir",
+        ),
+    ] {
+        eim()
+            .args(&args)
+            .timeout(std::time::Duration::from_secs(20))
+            .assert()
+            .code(1)
+            .stdout("")
+            .stderr(predicate::str::contains(format!(
+                "{named} would be ignored"
+            )));
+    }
+    // `--pinned` reads the pins: a backend or a pin creation option with it
+    // is a usage error.
+    for extra in [
+        ["--backend", "sim"],
+        ["--backend", "kernel"],
+        ["--no-pin", "--mount-bpffs"],
+    ] {
+        eim()
+            .args(["lookup", "--pinned"])
+            .args(extra)
+            .args(["/bin/sh", "0"])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("cannot be used with"));
+    }
+    // The pin directory is still the default for the kernel backend.
+    eim()
+        .args(["status", "--help"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("/sys/fs/bpf/eim"));
+}
+
 // ---------------------------------------------------------------------------
 // ELF files: `eim fileid`, `eim deltas`, `eim tables FILE`.
 

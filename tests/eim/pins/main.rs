@@ -5,7 +5,8 @@
 //! * one owner: 20 concurrent starts on one directory (each either
 //!   completes or is refused at once naming a real owner's pid; one mount;
 //!   the final maps are a solo run's); a watch holds its directory until it
-//!   exits, and a kernel lookup meanwhile neither waits nor breaks it;
+//!   exits, and a kernel lookup, a pinned lookup and a status meanwhile
+//!   neither wait nor break it;
 //! * the mount rules: an empty directory only with `--mount-bpffs`, a
 //!   non-empty one never, a read-only file system never, a bpffs as it is,
 //!   `/sys/fs/bpf` on its own (in a mount namespace of the test's, where
@@ -32,6 +33,7 @@ use eim::bpf::{bpffs, lock, pinned, sys, KernelConfig};
 use serde_json::Value;
 
 mod crash;
+mod status;
 
 /// How long any one eim run may take.
 const LIMIT: Duration = Duration::from_secs(30);
@@ -348,6 +350,20 @@ fn tables_of(summary: &Value) -> Value {
     Value::Object(tables)
 }
 
+/// Lookup answers without the slot numbers, which depend on what else
+/// the maps hold.
+fn without_slots(mut answers: Value) -> Value {
+    for a in answers.as_array_mut().expect("answers") {
+        if let Some(outcome) = a
+            .pointer_mut("/answer/outcome")
+            .and_then(Value::as_object_mut)
+        {
+            outcome.remove("slot");
+        }
+    }
+    answers
+}
+
 fn map_info(path: &Path) -> sys::MapInfo {
     let fd = sys::obj_get(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     sys::map_info(fd.as_fd()).expect("map info")
@@ -457,7 +473,8 @@ fn twenty_concurrent_starts_on_one_directory_have_one_owner_at_a_time() {
 }
 
 #[test]
-fn a_watch_owns_its_pin_directory_until_it_exits_and_a_kernel_lookup_neither_waits_nor_breaks_it() {
+fn a_watch_owns_its_pin_directory_until_it_exits_and_lookups_and_status_neither_wait_nor_break_it()
+{
     let Some((sleep, _scratch, dir)) =
         with_sleeper_and_pins("a_watch_owns_its_pin_directory_until_it_exits")
     else {
@@ -496,8 +513,19 @@ fn a_watch_owns_its_pin_directory_until_it_exits_and_a_kernel_lookup_neither_wai
     assert!(watch.running(), "the refused start stopped the watch");
 
     // A kernel lookup uses maps of its own: it neither waits for the owner
-    // nor touches its pins.
-    let look = run(&[
+    // nor touches its pins. A pin directory given to it is refused (it
+    // would be ignored).
+    let lookup = [
+        "lookup",
+        "--json",
+        "/usr/bin/sleep",
+        "0x3000",
+        "0x4100",
+        "0x5200",
+    ];
+    let look = run(&[&lookup[..], &["--backend", "kernel"]].concat()).ok();
+    assert!(look.stdout.contains("/usr/bin/sleep"), "{}", look.stdout);
+    let refused = run(&[
         "lookup",
         "--backend",
         "kernel",
@@ -505,10 +533,26 @@ fn a_watch_owns_its_pin_directory_until_it_exits_and_a_kernel_lookup_neither_wai
         d,
         "/usr/bin/sleep",
         "0x3000",
-    ])
-    .ok();
-    assert!(look.stdout.contains("/usr/bin/sleep"), "{}", look.stdout);
-    assert!(watch.running(), "the lookup stopped the watch");
+    ]);
+    assert!(!refused.status.success());
+    assert!(
+        refused.stderr.contains("--pin-dir would be ignored"),
+        "{}",
+        refused.stderr
+    );
+    // The readers of the live maps neither wait for the owner nor stop it:
+    // the lookup through the pins gives the private lookup's answer, and
+    // the status names the owner and finds the maps consistent.
+    let pinned = run(&[&lookup[..], &["--pinned", "--pin-dir", d]].concat()).ok();
+    // The slots differ (the watch's maps hold libc's rules too): the rules
+    // in them are the same.
+    assert_eq!(without_slots(pinned.json()), without_slots(look.json()));
+    assert!(pinned.ended - pinned.started < REFUSED_WITHIN);
+    let status = run(&["status", "--json", "--pin-dir", d]).ok().json();
+    assert_eq!(status["owned"], true, "{status}");
+    assert_eq!(status["owner_pid"], watch.pid(), "{status}");
+    assert_eq!(status["violations"], serde_json::json!([]), "{status}");
+    assert!(watch.running(), "a lookup or the status stopped the watch");
     assert_eq!(map_info(&dir.join(PAGES)).id, pages_id);
 
     watch.signal(libc::SIGTERM);
