@@ -8,7 +8,7 @@
 //! * [`elements`]: a run of elements written with one batch call, or
 //!   with one call per element (the measured baseline).
 //! * [`lock`]: one owner per pin directory (an exclusive `flock` on a lock
-//!   file named after it, outside it).
+//!   file named after it, outside it); readers ask for a shared one.
 //! * [`bpffs`]: when a bpffs is mounted for the pins, and when that is
 //!   refused.
 //! * [`pin`]: the check of every pin found against the expected shape
