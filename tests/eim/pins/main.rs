@@ -548,6 +548,32 @@ fn a_watch_owns_its_pin_directory_until_it_exits_and_lookups_and_status_neither_
     // in them are the same.
     assert_eq!(without_slots(pinned.json()), without_slots(look.json()));
     assert!(pinned.ended - pinned.started < REFUSED_WITHIN);
+    // The same for addresses of the process, through its mappings.
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let libc_text = maps
+        .lines()
+        .find(|l| l.contains("libc.so.6") && l.split_whitespace().nth(1) == Some("r-xp"))
+        .and_then(|l| l.split('-').next())
+        .and_then(|start| u64::from_str_radix(start, 16).ok())
+        .expect("libc's text mapping");
+    let addresses: Vec<String> = [0x1000u64, 0x2_3456, 0x8_0000]
+        .iter()
+        .map(|off| format!("{:#x}", libc_text + off))
+        .collect();
+    let mut by_pid = vec!["lookup", "--json", "--pid", &pid];
+    by_pid.extend(addresses.iter().map(String::as_str));
+    let look = run(&[&by_pid[..], &["--backend", "kernel"]].concat()).ok();
+    let pinned = run(&[&by_pid[..], &["--pinned", "--pin-dir", d]].concat()).ok();
+    let answers = without_slots(pinned.json());
+    assert_eq!(answers, without_slots(look.json()));
+    assert!(
+        answers
+            .as_array()
+            .expect("answers")
+            .iter()
+            .all(|a| a["answer"]["page"].is_object()),
+        "every address has a page entry: {answers:#}"
+    );
     let status = run(&["status", "--json", "--pin-dir", d]).ok().json();
     assert_eq!(status["owned"], true, "{status}");
     assert_eq!(status["owner_pid"], watch.pid(), "{status}");
