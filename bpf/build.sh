@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuilds the committed BPF objects of bpf/, or checks that they are fresh.
 #
-#   bpf/build.sh          rebuild bpf/lookup.bpf.o in place
+#   bpf/build.sh          rebuild bpf/lookup.bpf.o and bpf/events.bpf.o in place
 #   bpf/build.sh --check  rebuild into a temporary directory and fail if
 #                         the result differs byte for byte from the
 #                         committed object (CI runs this)
@@ -22,7 +22,7 @@ CLANG="${CLANG:-clang}"
 CFLAGS=(-target bpf -O2 -g -Wall -Wextra -Werror
         -I/usr/include/x86_64-linux-gnu
         "-fdebug-prefix-map=$here=.")
-OBJECTS=(lookup)
+OBJECTS=(lookup events)
 
 build() { # build <out dir>
 	local out="$1" name

@@ -16,12 +16,16 @@
 //! * [`pinned`]: the pinned maps read without owning them (dumped, and
 //!   looked up by the lookup program over the pins: [`PinnedReader`]).
 //! * [`lookup`]: the lookup program's codes and result record.
+//! * [`events`]: host events from the kernel (exec, fork, exit, new
+//!   executable mappings) through the events program's ring buffer, and
+//!   [`tracefs`], which its tracepoints need.
 //! * [`error`]: every error of the backend ([`KernelError`]); [`stats`]:
 //!   how many entries the maps hold ([`MapStats`]).
 
 pub mod bpffs;
 pub mod elements;
 pub mod error;
+pub mod events;
 pub mod lock;
 pub mod lookup;
 pub mod maps;
@@ -30,6 +34,7 @@ pub mod pinned;
 pub mod probe;
 pub mod stats;
 pub mod sys;
+pub mod tracefs;
 
 pub use aya;
 pub use elements::WriteMode;
