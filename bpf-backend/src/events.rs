@@ -34,72 +34,34 @@ pub mod kind {
 /// The size of one record.
 pub const EVENT_SIZE: usize = 32;
 
-/// What happened on the host, as the kernel reported it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HostEvent {
-    /// The process exec'd: every mapping it had is gone, new ones come.
-    Exec { pid: i32 },
-    /// The process's thread-group leader exited.
-    Exit { pid: i32 },
-    /// A new process (not a thread), a copy of `parent`'s mappings.
-    Fork { pid: i32, parent: i32 },
-    /// A file mapped executable at `addr`, `len` bytes.
-    Map { pid: i32, addr: u64, len: u64 },
-    /// `addr`, `len` bytes made executable.
-    Protect { pid: i32, addr: u64, len: u64 },
+pub use eim_core::tracking::HostEvent;
+
+/// Decodes one record; `None` for a record of another size or kind, or a
+/// pid that is no pid (the kernel wrote it, but eim trusts no input).
+pub fn decode(record: &[u8]) -> Option<HostEvent> {
+    let record: &[u8; EVENT_SIZE] = record.try_into().ok()?;
+    let u32_at = |at: usize| {
+        u32::from_le_bytes([record[at], record[at + 1], record[at + 2], record[at + 3]])
+    };
+    let u64_at = |at: usize| {
+        let mut b = [0; 8];
+        b.copy_from_slice(&record[at..at + 8]);
+        u64::from_le_bytes(b)
+    };
+    let pid = i32::try_from(u32_at(4)).ok().filter(|p| *p > 0)?;
+    let (addr, len) = (u64_at(16), u64_at(24));
+    Some(match u32_at(0) {
+        kind::EXEC => HostEvent::Exec { pid },
+        kind::EXIT => HostEvent::Exit { pid },
+        kind::FORK => HostEvent::Fork {
+            pid,
+            parent: i32::try_from(u32_at(8)).ok()?,
+        },
+        kind::MMAP => HostEvent::Map { pid, addr, len },
+        kind::MPROTECT => HostEvent::Protect { pid, addr, len },
+        _ => return None,
+    })
 }
-
-impl HostEvent {
-    /// The process the event is about.
-    pub fn pid(&self) -> i32 {
-        match *self {
-            Self::Exec { pid }
-            | Self::Exit { pid }
-            | Self::Fork { pid, .. }
-            | Self::Map { pid, .. }
-            | Self::Protect { pid, .. } => pid,
-        }
-    }
-
-    /// The event's kind, as metrics name it.
-    pub fn kind_name(&self) -> &'static str {
-        match self {
-            Self::Exec { .. } => "exec",
-            Self::Exit { .. } => "exit",
-            Self::Fork { .. } => "fork",
-            Self::Map { .. } => "mmap",
-            Self::Protect { .. } => "mprotect",
-        }
-    }
-
-    /// Decodes one record; `None` for a record of another size or kind, or
-    /// a pid that is no pid (the kernel wrote it, but eim trusts no input).
-    pub fn decode(record: &[u8]) -> Option<Self> {
-        let record: &[u8; EVENT_SIZE] = record.try_into().ok()?;
-        let u32_at = |at: usize| {
-            u32::from_le_bytes([record[at], record[at + 1], record[at + 2], record[at + 3]])
-        };
-        let u64_at = |at: usize| {
-            let mut b = [0; 8];
-            b.copy_from_slice(&record[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
-        let pid = i32::try_from(u32_at(4)).ok().filter(|p| *p > 0)?;
-        let (addr, len) = (u64_at(16), u64_at(24));
-        Some(match u32_at(0) {
-            kind::EXEC => Self::Exec { pid },
-            kind::EXIT => Self::Exit { pid },
-            kind::FORK => Self::Fork {
-                pid,
-                parent: i32::try_from(u32_at(8)).ok()?,
-            },
-            kind::MMAP => Self::Map { pid, addr, len },
-            kind::MPROTECT => Self::Protect { pid, addr, len },
-            _ => return None,
-        })
-    }
-}
-
 /// Why the events program could not be attached.
 #[derive(Debug, thiserror::Error)]
 pub enum EventsError {
@@ -217,7 +179,7 @@ impl HostEvents {
         while read < max {
             let Some(item) = self.ring.next() else { break };
             read += 1;
-            if let Some(event) = HostEvent::decode(&item) {
+            if let Some(event) = decode(&item) {
                 out.push(event);
             }
         }

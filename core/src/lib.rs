@@ -9,6 +9,8 @@
 //! * [`manager`]: [`ExecutableInfoManager`], the thread-safe facade.
 //! * [`tsd`]: C-library introspection (TSD and DTV layouts from machine code).
 //! * [`interp`]: the interpreter loaders (pure functions of a parsed ELF).
+//! * [`tracking`]: host events (exec, fork, exit, new executable mappings)
+//!   and the work a batch of them asks of the host side.
 //!
 //! Nothing in this crate performs I/O, reads a clock or spawns a thread;
 //! the facade takes a [`manager::Clock`] and a backend from its caller.
@@ -30,6 +32,7 @@ mod sync;
 pub mod text;
 pub mod text_input;
 pub mod tracers;
+pub mod tracking;
 pub mod tsd;
 
 pub use error::Error;

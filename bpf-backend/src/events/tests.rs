@@ -43,15 +43,15 @@ fn record(kind: u32, pid: u32, parent: u32, addr: u64, len: u64) -> Vec<u8> {
 #[test]
 fn records_decode_by_kind_and_anything_else_is_refused() {
     assert_eq!(
-        HostEvent::decode(&record(kind::EXEC, 7, 0, 0, 0)),
+        decode(&record(kind::EXEC, 7, 0, 0, 0)),
         Some(HostEvent::Exec { pid: 7 })
     );
     assert_eq!(
-        HostEvent::decode(&record(kind::FORK, 8, 7, 0, 0)),
+        decode(&record(kind::FORK, 8, 7, 0, 0)),
         Some(HostEvent::Fork { pid: 8, parent: 7 })
     );
     assert_eq!(
-        HostEvent::decode(&record(kind::MMAP, 9, 0, 0x7f00_0000_0000, 0x2000)),
+        decode(&record(kind::MMAP, 9, 0, 0x7f00_0000_0000, 0x2000)),
         Some(HostEvent::Map {
             pid: 9,
             addr: 0x7f00_0000_0000,
@@ -59,7 +59,7 @@ fn records_decode_by_kind_and_anything_else_is_refused() {
         })
     );
     assert_eq!(
-        HostEvent::decode(&record(kind::MPROTECT, 9, 0, 0x1000, 0x1000)),
+        decode(&record(kind::MPROTECT, 9, 0, 0x1000, 0x1000)),
         Some(HostEvent::Protect {
             pid: 9,
             addr: 0x1000,
@@ -67,21 +67,15 @@ fn records_decode_by_kind_and_anything_else_is_refused() {
         })
     );
     assert_eq!(
-        HostEvent::decode(&record(kind::EXIT, 10, 0, 0, 0)).map(|e| e.pid()),
+        decode(&record(kind::EXIT, 10, 0, 0, 0)).map(|e| e.pid()),
         Some(10)
     );
     // Another kind, no pid, a pid past i32, a short or long record.
-    assert_eq!(HostEvent::decode(&record(99, 7, 0, 0, 0)), None);
-    assert_eq!(HostEvent::decode(&record(kind::EXEC, 0, 0, 0, 0)), None);
-    assert_eq!(
-        HostEvent::decode(&record(kind::EXEC, u32::MAX, 0, 0, 0)),
-        None
-    );
-    assert_eq!(
-        HostEvent::decode(&record(kind::EXEC, 7, 0, 0, 0)[..31]),
-        None
-    );
+    assert_eq!(decode(&record(99, 7, 0, 0, 0)), None);
+    assert_eq!(decode(&record(kind::EXEC, 0, 0, 0, 0)), None);
+    assert_eq!(decode(&record(kind::EXEC, u32::MAX, 0, 0, 0)), None);
+    assert_eq!(decode(&record(kind::EXEC, 7, 0, 0, 0)[..31]), None);
     let mut long = record(kind::EXEC, 7, 0, 0, 0);
     long.push(0);
-    assert_eq!(HostEvent::decode(&long), None);
+    assert_eq!(decode(&long), None);
 }

@@ -34,6 +34,7 @@ const CORE_LAYERS: &[(&str, &[&str])] = &[
             "driver",
             "text",
             "text_input",
+            "tracking",
         ],
     ),
     ("analysis", &["elf", "tsd", "interp"]),
