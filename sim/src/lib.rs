@@ -19,6 +19,8 @@
 //! * [`observed`]: a backend that checks reader safety after every op.
 //! * [`slot_watch`]: reader safety across time for `unwind_info_array`: no
 //!   slot gets a different rule while a reader may still reach it.
+//! * [`host_events`]: the event path of host tracking as a workload
+//!   (reordered, duplicated and dropped events, resyncs).
 //! * [`world`]: the manager over checked maps that the fault, property and
 //!   checker tests drive; [`fixtures`]: small hand-written inputs for them.
 //!
@@ -38,6 +40,7 @@ pub mod checker;
 pub mod corpus;
 pub mod faults;
 pub mod fixtures;
+pub mod host_events;
 pub mod kernel;
 pub mod maps;
 pub mod observed;
