@@ -28,6 +28,7 @@ use crate::backends::inspect::{Inspect, InspectError};
 use crate::host::scan::{Counters, FileRecord, Host, Problem, ProblemKind};
 use crate::report;
 use crate::report::metrics::Metric;
+use crate::report::problems::{self, Group, Listing};
 use crate::report::table::{grouped, Align, Table};
 
 /// Bytes the kernel uses per element of a delta array (4-byte values are
@@ -52,8 +53,12 @@ pub struct Summary {
     /// With pinned kernel maps: what the start found in the pin directory
     /// (`null` otherwise).
     pub pins: Option<Pins>,
-    /// Files (or mappings) not loaded, with the reason.
+    /// Files (or mappings) that failed to load, with the reason
+    /// (unsupported files are not here but in `unsupported`).
     pub problems: Vec<Problem>,
+    /// Files of a kind eim does not extract (not ELF, 32-bit or big-endian
+    /// ELF, another machine), by reason: not loaded, not failures.
+    pub unsupported: Vec<Group>,
     /// The loaded files that are C libraries (their TSD and DTV layouts) or
     /// interpreters (each matching loader, its version and ranges).
     pub found: Vec<Found>,
@@ -109,6 +114,8 @@ pub struct Files {
     pub failed: usize,
     /// Mappings whose file could not be opened as the mapped one.
     pub unopenable: usize,
+    /// Files eim does not extract (not failures; see `unsupported`).
+    pub unsupported: usize,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -308,7 +315,10 @@ impl Summary {
         let page_entries = usage.pages as u64 * PAGE_ENTRY_BYTES;
         let unwind_infos = usage.unwind_infos as u64 * UNWIND_INFO_BYTES;
         let kernel_time = host.kernel_time();
-        let problems = host.problems();
+        let (unsupported, problems): (Vec<Problem>, Vec<Problem>) = host
+            .problems()
+            .into_iter()
+            .partition(|p| p.kind == ProblemKind::Unsupported);
         let found = found(host.files().values());
         let count = |kind| problems.iter().filter(|p| p.kind == kind).count();
         let extraction_seconds = extraction.seconds;
@@ -334,6 +344,7 @@ impl Summary {
                 deferred: count(ProblemKind::Deferred),
                 failed: count(ProblemKind::Failed),
                 unopenable: count(ProblemKind::Unopenable),
+                unsupported: unsupported.len(),
             },
             extraction,
             kernel: Kernel {
@@ -356,6 +367,7 @@ impl Summary {
                     ..p
                 }),
             problems,
+            unsupported: problems::group(&unsupported),
             found,
             metrics: report::metrics::list(&metrics),
             counters: host.counters().clone(),
@@ -368,8 +380,15 @@ impl Summary {
         })
     }
 
-    /// The summary as text tables.
+    /// The summary as text tables, with a few example paths per reason a
+    /// file was not loaded.
     pub fn render_text(&self) -> String {
+        self.render_text_listing(Listing::Examples)
+    }
+
+    /// The summary as text tables; `listing` says whether every path of
+    /// the files not loaded is shown (`--files`).
+    pub fn render_text_listing(&self, listing: Listing) -> String {
         let mut out = format!(
             "eim scan: {} processes, {} distinct executable files, {} backend{}\n\n",
             grouped(self.processes.listed as u64),
@@ -404,6 +423,7 @@ impl Summary {
         t.row(["  deferred".into(), n(self.files.deferred)]);
         t.row(["  failed".into(), n(self.files.failed)]);
         t.row(["  not openable".into(), n(self.files.unopenable)]);
+        t.row(["  unsupported".into(), n(self.files.unsupported)]);
         t.row(["processes vanished".into(), grouped(self.counters.vanished)]);
         t.row([
             "processes not readable (privileges)".into(),
@@ -522,21 +542,12 @@ impl Summary {
             }
         }
         if !self.problems.is_empty() {
-            out.push_str("\nfiles not loaded:\n");
-            let mut by_kind: BTreeMap<ProblemKind, Vec<&Problem>> = BTreeMap::new();
-            for p in &self.problems {
-                by_kind.entry(p.kind).or_default().push(p);
-            }
-            for (kind, problems) in by_kind {
-                for p in problems {
-                    out.push_str(&format!(
-                        "  {:<10} {}: {}\n",
-                        format!("{kind:?}").to_lowercase(),
-                        p.path.display(),
-                        p.reason
-                    ));
-                }
-            }
+            out.push_str("\nfiles not loaded, by reason:\n");
+            out.push_str(&problems::render(&problems::group(&self.problems), listing));
+        }
+        if !self.unsupported.is_empty() {
+            out.push_str("\nunsupported files (not loaded, not failures), by reason:\n");
+            out.push_str(&problems::render(&self.unsupported, listing));
         }
         out
     }

@@ -27,6 +27,9 @@ use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
+#[path = "scan/report.rs"]
+mod report;
+
 /// A child killed (and reaped) when dropped.
 struct Running(Child);
 

@@ -1,0 +1,240 @@
+//! What the summary says of the files it did not load: files eim does not
+//! extract (32-bit, big-endian, another machine, not ELF) are one
+//! "unsupported" line per reason with a count, never failures; files
+//! failing the same way are one line with a count. The files are made
+//! here and mapped by a process that does nothing else.
+
+use super::*;
+
+/// A 64-byte ELF header: `class` (1 = 32-bit, 2 = 64-bit), `data` (1 =
+/// little-endian, 2 = big), `machine`, and a section header table of
+/// `shnum` entries at `shoff`. Enough for eim to judge the file.
+fn elf_header(class: u8, data: u8, machine: u16, shoff: u64, shnum: u16) -> Vec<u8> {
+    let mut h = vec![0u8; 64];
+    h[..4].copy_from_slice(b"\x7fELF");
+    h[4] = class;
+    h[5] = data;
+    h[6] = 1; // EV_CURRENT
+    h[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
+    h[18..20].copy_from_slice(&machine.to_le_bytes());
+    h[20..24].copy_from_slice(&1u32.to_le_bytes());
+    h[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
+    h[0x34..0x36].copy_from_slice(&64u16.to_le_bytes());
+    h[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+    h[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+    h[0x3c..0x3e].copy_from_slice(&shnum.to_le_bytes());
+    h
+}
+
+/// `head` padded to 4 KiB, ending in `tag` (so that every file has its
+/// own file id, and files of one kind all have the same size).
+fn page_file(head: &[u8], tag: &str) -> Vec<u8> {
+    let mut bytes = head.to_vec();
+    bytes.resize(4096 - tag.len(), 0);
+    bytes.extend_from_slice(tag.as_bytes());
+    bytes
+}
+
+/// A directory for the test's files where they may be mapped executable
+/// (`/tmp` may be `noexec`): under the build's own temporary directory.
+fn exec_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test directory");
+    dir
+}
+
+/// A python3 that maps `paths` read and execute (as a loader maps code)
+/// and sleeps.
+fn spawn_mapper(paths: &[PathBuf]) -> Running {
+    let script = "import mmap, sys, time\n\
+                  keep = []\n\
+                  for p in sys.argv[1:]:\n\
+                  \x20   with open(p, 'rb') as f:\n\
+                  \x20       keep.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ | mmap.PROT_EXEC))\n\
+                  print('ready', flush=True)\n\
+                  time.sleep(300)\n";
+    let mut child = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .args(paths)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3 starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("python3 says it is ready");
+    assert_eq!(line.trim(), "ready", "python3 could not map the files");
+    Running(child)
+}
+
+const ELF32: &str = "a 32-bit ELF file: only 64-bit little-endian ELF files are supported";
+const BIG_ENDIAN: &str = "a big-endian ELF file: only 64-bit little-endian ELF files are supported";
+const RISCV: &str = "unsupported machine 0xf3: only x86-64 and arm64 ELF files are supported";
+const NOT_ELF: &str = "not an ELF file";
+
+/// The files of the test, by the reason each must be reported with.
+struct Made {
+    unsupported: BTreeMap<&'static str, Vec<PathBuf>>,
+    /// 64-bit x86-64 files whose section header table ends past their end:
+    /// real failures, all with the same reason.
+    truncated: Vec<PathBuf>,
+}
+
+impl Made {
+    fn all(&self) -> Vec<PathBuf> {
+        self.unsupported
+            .values()
+            .flatten()
+            .chain(&self.truncated)
+            .cloned()
+            .collect()
+    }
+}
+
+fn make_files(dir: &Path) -> Made {
+    let mut unsupported: BTreeMap<&'static str, Vec<PathBuf>> = BTreeMap::new();
+    let write = |name: String, bytes: Vec<u8>| -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).expect("write");
+        path
+    };
+    let kinds: [(&'static str, usize, Vec<u8>); 4] = [
+        // EM_386 and EM_ARM: what a 32-bit library of either is.
+        (ELF32, 17, elf_header(1, 1, 3, 0, 0)),
+        (BIG_ENDIAN, 2, elf_header(2, 2, 62, 0, 0)),
+        (RISCV, 3, elf_header(2, 1, 243, 0, 0)),
+        (
+            NOT_ELF,
+            2,
+            b"MZ\x90\x00 a PE file, as Wine or .NET map them".to_vec(),
+        ),
+    ];
+    for (k, (reason, count, head)) in kinds.into_iter().enumerate() {
+        for i in 0..count {
+            let tag = format!("{reason}-{i}");
+            let path = write(format!("u{k}-{i}.so"), page_file(&head, &tag));
+            unsupported.entry(reason).or_default().push(path);
+        }
+    }
+    // EM_X86_64; 9 section headers at offset 4000 end past the 4 KiB.
+    let broken = elf_header(2, 1, 62, 4000, 9);
+    let truncated = (0..4)
+        .map(|i| write(format!("t-{i}.so"), page_file(&broken, &format!("t{i}"))))
+        .collect();
+    Made {
+        unsupported,
+        truncated,
+    }
+}
+
+fn paths_of(v: &Value) -> BTreeSet<PathBuf> {
+    v.as_array()
+        .expect("paths")
+        .iter()
+        .map(|p| PathBuf::from(p.as_str().expect("a path")))
+        .collect()
+}
+
+#[test]
+fn unsupported_files_are_one_line_per_reason_and_not_failures() {
+    let dir = exec_dir("unsupported");
+    let made = make_files(&dir);
+    let mapper = spawn_mapper(&made.all());
+    let pid = mapper.pid().to_string();
+    let json: Value =
+        serde_json::from_str(&run_ok(eim().args(["scan", "--json", "--pid", &pid]))).expect("JSON");
+    let unsupported_count: usize = made.unsupported.values().map(Vec::len).sum();
+    assert_eq!(
+        json["files"]["unsupported"], unsupported_count,
+        "{}",
+        json["files"]
+    );
+    assert_eq!(
+        json["files"]["failed"],
+        made.truncated.len(),
+        "{}",
+        json["files"]
+    );
+
+    // One group per reason, with exactly the files made for it.
+    let groups = json["unsupported"].as_array().expect("unsupported");
+    assert_eq!(groups.len(), made.unsupported.len(), "{groups:?}");
+    for g in groups {
+        let reason = g["reason"].as_str().expect("reason");
+        let want: BTreeSet<PathBuf> = made
+            .unsupported
+            .get(reason)
+            .unwrap_or_else(|| panic!("unexpected reason {reason}"))
+            .iter()
+            .cloned()
+            .collect();
+        assert_eq!(g["count"], want.len(), "{reason}");
+        assert_eq!(paths_of(&g["paths"]), want, "{reason}");
+    }
+    // `problems` holds the failures only: the truncated files, nothing
+    // unsupported.
+    let problems = json["problems"].as_array().expect("problems");
+    let failed: BTreeSet<PathBuf> = problems
+        .iter()
+        .map(|p| PathBuf::from(p["path"].as_str().expect("path")))
+        .collect();
+    assert_eq!(
+        failed,
+        made.truncated.iter().cloned().collect(),
+        "{problems:?}"
+    );
+    assert!(
+        problems.iter().all(|p| p["kind"] == "failed"),
+        "{problems:?}"
+    );
+
+    // The text: one line per reason with its count, a few examples each.
+    let text = run_ok(eim().args(["scan", "--pid", &pid]));
+    assert_eq!(text_number(&text, "unsupported"), unsupported_count as u64);
+    for (reason, paths) in &made.unsupported {
+        let lines: Vec<&str> = text.lines().filter(|l| l.ends_with(reason)).collect();
+        assert_eq!(lines.len(), 1, "{reason}:\n{text}");
+        let words: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(
+            words[..2],
+            ["unsupported", &paths.len().to_string()],
+            "{text}"
+        );
+    }
+    let truncated: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("truncated ELF file"))
+        .collect();
+    assert_eq!(
+        truncated.len(),
+        1,
+        "identical failures are one line:\n{text}"
+    );
+    assert!(truncated[0].trim_start().starts_with("failed "), "{text}");
+    assert!(truncated[0].contains(" 4  "), "{text}");
+    let listed = |text: &str| {
+        made.unsupported[ELF32]
+            .iter()
+            .filter(|p| text.lines().any(|l| l.trim() == p.to_string_lossy()))
+            .count()
+    };
+    assert_eq!(listed(&text), problems_examples());
+    assert!(
+        text.contains("... and 14 more (--files lists them all)"),
+        "{text}"
+    );
+    // `--files` lists every path.
+    let all = run_ok(eim().args(["scan", "--files", "--pid", &pid]));
+    assert_eq!(listed(&all), made.unsupported[ELF32].len(), "{all}");
+    drop(mapper);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// How many example paths a group shows without `--files`.
+fn problems_examples() -> usize {
+    eim::report::problems::EXAMPLES
+}
