@@ -147,15 +147,38 @@ pub fn cause_of(e: &Error) -> String {
     }
 }
 
+/// The most paths a file's record keeps: one file can be seen under a
+/// path per container root, and a report needs only a few.
+pub const MAX_PATHS: usize = 32;
+
 /// What the host knows of one distinct file.
 #[derive(Clone, Debug)]
 pub struct FileRecord {
     pub id: FileId128,
     /// The path of its first mapping seen (as that process sees it).
     pub path: PathBuf,
+    /// Every path it was seen under (as each process sees it), first seen
+    /// first, at most [`MAX_PATHS`].
+    pub paths: Vec<PathBuf>,
+    /// Paths seen beyond [`MAX_PATHS`] (not kept).
+    pub more_paths: usize,
     pub size: u64,
     /// What the manager reported when it was last loaded.
     pub info: Option<ExecutableInfo>,
+}
+
+impl FileRecord {
+    /// Notes that a process maps it under `path`.
+    fn saw(&mut self, path: &std::path::Path) {
+        if self.paths.iter().any(|p| p == path) {
+            return;
+        }
+        if self.paths.len() < MAX_PATHS {
+            self.paths.push(path.to_path_buf());
+        } else {
+            self.more_paths += 1;
+        }
+    }
 }
 
 /// Counts since the host was made (steps add up).
@@ -666,15 +689,18 @@ impl<B: Inspect> Host<B> {
             }
         };
         let id = id128.host();
-        self.files.entry(id).or_insert_with(|| {
+        let record = self.files.entry(id).or_insert_with(|| {
             tracing::debug!(pid, path = %m.path.display(), file_id = %id128, via = ?opened.via, "new file");
             FileRecord {
                 id: id128,
                 path: m.path.clone(),
+                paths: Vec::new(),
+                more_paths: 0,
                 size: opened.identity.size,
                 info: None,
             }
         });
+        record.saw(&m.path);
         Some(Identified::File(id128, opened.file))
     }
 

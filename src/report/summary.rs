@@ -27,6 +27,7 @@ use eim_core::tsd::LibcInfo;
 use crate::backends::inspect::{Inspect, InspectError};
 use crate::host::scan::{Counters, FileRecord, Host, Problem, ProblemKind};
 use crate::report;
+use crate::report::files::{self as loaded, LoadedFile};
 use crate::report::metrics::Metric;
 use crate::report::problems::{self, Group, Listing};
 use crate::report::table::{grouped, Align, Table};
@@ -59,6 +60,9 @@ pub struct Summary {
     /// Files of a kind eim does not extract (not ELF, 32-bit or big-endian
     /// ELF, another machine), by reason: not loaded, not failures.
     pub unsupported: Vec<Group>,
+    /// Every loaded file: ids, paths, table, references, C-library and
+    /// interpreter facts.
+    pub loaded_files: Vec<LoadedFile>,
     /// The loaded files that are C libraries (their TSD and DTV layouts) or
     /// interpreters (each matching loader, its version and ranges).
     pub found: Vec<Found>,
@@ -368,6 +372,12 @@ impl Summary {
                 }),
             problems,
             unsupported: problems::group(&unsupported),
+            loaded_files: loaded::list(
+                &state,
+                host.files(),
+                host.extraction(),
+                &host.processes().pids_by_file(),
+            ),
             found,
             metrics: report::metrics::list(&metrics),
             counters: host.counters().clone(),
@@ -540,6 +550,10 @@ impl Summary {
                     }
                 ));
             }
+        }
+        if listing == Listing::All && !self.loaded_files.is_empty() {
+            out.push('\n');
+            out.push_str(&loaded::render(&self.loaded_files));
         }
         if !self.problems.is_empty() {
             out.push_str("\nfiles not loaded, by reason:\n");

@@ -238,3 +238,184 @@ fn unsupported_files_are_one_line_per_reason_and_not_failures() {
 fn problems_examples() -> usize {
     eim::report::problems::EXAMPLES
 }
+
+/// Each `# file:` section of a command's output over several files, by
+/// the path it names: the `# key: value` lines of its header.
+fn sections(text: &str) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut current = None;
+    for line in text.lines() {
+        let Some((key, value)) = line.strip_prefix("# ").and_then(|l| l.split_once(": ")) else {
+            continue;
+        };
+        if key == "file" {
+            current = Some(value.to_string());
+        }
+        if let Some(file) = &current {
+            out.entry(file.clone())
+                .or_default()
+                .insert(key.to_string(), value.to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_json_lists_every_loaded_file_as_fileid_deltas_and_tables_see_it() {
+    let (sleep, py, pids) = sleep_and_python();
+    let json: Value =
+        serde_json::from_str(&run_ok(eim().args(["scan", "--json"]).args(&pids))).expect("JSON");
+    // Which processes map each file, and where the test reads it.
+    let mut mappers: BTreeMap<FileId, Vec<i32>> = BTreeMap::new();
+    let mut where_: BTreeMap<FileId, (PathBuf, PathBuf)> = BTreeMap::new();
+    for pid in [sleep.pid(), py.pid()] {
+        for (id, path) in expected_ids(pid) {
+            mappers.entry(id).or_default().push(pid);
+            let real = PathBuf::from(format!("/proc/{pid}/root"))
+                .join(path.strip_prefix("/").unwrap_or(&path));
+            where_.entry(id).or_insert((path, real));
+        }
+    }
+    let reals: Vec<&PathBuf> = where_.values().map(|(_, real)| real).collect();
+    let fileids: BTreeMap<String, (String, String)> = run_ok(eim().arg("fileid").args(&reals))
+        .lines()
+        .map(|l| {
+            let mut w = l.splitn(3, ' ');
+            let (long, host, path) = (w.next(), w.next(), w.next());
+            (
+                path.expect("path").to_string(),
+                (
+                    long.expect("id").to_string(),
+                    host.expect("host id").to_string(),
+                ),
+            )
+        })
+        .collect();
+    let deltas = sections(&run_ok(eim().arg("deltas").args(&reals)));
+    let tables = sections(&run_ok(eim().arg("tables").args(&reals)));
+
+    let listed = json["loaded_files"].as_array().expect("loaded_files");
+    assert_eq!(listed.len(), mappers.len(), "{listed:?}");
+    assert_eq!(json["files"]["loaded"], mappers.len());
+    let mut seen = BTreeSet::new();
+    for f in listed {
+        let host = f["host_file_id"].as_str().expect("host id");
+        let id = FileId(u64::from_str_radix(host, 16).expect("hex"));
+        assert!(seen.insert(id), "{host} listed twice");
+        let (path, real) = where_
+            .get(&id)
+            .unwrap_or_else(|| panic!("{f}: not a file of the processes"));
+        let real = real.display().to_string();
+        assert!(paths_of(&f["paths"]).contains(path), "{f}");
+        let (long, short) = &fileids[&real];
+        assert_eq!(
+            (f["file_id"].as_str(), Some(host)),
+            (Some(long.as_str()), Some(short.as_str())),
+            "{real}"
+        );
+        let count = |v: &BTreeMap<String, String>, key: &str| -> u64 {
+            v[key]
+                .parse()
+                .unwrap_or_else(|e| panic!("{real} {key}: {e}"))
+        };
+        assert_eq!(
+            f["deltas"].as_u64(),
+            Some(count(&deltas[&real], "deltas")),
+            "{real}"
+        );
+        let t = &tables[&real];
+        let table = &f["table"];
+        for (field, key) in [
+            ("size_class", "mapid"),
+            ("kernel_deltas", "kernel_deltas"),
+            ("page_entries", "pages"),
+            ("unwind_slots", "unwind_infos"),
+        ] {
+            assert_eq!(
+                table[field].as_u64(),
+                Some(count(t, key)),
+                "{real} {field}: {f}"
+            );
+        }
+        let mut holders = mappers[&id].clone();
+        holders.sort_unstable();
+        assert_eq!(f["references"], holders.len(), "{real}");
+        let processes: Vec<i64> = f["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .filter_map(Value::as_i64)
+            .collect();
+        assert_eq!(
+            processes,
+            holders.iter().map(|&p| i64::from(p)).collect::<Vec<_>>()
+        );
+        if real.contains("libc.so") {
+            assert!(
+                f["c_library"]["tsd"]["multiplier"].as_u64() > Some(0),
+                "{f}"
+            );
+        }
+    }
+    // Python's interpreter (the executable, or libpython when it has one)
+    // is listed with its version.
+    assert!(
+        listed
+            .iter()
+            .any(|f| f["interpreters"].as_array().is_some_and(|i| i
+                .iter()
+                .any(|i| i["loader"] == "python" && i["version"].is_string()))),
+        "{listed:?}"
+    );
+    // `--files` shows every loaded file in the text.
+    let text = run_ok(eim().args(["scan", "--files"]).args(&pids));
+    for (path, _) in where_.values() {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&*path.to_string_lossy())),
+            "{} not listed:\n{text}",
+            path.display()
+        );
+    }
+}
+
+/// Two copies of one file are one file (the id is the content's): one
+/// entry, both paths, one reference from the one process mapping both.
+#[test]
+fn a_file_seen_under_two_paths_is_listed_once_with_both() {
+    let dir = exec_dir("two-paths");
+    let bytes = std::fs::read("/usr/bin/true").expect("/usr/bin/true");
+    let copies: Vec<PathBuf> = ["a-true", "b-true"]
+        .iter()
+        .map(|name| {
+            let path = dir.join(name);
+            std::fs::write(&path, &bytes).expect("copy");
+            path
+        })
+        .collect();
+    let mapper = spawn_mapper(&copies);
+    let json: Value = serde_json::from_str(&run_ok(eim().args([
+        "scan",
+        "--json",
+        "--pid",
+        &mapper.pid().to_string(),
+    ])))
+    .expect("JSON");
+    let id = file_id_of(&bytes).host().to_string();
+    let entries: Vec<&Value> = json["loaded_files"]
+        .as_array()
+        .expect("loaded_files")
+        .iter()
+        .filter(|f| f["host_file_id"] == id.as_str())
+        .collect();
+    assert_eq!(entries.len(), 1, "{}", json["loaded_files"]);
+    assert_eq!(
+        paths_of(&entries[0]["paths"]),
+        copies.iter().cloned().collect(),
+        "{}",
+        entries[0]
+    );
+    assert_eq!(entries[0]["references"], 1);
+    drop(mapper);
+    let _ = std::fs::remove_dir_all(&dir);
+}
