@@ -11,6 +11,13 @@
 //! * an `unwind_info_array` slot in use is a 12-byte value rounded to 8:
 //!   `slots x 16` bytes (the array itself is preallocated whole).
 //!
+//! The unwind slots in use are upstream's `UnwindInfoArraySize`, taken from
+//! the metric itself so that the two cannot disagree: the slots some kernel
+//! table references. Slots that keep the rule of a table unloaded since
+//! (eim's cooling slots, reusable; upstream never frees a slot) are
+//! counted apart, from the maps: `unwind_slots_holding_rules` is every
+//! non-zero slot.
+//!
 //! Per-element overhead of the hash maps and the maps' fixed costs are not
 //! counted.
 
@@ -138,7 +145,12 @@ pub struct Extraction {
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Kernel {
     pub page_entries: usize,
+    /// `unwind_info_array` slots in use: referenced by a kernel table. The
+    /// `UnwindInfoArraySize` metric's value (one source).
     pub unwind_infos: usize,
+    /// Slots holding a rule, from the maps: those in use and those keeping
+    /// the rule of an unloaded table for reuse.
+    pub unwind_slots_holding_rules: usize,
     /// Delta tables (inner maps) by size class, with their memory.
     pub size_classes: Vec<ClassUsage>,
     pub bytes: Bytes,
@@ -227,7 +239,7 @@ pub struct Bytes {
     pub delta_tables: u64,
     /// `page_entries x 24`.
     pub page_entries: u64,
-    /// `unwind_infos x 16`.
+    /// `unwind_infos x 16` (the slots in use).
     pub unwind_infos: u64,
     pub total: u64,
 }
@@ -317,7 +329,11 @@ impl Summary {
             .collect();
         let delta_tables = size_classes.iter().map(|c| c.bytes).sum();
         let page_entries = usage.pages as u64 * PAGE_ENTRY_BYTES;
-        let unwind_infos = usage.unwind_infos as u64 * UNWIND_INFO_BYTES;
+        let metrics = host.metrics();
+        let slots_in_use = metrics
+            .get(&eim_core::metrics::UNWIND_INFO_ARRAY_SIZE)
+            .map_or(0, |&v| usize::try_from(v).unwrap_or(usize::MAX));
+        let unwind_infos = slots_in_use as u64 * UNWIND_INFO_BYTES;
         let kernel_time = host.kernel_time();
         let (unsupported, problems): (Vec<Problem>, Vec<Problem>) = host
             .problems()
@@ -326,7 +342,6 @@ impl Summary {
         let found = found(host.files().values());
         let count = |kind| problems.iter().filter(|p| p.kind == kind).count();
         let extraction_seconds = extraction.seconds;
-        let metrics = host.metrics();
         Ok(Self {
             backend: B::NAME,
             interrupted: step.interrupted,
@@ -353,7 +368,8 @@ impl Summary {
             extraction,
             kernel: Kernel {
                 page_entries: usage.pages,
-                unwind_infos: usage.unwind_infos,
+                unwind_infos: slots_in_use,
+                unwind_slots_holding_rules: usage.unwind_infos,
                 size_classes,
                 bytes: Bytes {
                     delta_tables,
@@ -457,7 +473,10 @@ impl Summary {
 
         let k = &self.kernel;
         let mut t = Table::new(&[
-            ("kernel memory", Align::Left),
+            (
+                "kernel memory (BPF arrays: 8-byte slots, a 4-byte delta takes 8)",
+                Align::Left,
+            ),
             ("tables", Align::Right),
             ("entries each", Align::Right),
             ("bytes", Align::Right),
@@ -477,10 +496,16 @@ impl Summary {
             grouped(k.bytes.page_entries),
         ]);
         t.row([
-            "unwind infos".into(),
+            "unwind slots in use (UnwindInfoArraySize)".into(),
             String::new(),
             n(k.unwind_infos),
             grouped(k.bytes.unwind_infos),
+        ]);
+        t.row([
+            "  slots keeping an unloaded table's rule".into(),
+            String::new(),
+            n(k.unwind_slots_holding_rules.saturating_sub(k.unwind_infos)),
+            String::new(),
         ]);
         t.row([
             "total".into(),
@@ -490,7 +515,7 @@ impl Summary {
         ]);
         out.push_str(&t.render());
         out.push_str(
-            "(tables x 2^class x 8 bytes; page entries x 24; unwind infos x 16; map overhead not counted)\n\n",
+            "(tables x 2^class x 8 bytes; page entries x 24 (16-byte key, 8-byte value); unwind slots in use x 16 (12-byte value, 8-byte slots); map overhead not counted)\n\n",
         );
 
         out.push_str(&report::metrics::table(&self.metrics));

@@ -419,3 +419,61 @@ fn a_file_seen_under_two_paths_is_listed_once_with_both() {
     drop(mapper);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The summary's unwind slots in use are the `UnwindInfoArraySize` metric;
+/// the slots that keep the rules of a file unloaded since are counted
+/// apart, and together they are every non-zero slot of the maps.
+#[test]
+fn the_unwind_slots_in_use_are_the_metric_and_kept_rules_are_apart() {
+    let go = testdata().join("oracle/bin/gocorpus-go1.19-amd64");
+    let gop = spawn_stopped(&go);
+    let sleep = spawn(Command::new("sleep").arg("300"));
+    wait_for_mapping(gop.pid(), "gocorpus-go1.19-amd64");
+    wait_for_mapping(sleep.pid(), "libc.so.6");
+    let mut host = host_of(&[gop.pid(), sleep.pid()], None);
+    step(&mut host);
+    let check = |host: &mut Host<SimMaps>| -> (usize, usize) {
+        let summary = Summary::of(host).expect("summary");
+        let metric = summary
+            .metrics
+            .iter()
+            .find(|m| m.name == "UnwindInfoArraySize")
+            .expect("the metric")
+            .value;
+        let k = &summary.kernel;
+        assert_eq!(k.unwind_infos as u64, metric);
+        assert_eq!(k.bytes.unwind_infos, metric * 16);
+        // Counted here from the maps, not through the summary's code.
+        let non_zero = host.with_backend(|m| {
+            m.unwind_infos()
+                .iter()
+                .filter(|u| **u != Default::default())
+                .count()
+        });
+        assert_eq!(k.unwind_slots_holding_rules, non_zero);
+        let text = summary.render_text();
+        assert_eq!(
+            text_number(&text, "unwind slots in use (UnwindInfoArraySize)"),
+            k.bytes.unwind_infos
+        );
+        assert_eq!(
+            text_number(&text, "slots keeping an unloaded table's rule"),
+            (non_zero - k.unwind_infos) as u64,
+            "{text}"
+        );
+        (k.unwind_infos, non_zero)
+    };
+    let (in_use, holding) = check(&mut host);
+    assert!(in_use > 0);
+    assert_eq!(in_use, holding, "nothing unloaded yet");
+    // The Go binary's table goes; the rules only it used stay in their
+    // slots, no longer in use.
+    gop.stop();
+    step(&mut host);
+    let (after, still) = check(&mut host);
+    assert!(
+        after < in_use,
+        "{after} in use after the unload, {in_use} before"
+    );
+    assert_eq!(still, holding, "unloading writes no slot");
+}
