@@ -662,6 +662,7 @@ fn watch_serves_metrics_and_stops_cleanly_on_ctrl_c() {
         "eim_kernel_seconds_total",
         "eim_files_deferred",
         "eim_files_failed",
+        "eim_files_unsupported",
     ] {
         assert!(body.contains(name), "{name} missing:\n{body}");
     }
