@@ -4,7 +4,8 @@
 //!
 //! Exposed: upstream's five manager metrics (gauges for what is loaded,
 //! counters for the provider), and eim's own: extraction and kernel time,
-//! extraction calls, deferred and failed files, processes tracked. The
+//! extraction calls, deferred, failed and unsupported files, processes
+//! tracked. The
 //! server ([`MetricsServer`]) is in `server`, what it answers in `routes`,
 //! its bound on connections in `slots`.
 
@@ -36,6 +37,7 @@ pub struct Metrics {
     kernel_seconds: Counter<f64, AtomicU64>,
     deferred: Gauge,
     failed: Gauge,
+    unsupported: Gauge,
     processes: Gauge,
     kernel_bytes: Gauge,
 }
@@ -132,6 +134,11 @@ impl Metrics {
             ),
             deferred: gauge(&mut r, "files_deferred", "Files waiting out their deferral"),
             failed: gauge(&mut r, "files_failed", "Files that could not be loaded"),
+            unsupported: gauge(
+                &mut r,
+                "files_unsupported",
+                "Files eim does not extract (not ELF, 32-bit, big-endian, another machine)",
+            ),
             processes: gauge(&mut r, "processes_tracked", "Processes holding references"),
             kernel_bytes: gauge(
                 &mut r,
@@ -163,6 +170,7 @@ impl Metrics {
         advance_f64(&self.kernel_seconds, s.seconds.kernel);
         set(&self.deferred, s.files.deferred as u64);
         set(&self.failed, s.files.failed as u64);
+        set(&self.unsupported, s.files.unsupported as u64);
         set(&self.processes, s.processes.tracked as u64);
         set(&self.kernel_bytes, s.kernel.bytes.total);
     }

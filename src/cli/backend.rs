@@ -14,6 +14,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use eim::bpf::{KernelConfig, KernelMaps};
 use eim::host::open::OpenStrategy;
 use eim::host::scan::{Host, HostConfig, NotRestarted, Progress, RestartFailed};
+use eim::report::problems::Listing;
 use eim::report::summary::Summary;
 use eim::sim::{SimConfig, SimMaps};
 
@@ -262,11 +263,19 @@ impl Progress for Bar {
 
 /// Prints the summary. A stopped run is a success: what it loaded is whole
 /// and consistent, and the summary says if the walk was cut short.
-pub(crate) fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<ExitCode> {
+/// Prints the summary; a scan or watch exits 0 whatever files it could not
+/// load (the summary says which and why), only eim's own errors fail it.
+pub(crate) fn print_summary(
+    summary: &Summary,
+    json: bool,
+    all_files: bool,
+) -> anyhow::Result<ExitCode> {
     let text = if json {
         serde_json::to_string_pretty(summary).context("encoding the summary")? + "\n"
+    } else if all_files {
+        summary.render_text_listing(Listing::All)
     } else {
-        summary.render_text()
+        summary.render_text_listing(Listing::Examples)
     };
     out::print(&text)?;
     Ok(ExitCode::SUCCESS)

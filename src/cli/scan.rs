@@ -24,9 +24,14 @@ pub struct ScanArgs {
     /// Only these processes (repeatable; default: every process).
     #[arg(long = "pid")]
     pub pids: Vec<i32>,
-    /// Print the summary as one JSON document.
+    /// Print the summary as one JSON document (which always lists every
+    /// loaded file and every file not loaded).
     #[arg(long)]
     pub json: bool,
+    /// In the text summary, list every loaded file and every path of the
+    /// files not loaded (without it: a few example paths per reason).
+    #[arg(long)]
+    pub files: bool,
 }
 
 fn scan_on<B: Inspect>(
@@ -52,7 +57,7 @@ fn scan_on<B: Inspect>(
         }
     }
     let summary = Summary::of(&mut host)?;
-    print_summary(&summary, args.json)
+    print_summary(&summary, args.json, args.files)
 }
 
 pub fn run(args: &ScanArgs) -> anyhow::Result<ExitCode> {

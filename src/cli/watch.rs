@@ -42,9 +42,14 @@ pub struct WatchArgs {
     /// Stop after this many steps (default: until Ctrl-C).
     #[arg(long)]
     pub steps: Option<u64>,
-    /// Print the final summary as one JSON document.
+    /// Print the final summary as one JSON document (which always lists
+    /// every loaded file and every file not loaded).
     #[arg(long)]
     pub json: bool,
+    /// In the final text summary, list every loaded file and every path of
+    /// the files not loaded (without it: a few example paths per reason).
+    #[arg(long)]
+    pub files: bool,
 }
 
 /// The shortest `--interval`: below it, watch is a busy loop re-reading
@@ -104,6 +109,7 @@ fn watch_on<B: Inspect>(
             ..summary
         },
         args.json,
+        args.files,
     )
 }
 

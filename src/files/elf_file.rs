@@ -169,7 +169,8 @@ impl Opened {
 #[error("{message}")]
 pub struct Unreliable {
     /// `Io` for a file that changed or could not be read, `TooLarge` for
-    /// one whose reads would pass the memory budget.
+    /// one whose reads would pass the memory budget; a refused header's
+    /// kind ([`HeaderError::kind`]).
     pub kind: ExtractErrorKind,
     pub message: String,
 }
@@ -389,38 +390,83 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// Why a file's header makes it unusable. This is the one place that
+/// decides which files are *unsupported* (not ELF, 32-bit, big-endian,
+/// another machine: files eim does not extract by design, which reports
+/// list apart from failures) and which are *invalid* (an ELF file of a
+/// supported kind that is broken).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl HeaderError {
+    pub fn kind(&self) -> ExtractErrorKind {
+        match self {
+            Self::Unsupported(_) => ExtractErrorKind::Unsupported,
+            Self::Invalid(_) => ExtractErrorKind::Invalid,
+        }
+    }
+
+    /// A file whose machine eim has no unwinder for.
+    pub fn machine(machine: u16) -> Self {
+        Self::Unsupported(format!(
+            "unsupported machine {machine:#x}: only x86-64 and arm64 ELF files are supported"
+        ))
+    }
+}
+
+impl From<HeaderError> for Unreliable {
+    fn from(e: HeaderError) -> Self {
+        Self {
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
+}
+
 /// Checks what `Elf::parse` takes for granted or reports tersely: the
 /// identification bytes, the header's length, and that the program and
 /// section header tables lie inside the file. `head` is the file's first
 /// bytes (its first 64, or all of a shorter file), `len` its length.
 /// Messages say what is wrong in a user's terms.
-pub fn check_header(head: &[u8], len: u64) -> Result<(), String> {
+pub fn check_header(head: &[u8], len: u64) -> Result<(), HeaderError> {
+    use HeaderError::{Invalid, Unsupported};
     let b = head;
     if b.len() < 4 || &b[..4] != b"\x7fELF" {
-        return Err("not an ELF file".into());
+        return Err(Unsupported("not an ELF file".into()));
     }
     let truncated_header = || {
-        format!("truncated ELF file: {len} bytes, shorter than the {EHDR64_SIZE}-byte ELF header")
+        Invalid(format!(
+            "truncated ELF file: {len} bytes, shorter than the {EHDR64_SIZE}-byte ELF header"
+        ))
     };
     match b.get(4) {
         None => return Err(truncated_header()),
         Some(2) => {}
         Some(1) => {
-            return Err(
+            return Err(Unsupported(
                 "a 32-bit ELF file: only 64-bit little-endian ELF files are supported".into(),
-            )
+            ))
         }
-        Some(c) => return Err(format!("not a valid ELF file: unknown class {c}")),
+        Some(c) => return Err(Invalid(format!("not a valid ELF file: unknown class {c}"))),
     }
     match b.get(5) {
         None => return Err(truncated_header()),
         Some(1) => {}
         Some(2) => {
-            return Err(
+            return Err(Unsupported(
                 "a big-endian ELF file: only 64-bit little-endian ELF files are supported".into(),
-            )
+            ))
         }
-        Some(d) => return Err(format!("not a valid ELF file: unknown data encoding {d}")),
+        Some(d) => {
+            return Err(Invalid(format!(
+                "not a valid ELF file: unknown data encoding {d}"
+            )))
+        }
     }
     if len < EHDR64_SIZE || (b.len() as u64) < EHDR64_SIZE {
         return Err(truncated_header());
@@ -442,11 +488,11 @@ pub fn check_header(head: &[u8], len: u64) -> Result<(), String> {
         match offset.checked_add(entry_size * count) {
             Some(end) if end <= len => {}
             _ => {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "truncated ELF file: the {what} header table ({count} entries of \
                      {entry_size} bytes at offset {offset}) ends past the end of the file \
                      ({len} bytes)"
-                ))
+                )))
             }
         }
     }
@@ -467,12 +513,10 @@ fn parse(opened: Opened) -> Result<ParsedElf, Unreliable> {
             .changed()
             .unwrap_or(invalid("cannot read the header".into()))
     })?;
-    check_header(head, len).map_err(invalid)?;
+    check_header(head, len)?;
     let parsed = ParsedElf::try_new(opened, |o| {
         Elf::parse_lazy(&o.lazy).map_err(|e| match e {
-            ElfError::UnsupportedMachine(m) => invalid(format!(
-                "unsupported machine {m:#x}: only x86-64 and arm64 ELF files are supported"
-            )),
+            ElfError::UnsupportedMachine(m) => HeaderError::machine(m).into(),
             // A read that failed says more than the parser's complaint.
             other => o.changed().unwrap_or_else(|| invalid(other.to_string())),
         })
@@ -778,9 +822,10 @@ impl ElfFileRef {
         }
         let opened = Opened::new(Arc::new(file), &meta);
         let head = opened.lazy.view().bytes_at(0, meta.len().min(EHDR64_SIZE));
-        if let Err(e) = head.map_or(Err("cannot read the header".into()), |h| {
-            check_header(h, meta.len())
-        }) {
+        if let Err(e) = head.map_or(
+            Err(HeaderError::Invalid("cannot read the header".into())),
+            |h| check_header(h, meta.len()),
+        ) {
             tracing::debug!(debug = %physical.display(), "not usable: {e}");
             return Ok(None);
         }
@@ -983,10 +1028,10 @@ pub(crate) mod tests {
             (
                 "text",
                 b"hello, world\n".to_vec(),
-                Invalid,
+                Unsupported,
                 "not an ELF file",
             ),
-            ("empty", vec![], Invalid, "not an ELF file"),
+            ("empty", vec![], Unsupported, "not an ELF file"),
             (
                 "magic-only",
                 b"\x7fELF".to_vec(),
@@ -1011,12 +1056,12 @@ pub(crate) mod tests {
                 Invalid,
                 "section 1 (.text) ends past the end",
             ),
-            ("elf32", class32, Invalid, "32-bit ELF file"),
-            ("be", big_endian, Invalid, "big-endian ELF file"),
+            ("elf32", class32, Unsupported, "32-bit ELF file"),
+            ("be", big_endian, Unsupported, "big-endian ELF file"),
             (
                 "riscv",
                 tiny_elf(243, &[]),
-                Invalid,
+                Unsupported,
                 "unsupported machine 0xf3",
             ),
         ];

@@ -384,14 +384,14 @@ mod tests {
         let text = dir.path().join("text");
         std::fs::write(&text, "not elf").expect("write");
         let e = p.extract(&ElfFileRef::new(&text)).expect_err("not ELF");
-        assert_eq!(e.kind, Invalid);
+        assert_eq!(e.kind, Unsupported);
         assert_eq!(
             p.get_and_reset_statistics(),
             Statistics {
                 success: 1,
                 extraction_errors: 1
             },
-            "NotFound is not counted"
+            "NotFound is not counted; an unsupported file is, as upstream counts it"
         );
         assert_eq!(p.statistics(), Statistics::default());
 

@@ -153,6 +153,17 @@ impl ProcessTable {
         self.entries.values().map(|e| e.held.len()).sum()
     }
 
+    /// The pids holding each file (in no order).
+    pub fn pids_by_file(&self) -> HashMap<FileId, Vec<i32>> {
+        let mut out: HashMap<FileId, Vec<i32>> = HashMap::new();
+        for (pid, entry) in &self.entries {
+            for id in &entry.held {
+                out.entry(*id).or_default().push(*pid);
+            }
+        }
+        out
+    }
+
     /// Processes holding each file.
     pub fn holders(&self) -> HashMap<FileId, usize> {
         let mut out = HashMap::new();
@@ -209,5 +220,8 @@ mod tests {
         assert_eq!(t.gone(&HashSet::from([2])), vec![1, 3]);
         assert_eq!(t.references(), 6);
         assert_eq!(t.holders()[&FileId(9)], 3);
+        let mut nine = t.pids_by_file()[&FileId(9)].clone();
+        nine.sort_unstable();
+        assert_eq!(nine, [1, 2, 3]);
     }
 }

@@ -92,6 +92,19 @@ impl OpenError {
     pub fn is_vanished(&self) -> bool {
         matches!(self, Self::Vanished { .. })
     }
+
+    /// The reason without the process and path: the same for every
+    /// mapping refused the same way, so that a summary can group them.
+    pub fn cause(&self) -> String {
+        match self {
+            Self::Vanished { .. } => "gone".into(),
+            Self::NotTheMappedFile { .. } => {
+                "not the file mapped: replaced on disk or seen through another mount".into()
+            }
+            Self::PermissionDenied { .. } => "permission denied: it needs CAP_SYS_PTRACE or running as the process's user, and read permission on the file".into(),
+            Self::Io { source, .. } => format!("cannot open: {source}"),
+        }
+    }
 }
 
 /// The process's root directory in our mount namespace.

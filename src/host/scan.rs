@@ -98,6 +98,26 @@ pub enum ProblemKind {
     Failed,
     /// It could not be opened as the file the process maps.
     Unopenable,
+    /// It is of a kind eim does not extract (not ELF, 32-bit or big-endian
+    /// ELF, another machine: [`crate::files::elf_file::HeaderError`]
+    /// decides): not a failure, but not loaded either.
+    Unsupported,
+}
+
+impl ProblemKind {
+    /// What a load's error makes of the file; `None` for a file that has
+    /// gone (not a problem: the process let go of it).
+    pub fn of(e: &Error) -> Option<Self> {
+        match e {
+            Error::Deferred { .. } => Some(Self::Deferred),
+            Error::Extraction { source, .. } => match source.kind {
+                ExtractErrorKind::NotFound => None,
+                ExtractErrorKind::Unsupported => Some(Self::Unsupported),
+                _ => Some(Self::Failed),
+            },
+            _ => Some(Self::Failed),
+        }
+    }
 }
 
 /// A file that is not loaded, and why.
@@ -107,8 +127,29 @@ pub struct Problem {
     /// The 128-bit file id, when the file could be read.
     pub file_id: Option<String>,
     pub kind: ProblemKind,
+    /// The whole error, naming the file.
     pub reason: String,
+    /// The reason without what names the file (its id and path), the same
+    /// for every file that failed the same way: the summary groups by it.
+    pub cause: String,
 }
+
+/// `e`'s message without the file id and path it starts with.
+pub fn cause_of(e: &Error) -> String {
+    match e {
+        Error::Extraction { source, .. } => source.message.clone(),
+        other => {
+            let text = other.to_string();
+            let prefix = format!("file {}: ", other.file_id());
+            text.strip_prefix(&prefix)
+                .map_or_else(|| text.clone(), str::to_string)
+        }
+    }
+}
+
+/// The most paths a file's record keeps: one file can be seen under a
+/// path per container root, and a report needs only a few.
+pub const MAX_PATHS: usize = 32;
 
 /// What the host knows of one distinct file.
 #[derive(Clone, Debug)]
@@ -116,9 +157,28 @@ pub struct FileRecord {
     pub id: FileId128,
     /// The path of its first mapping seen (as that process sees it).
     pub path: PathBuf,
+    /// Every path it was seen under (as each process sees it), first seen
+    /// first, at most [`MAX_PATHS`].
+    pub paths: Vec<PathBuf>,
+    /// Paths seen beyond [`MAX_PATHS`] (not kept).
+    pub more_paths: usize,
     pub size: u64,
     /// What the manager reported when it was last loaded.
     pub info: Option<ExecutableInfo>,
+}
+
+impl FileRecord {
+    /// Notes that a process maps it under `path`.
+    fn saw(&mut self, path: &std::path::Path) {
+        if self.paths.iter().any(|p| p == path) {
+            return;
+        }
+        if self.paths.len() < MAX_PATHS {
+            self.paths.push(path.to_path_buf());
+        } else {
+            self.more_paths += 1;
+        }
+    }
 }
 
 /// Counts since the host was made (steps add up).
@@ -629,15 +689,18 @@ impl<B: Inspect> Host<B> {
             }
         };
         let id = id128.host();
-        self.files.entry(id).or_insert_with(|| {
+        let record = self.files.entry(id).or_insert_with(|| {
             tracing::debug!(pid, path = %m.path.display(), file_id = %id128, via = ?opened.via, "new file");
             FileRecord {
                 id: id128,
                 path: m.path.clone(),
+                paths: Vec::new(),
+                more_paths: 0,
                 size: opened.identity.size,
                 info: None,
             }
         });
+        record.saw(&m.path);
         Some(Identified::File(id128, opened.file))
     }
 
@@ -673,6 +736,7 @@ impl<B: Inspect> Host<B> {
                 file_id: None,
                 kind: ProblemKind::Unopenable,
                 reason: e.to_string(),
+                cause: e.cause(),
             });
     }
 
@@ -708,29 +772,32 @@ impl<B: Inspect> Host<B> {
     }
 
     fn note_failure(&mut self, id: FileId, file: &HostFile, e: Error) {
-        let kind = match &e {
-            Error::Deferred { .. } => ProblemKind::Deferred,
-            Error::Extraction { source, .. } if source.kind == ExtractErrorKind::NotFound => {
-                self.counters.files_vanished += 1;
-                return;
-            }
-            _ => ProblemKind::Failed,
+        let Some(kind) = ProblemKind::of(&e) else {
+            self.counters.files_vanished += 1;
+            return;
         };
         let path = self
             .files
             .get(&id)
             .map_or_else(|| file.elf.path().to_path_buf(), |r| r.path.clone());
         match self.problems.get_mut(&id) {
+            // An unsupported file stays unsupported while it is deferred.
+            Some(p) if p.kind == ProblemKind::Unsupported && kind == ProblemKind::Deferred => {}
             // A deferral keeps the reason of the failure that caused it.
             Some(p) if kind == ProblemKind::Deferred => p.kind = kind,
             _ => {
-                tracing::warn!(path = %path.display(), "{e}");
+                if kind == ProblemKind::Unsupported {
+                    tracing::debug!(path = %path.display(), "{e}");
+                } else {
+                    tracing::warn!(path = %path.display(), "{e}");
+                }
                 self.problems.insert(
                     id,
                     Problem {
                         path,
                         file_id: Some(file.id.to_string()),
                         kind,
+                        cause: cause_of(&e),
                         reason: e.to_string(),
                     },
                 );

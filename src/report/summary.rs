@@ -11,6 +11,13 @@
 //! * an `unwind_info_array` slot in use is a 12-byte value rounded to 8:
 //!   `slots x 16` bytes (the array itself is preallocated whole).
 //!
+//! The unwind slots in use are upstream's `UnwindInfoArraySize`, taken from
+//! the metric itself so that the two cannot disagree: the slots some kernel
+//! table references. Slots that keep the rule of a table unloaded since
+//! (eim's cooling slots, reusable; upstream never frees a slot) are
+//! counted apart, from the maps: `unwind_slots_holding_rules` is every
+//! non-zero slot.
+//!
 //! Per-element overhead of the hash maps and the maps' fixed costs are not
 //! counted.
 
@@ -27,7 +34,9 @@ use eim_core::tsd::LibcInfo;
 use crate::backends::inspect::{Inspect, InspectError};
 use crate::host::scan::{Counters, FileRecord, Host, Problem, ProblemKind};
 use crate::report;
+use crate::report::files::{self as loaded, LoadedFile};
 use crate::report::metrics::Metric;
+use crate::report::problems::{self, Group, Listing};
 use crate::report::table::{grouped, Align, Table};
 
 /// Bytes the kernel uses per element of a delta array (4-byte values are
@@ -52,8 +61,15 @@ pub struct Summary {
     /// With pinned kernel maps: what the start found in the pin directory
     /// (`null` otherwise).
     pub pins: Option<Pins>,
-    /// Files (or mappings) not loaded, with the reason.
+    /// Files (or mappings) that failed to load, with the reason
+    /// (unsupported files are not here but in `unsupported`).
     pub problems: Vec<Problem>,
+    /// Files of a kind eim does not extract (not ELF, 32-bit or big-endian
+    /// ELF, another machine), by reason: not loaded, not failures.
+    pub unsupported: Vec<Group>,
+    /// Every loaded file: ids, paths, table, references, C-library and
+    /// interpreter facts.
+    pub loaded_files: Vec<LoadedFile>,
     /// The loaded files that are C libraries (their TSD and DTV layouts) or
     /// interpreters (each matching loader, its version and ranges).
     pub found: Vec<Found>,
@@ -109,6 +125,8 @@ pub struct Files {
     pub failed: usize,
     /// Mappings whose file could not be opened as the mapped one.
     pub unopenable: usize,
+    /// Files eim does not extract (not failures; see `unsupported`).
+    pub unsupported: usize,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -127,7 +145,12 @@ pub struct Extraction {
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Kernel {
     pub page_entries: usize,
+    /// `unwind_info_array` slots in use: referenced by a kernel table. The
+    /// `UnwindInfoArraySize` metric's value (one source).
     pub unwind_infos: usize,
+    /// Slots holding a rule, from the maps: those in use and those keeping
+    /// the rule of an unloaded table for reuse.
+    pub unwind_slots_holding_rules: usize,
     /// Delta tables (inner maps) by size class, with their memory.
     pub size_classes: Vec<ClassUsage>,
     pub bytes: Bytes,
@@ -216,7 +239,7 @@ pub struct Bytes {
     pub delta_tables: u64,
     /// `page_entries x 24`.
     pub page_entries: u64,
-    /// `unwind_infos x 16`.
+    /// `unwind_infos x 16` (the slots in use).
     pub unwind_infos: u64,
     pub total: u64,
 }
@@ -306,13 +329,19 @@ impl Summary {
             .collect();
         let delta_tables = size_classes.iter().map(|c| c.bytes).sum();
         let page_entries = usage.pages as u64 * PAGE_ENTRY_BYTES;
-        let unwind_infos = usage.unwind_infos as u64 * UNWIND_INFO_BYTES;
+        let metrics = host.metrics();
+        let slots_in_use = metrics
+            .get(&eim_core::metrics::UNWIND_INFO_ARRAY_SIZE)
+            .map_or(0, |&v| usize::try_from(v).unwrap_or(usize::MAX));
+        let unwind_infos = slots_in_use as u64 * UNWIND_INFO_BYTES;
         let kernel_time = host.kernel_time();
-        let problems = host.problems();
+        let (unsupported, problems): (Vec<Problem>, Vec<Problem>) = host
+            .problems()
+            .into_iter()
+            .partition(|p| p.kind == ProblemKind::Unsupported);
         let found = found(host.files().values());
         let count = |kind| problems.iter().filter(|p| p.kind == kind).count();
         let extraction_seconds = extraction.seconds;
-        let metrics = host.metrics();
         Ok(Self {
             backend: B::NAME,
             interrupted: step.interrupted,
@@ -334,11 +363,13 @@ impl Summary {
                 deferred: count(ProblemKind::Deferred),
                 failed: count(ProblemKind::Failed),
                 unopenable: count(ProblemKind::Unopenable),
+                unsupported: unsupported.len(),
             },
             extraction,
             kernel: Kernel {
                 page_entries: usage.pages,
-                unwind_infos: usage.unwind_infos,
+                unwind_infos: slots_in_use,
+                unwind_slots_holding_rules: usage.unwind_infos,
                 size_classes,
                 bytes: Bytes {
                     delta_tables,
@@ -356,6 +387,13 @@ impl Summary {
                     ..p
                 }),
             problems,
+            unsupported: problems::group(&unsupported),
+            loaded_files: loaded::list(
+                &state,
+                host.files(),
+                host.extraction(),
+                &host.processes().pids_by_file(),
+            ),
             found,
             metrics: report::metrics::list(&metrics),
             counters: host.counters().clone(),
@@ -368,8 +406,15 @@ impl Summary {
         })
     }
 
-    /// The summary as text tables.
+    /// The summary as text tables, with a few example paths per reason a
+    /// file was not loaded.
     pub fn render_text(&self) -> String {
+        self.render_text_listing(Listing::Examples)
+    }
+
+    /// The summary as text tables; `listing` says whether every path of
+    /// the files not loaded is shown (`--files`).
+    pub fn render_text_listing(&self, listing: Listing) -> String {
         let mut out = format!(
             "eim scan: {} processes, {} distinct executable files, {} backend{}\n\n",
             grouped(self.processes.listed as u64),
@@ -404,6 +449,7 @@ impl Summary {
         t.row(["  deferred".into(), n(self.files.deferred)]);
         t.row(["  failed".into(), n(self.files.failed)]);
         t.row(["  not openable".into(), n(self.files.unopenable)]);
+        t.row(["  unsupported".into(), n(self.files.unsupported)]);
         t.row(["processes vanished".into(), grouped(self.counters.vanished)]);
         t.row([
             "processes not readable (privileges)".into(),
@@ -427,7 +473,10 @@ impl Summary {
 
         let k = &self.kernel;
         let mut t = Table::new(&[
-            ("kernel memory", Align::Left),
+            (
+                "kernel memory (BPF arrays: 8-byte slots, a 4-byte delta takes 8)",
+                Align::Left,
+            ),
             ("tables", Align::Right),
             ("entries each", Align::Right),
             ("bytes", Align::Right),
@@ -447,10 +496,16 @@ impl Summary {
             grouped(k.bytes.page_entries),
         ]);
         t.row([
-            "unwind infos".into(),
+            "unwind slots in use (UnwindInfoArraySize)".into(),
             String::new(),
             n(k.unwind_infos),
             grouped(k.bytes.unwind_infos),
+        ]);
+        t.row([
+            "  slots keeping an unloaded table's rule".into(),
+            String::new(),
+            n(k.unwind_slots_holding_rules.saturating_sub(k.unwind_infos)),
+            String::new(),
         ]);
         t.row([
             "total".into(),
@@ -460,7 +515,7 @@ impl Summary {
         ]);
         out.push_str(&t.render());
         out.push_str(
-            "(tables x 2^class x 8 bytes; page entries x 24; unwind infos x 16; map overhead not counted)\n\n",
+            "(tables x 2^class x 8 bytes; page entries x 24 (16-byte key, 8-byte value); unwind slots in use x 16 (12-byte value, 8-byte slots); map overhead not counted)\n\n",
         );
 
         out.push_str(&report::metrics::table(&self.metrics));
@@ -521,22 +576,17 @@ impl Summary {
                 ));
             }
         }
+        if listing == Listing::All && !self.loaded_files.is_empty() {
+            out.push('\n');
+            out.push_str(&loaded::render(&self.loaded_files));
+        }
         if !self.problems.is_empty() {
-            out.push_str("\nfiles not loaded:\n");
-            let mut by_kind: BTreeMap<ProblemKind, Vec<&Problem>> = BTreeMap::new();
-            for p in &self.problems {
-                by_kind.entry(p.kind).or_default().push(p);
-            }
-            for (kind, problems) in by_kind {
-                for p in problems {
-                    out.push_str(&format!(
-                        "  {:<10} {}: {}\n",
-                        format!("{kind:?}").to_lowercase(),
-                        p.path.display(),
-                        p.reason
-                    ));
-                }
-            }
+            out.push_str("\nfiles not loaded, by reason:\n");
+            out.push_str(&problems::render(&problems::group(&self.problems), listing));
+        }
+        if !self.unsupported.is_empty() {
+            out.push_str("\nunsupported files (not loaded, not failures), by reason:\n");
+            out.push_str(&problems::render(&self.unsupported, listing));
         }
         out
     }

@@ -27,6 +27,9 @@ use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
+#[path = "scan/report.rs"]
+mod report;
+
 /// A child killed (and reaped) when dropped.
 struct Running(Child);
 
@@ -478,7 +481,8 @@ fn the_json_summary_parses_and_agrees_with_the_text_one() {
         ("failed", "/files/failed"),
         ("extractions", "/extraction/extractions"),
         ("page entries", "/kernel/bytes/page_entries"),
-        ("unwind infos", "/kernel/bytes/unwind_infos"),
+        ("unwind slots in use", "/kernel/bytes/unwind_infos"),
+        ("UnwindInfoArraySize", "/kernel/unwind_infos"),
         ("total", "/kernel/bytes/total"),
         ("NumExeIDLoadedToEBPF", "/metrics/0/value"),
         ("HashmapNumStackDeltaPages", "/metrics/2/value"),
@@ -585,7 +589,13 @@ fn kernel_scan_loads_what_the_simulated_scan_loads() {
     for part in ["files", "mappings"] {
         assert_eq!(kernel[part], sim[part], "{part}");
     }
-    for field in ["page_entries", "unwind_infos", "size_classes", "bytes"] {
+    for field in [
+        "page_entries",
+        "unwind_infos",
+        "unwind_slots_holding_rules",
+        "size_classes",
+        "bytes",
+    ] {
         assert_eq!(kernel["kernel"][field], sim["kernel"][field], "{field}");
     }
 }
@@ -652,6 +662,7 @@ fn watch_serves_metrics_and_stops_cleanly_on_ctrl_c() {
         "eim_kernel_seconds_total",
         "eim_files_deferred",
         "eim_files_failed",
+        "eim_files_unsupported",
     ] {
         assert!(body.contains(name), "{name} missing:\n{body}");
     }

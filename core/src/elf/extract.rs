@@ -107,6 +107,11 @@ pub enum ExtractErrorKind {
     NotFound,
     /// The file is not a usable ELF, or its unwind data is malformed.
     Invalid,
+    /// The file is of a kind eim does not extract by design (not ELF, a
+    /// 32-bit or big-endian ELF, a machine other than x86-64 and arm64):
+    /// deferred and counted as upstream does, but reports list it apart
+    /// from the failures.
+    Unsupported,
     /// The file exceeds a configured limit.
     TooLarge,
     /// Reading failed for another reason.

@@ -53,6 +53,9 @@ pub struct MapRef {
     /// [`encode::Draft::dead_pages`]). The page gauge counts these.
     pub page_entries: u32,
     pub map_id: u16,
+    /// Entries of its delta table (the kernel deltas, after merging; the
+    /// rest of the `2^map_id` array is zero), for reports.
+    pub deltas: u32,
 }
 
 /// A file whose table is in the kernel.
@@ -538,6 +541,8 @@ impl KernelBook {
                 num_pages: draft.per_page.len() as u32,
                 page_entries: page_entries as u32,
                 map_id: class,
+                // At most the largest class's 2^23 entries.
+                deltas: draft.entries.len() as u32,
             },
             gaps: draft.gaps,
             dead_pages: draft.dead_pages,

@@ -225,6 +225,8 @@ fn adoptable(
             num_pages: draft.per_page.len() as u32,
             page_entries: draft.page_entries() as u32,
             map_id: draft.map_id,
+            // At most the largest class's 2^23 entries.
+            deltas: draft.entries.len() as u32,
         },
         // In first-use order, as a fresh plan records them.
         slots: draft

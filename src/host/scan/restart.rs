@@ -29,7 +29,7 @@ use eim_core::manager::{MonotonicClock, RestartRefused};
 use eim_core::ops::MapKind;
 use eim_core::{ExecutableInfoManager, FileId};
 
-use super::{host_elf_ref, Host, Identified, Problem, ProblemKind, StepReport};
+use super::{cause_of, host_elf_ref, Host, Identified, Problem, ProblemKind, StepReport};
 use crate::backends::inspect::Inspect;
 use crate::files::counting::HostFile;
 use crate::host::mappings::{MappingKey, ProcessEntry, Resolution};
@@ -167,7 +167,7 @@ impl<B: Inspect> Host<B> {
         let mut waiting = 0;
         for (id, e) in &report.failed {
             let path = files.get(id).map(|r| r.path.clone()).unwrap_or_default();
-            let (kind, reason) = match (e, cooling) {
+            let (kind, reason, cause) = match (e, cooling) {
                 // Expected: a rule no slot holds, while every slot cools.
                 (
                     eim_core::Error::MapFull {
@@ -178,17 +178,23 @@ impl<B: Inspect> Host<B> {
                 ) => {
                     waiting += 1;
                     tracing::debug!(path = %path.display(), "{e}");
+                    let why = format!(
+                        "it needs an unwind rule no slot holds, and after a restart every free slot cools for {:.1} s more",
+                        wait.as_secs_f64()
+                    );
                     (
                         ProblemKind::Deferred,
-                        format!(
-                            "{e}: it needs an unwind rule no slot holds, and after a restart every free slot cools for {:.1} s more",
-                            wait.as_secs_f64()
-                        ),
+                        format!("{e}: {why}"),
+                        format!("{}: {why}", cause_of(e)),
                     )
                 }
                 _ => {
                     tracing::warn!(path = %path.display(), "{e}");
-                    (ProblemKind::Failed, e.to_string())
+                    (
+                        ProblemKind::of(e).unwrap_or(ProblemKind::Failed),
+                        e.to_string(),
+                        cause_of(e),
+                    )
                 }
             };
             problems.insert(
@@ -197,6 +203,7 @@ impl<B: Inspect> Host<B> {
                     path,
                     file_id: files.get(id).map(|r| r.id.to_string()),
                     kind,
+                    cause,
                     reason,
                 },
             );
