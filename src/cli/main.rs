@@ -8,9 +8,10 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 mod backend;
+mod completions;
 mod deltas;
 mod demo;
 mod each;
@@ -19,6 +20,7 @@ mod input;
 mod inspect;
 mod loaders;
 mod lookup;
+mod man;
 mod out;
 mod scan;
 mod stop;
@@ -74,6 +76,12 @@ enum Command {
     /// Print what every interpreter loader says about each ELF file: the
     /// loader, the interpreter version and the interpreter_offsets ranges.
     Loaders(loaders::LoadersArgs),
+    /// Print the completion script of a shell for eim
+    /// (`eim completions bash > /etc/bash_completion.d/eim`).
+    Completions(completions::CompletionsArgs),
+    /// Print eim's manual page, or with --out write one page per command
+    /// (`eim man --out /usr/local/share/man/man1`).
+    Man(man::ManArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -153,6 +161,8 @@ fn main() -> ExitCode {
         Command::Lookup(args) => ("lookup", lookup::run(args)),
         Command::Inspect(args) => ("inspect", each(|out| inspect::run(args, out))),
         Command::Loaders(args) => ("loaders", each(|out| loaders::run(args, out))),
+        Command::Completions(args) => ("completions", completions::run(args, Cli::command())),
+        Command::Man(args) => ("man", man::run(args, Cli::command())),
     };
     out::exit_code(name, result)
 }
