@@ -14,6 +14,8 @@ mod backend;
 mod completions;
 mod deltas;
 mod demo;
+#[cfg(test)]
+mod deploy_tests;
 mod each;
 mod fileid;
 mod input;
