@@ -82,18 +82,21 @@ fn files_of(pid: i32) -> anyhow::Result<BTreeMap<FileId, (PathBuf, ElfFileRef)>>
 }
 
 /// Waits until `pid`'s executable mappings stop changing (the dynamic
-/// loader maps the C library after the exec `spawn` waited for).
-fn settled_paths(pid: i32) -> anyhow::Result<Vec<PathBuf>> {
+/// loader maps the C library after the exec `spawn` waited for, within a
+/// millisecond or so): the same for 60 ms.
+fn settle(pid: i32) -> anyhow::Result<()> {
     let paths = || -> anyhow::Result<Vec<PathBuf>> {
         let m = exec_mappings(pid).with_context(|| format!("reading the mappings of {pid}"))?;
         Ok(m.files.into_iter().map(|f| f.path).collect())
     };
     let mut last = paths()?;
+    let mut unchanged = 0;
     for _ in 0..100 {
         std::thread::sleep(Duration::from_millis(20));
         let now = paths()?;
-        if now == last && now.len() > 1 {
-            return Ok(now);
+        unchanged = if now == last { unchanged + 1 } else { 0 };
+        if unchanged == 3 && !now.is_empty() {
+            return Ok(());
         }
         last = now;
     }
@@ -174,7 +177,7 @@ pub fn run(pin_dir: &Path, out: &mut impl std::io::Write) -> anyhow::Result<Repo
     );
     let pid = i32::try_from(child.0.id()).context("a pid that fits an i32")?;
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).context("the child's executable")?;
-    settled_paths(pid)?;
+    settle(pid)?;
     let files = files_of(pid)?;
     let mut held = Vec::new();
     for (&id, (path, elf)) in &files {
