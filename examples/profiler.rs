@@ -271,12 +271,18 @@ pub fn run(pin_dir: &Path, out: &mut impl std::io::Write) -> anyhow::Result<Repo
 }
 
 /// Removes the pins in `dir` and the directory (a bpffs directory holds
-/// pins only; unlinking a pin drops the map once nothing else holds it).
+/// pins only; unlinking a pin drops the map once nothing else holds it),
+/// then the directory's lock file, which eim leaves for the next owner.
 pub fn remove_pins(dir: &Path) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         std::fs::remove_file(entry?.path())?;
     }
-    std::fs::remove_dir(dir)
+    std::fs::remove_dir(dir)?;
+    let lock_file = Path::new(eim::bpf::lock::LOCK_DIR).join(eim::bpf::lock::lock_name(dir));
+    match std::fs::remove_file(lock_file) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 fn main() -> anyhow::Result<()> {
