@@ -1,11 +1,24 @@
 //! eim: executable-info manager for eBPF native unwinding.
 //!
-//! This crate is a facade. The work is done in two crates that users should
-//! not have to know about:
+//! For a profiler whose eBPF program unwinds native stacks with the
+//! OpenTelemetry eBPF profiler's tables: eim keeps the unwind tables (stack
+//! deltas) of every executable the host's processes map in the kernel maps
+//! that program reads, shares them between the processes that map a file,
+//! and removes them when the last one exits. The profiler reports its
+//! processes' mappings and exits to an [`ExecutableInfoManager`]
+//! ([`ExecutableInfoManager::add_or_inc_ref`],
+//! [`ExecutableInfoManager::remove_or_dec_ref`]); eim extracts, encodes and
+//! writes. `examples/profiler.rs` is such a profiler, on aya, over pinned
+//! maps; the `eim` binary (`eim watch`) is one for a whole host.
+//!
+//! This crate is a facade over three crates that users should not have to
+//! know about:
 //!
 //! * [`eim_core`], re-exported here at the top level: the kernel map ABI,
 //!   stack deltas, the encoder, the pure state machine and the thread-safe
 //!   [`ExecutableInfoManager`];
+//! * [`eim_bpf`], re-exported as [`bpf`]: the real kernel maps
+//!   ([`bpf::KernelMaps`]), pinned by name if asked, and the aya it uses;
 //! * [`eim_sim`], re-exported as [`sim`]: an in-memory kernel with the real
 //!   maps' semantics ([`sim::SimMaps`]), so the manager runs (and can be
 //!   tested and demonstrated) without privileges.
@@ -13,10 +26,16 @@
 //! Files are read here, not in the core: [`ElfFileRef`] (a lazily opened
 //! ELF file, read on demand and never mapped, and its debug-file search)
 //! and [`ElfProvider`] (the stack-delta provider over it, which also runs
-//! the interpreter loaders: [`files::loaders`]).
+//! the interpreter loaders: [`files::loaders`]). [`host`] is `eim watch`'s
+//! whole-host loop (processes from `/proc`, their mappings opened as they
+//! map them: [`host::procs`], [`host::open`]), [`report`] its summary and
+//! [`metrics_http`] its Prometheus endpoint.
 //!
 //! Depending on `eim` alone keeps one version of each in a user's build and
 //! lets the split between the crates change without breaking users.
+//!
+//! The manager over the simulated kernel, with a file whose deltas are
+//! given rather than read from an ELF file:
 //!
 //! ```
 //! use eim::deltas::{hint, info, IntervalData, StackDelta};

@@ -1,5 +1,42 @@
 //! eim-bpf: eim's backend on real kernel maps, through aya.
 //!
+//! [`KernelMaps`] creates the maps an eBPF unwinder reads (or re-opens them
+//! pinned by name in a directory, where the profiler's own BPF loader opens
+//! them too) and applies the map operations the manager plans to them, with
+//! a constant number of `bpf()` calls per file.
+//!
+//! The example needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN) and a
+//! bpffs on `/sys/fs/bpf`, so it is compiled but not run by `cargo test`;
+//! `examples/profiler.rs` of the `eim` package does the same with a real
+//! process, and its test runs it where BPF is allowed.
+//!
+//! ```no_run
+//! use eim_bpf::{pinned, KernelConfig, KernelMaps};
+//! use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+//! use eim_core::provider::MemoryProvider;
+//! use eim_core::{ExecutableInfoManager, FileId, Tracers};
+//!
+//! let mut deltas = IntervalData::new();
+//! deltas.add(StackDelta::new(0x1000, hint::KEEP, info::sp(8)));
+//! deltas.add(StackDelta::new(0x1040, hint::GAP, info::INVALID));
+//! let provider = MemoryProvider::new();
+//! provider.insert(FileId(7), deltas);
+//!
+//! let dir = std::path::Path::new("/sys/fs/bpf/my-profiler");
+//! let maps = KernelMaps::with_config(KernelConfig {
+//!     pin_dir: Some(dir.into()),
+//!     ..KernelConfig::default()
+//! })?;
+//! let manager = ExecutableInfoManager::new(provider, maps, Tracers::none());
+//! manager.add_or_inc_ref(FileId(7), &FileId(7))?;
+//!
+//! // Any process reads the pins by name: here eim's own reader, which
+//! // takes no lock and changes nothing.
+//! let dump = pinned::dump_pinned(dir)?;
+//! assert!(dump.pages.keys().any(|key| key.file_id == 7));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! * [`sys`]: the raw `bpf()` calls aya 0.14 lacks (batch update, delete
 //!   and lookup; outer-map creation with `inner_map_fd`), each counted.
 //! * [`KernelMaps`]: the maps and the lookup program of the committed

@@ -3,7 +3,7 @@
 //! (outer maps) and a chosen name. Plus the single-element calls the
 //! backend needs on maps it holds by fd, and `BPF_OBJ_GET_INFO_BY_FD`.
 //!
-//! Every call goes through [`bpf`], which counts it ([`syscalls`]), so that
+//! Every call goes through `bpf`, which counts it ([`syscalls`]), so that
 //! tests and benchmarks can state how many syscalls an operation costs.
 //!
 //! Errors carry the errno and, for batch calls, how many elements the

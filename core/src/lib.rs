@@ -1,5 +1,15 @@
 //! eim-core: the pure heart of eim.
 //!
+//! What a profiler needs to keep the unwind tables of a host's executables
+//! in the kernel maps its eBPF unwinder reads, byte-compatible with the
+//! OpenTelemetry eBPF profiler's: the maps' ABI, the tables, and the
+//! [`ExecutableInfoManager`], which counts references per file and turns
+//! each first reference and each last release into map operations
+//! ([`ops::MapOp`]) that a backend applies: real BPF maps (`eim-bpf`'s
+//! `KernelMaps`) or simulated ones (`eim-sim`'s `SimMaps`). Most users
+//! depend on the `eim` crate, which re-exports this one with both backends
+//! and reads ELF files.
+//!
 //! * [`abi`]: the kernel structs and constants, byte for byte.
 //! * [`deltas`]: stack deltas and upstream's de-duplicating append rules.
 //! * [`encode`]: deltas to a kernel table (pages, merges, size class, gaps).
@@ -14,6 +24,54 @@
 //!
 //! Nothing in this crate performs I/O, reads a clock or spawns a thread;
 //! the facade takes a [`manager::Clock`] and a backend from its caller.
+//!
+//! A backend is one method, [`ops::Backend::apply`]. This one records what
+//! the manager asks of the kernel, which shows the order a reader relies
+//! on: a new file's unwind rules and table exist before the pages that
+//! lead to them, and go after them.
+//!
+//! ```
+//! use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+//! use eim_core::ops::{Backend, MapOp, OpFailure};
+//! use eim_core::provider::MemoryProvider;
+//! use eim_core::{ExecutableInfoManager, FileId, Tracers};
+//!
+//! #[derive(Default)]
+//! struct Recorder(Vec<&'static str>);
+//!
+//! impl Backend for Recorder {
+//!     fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
+//!         self.0.push(match op {
+//!             MapOp::PutUnwindInfos(_) => "put unwind infos",
+//!             MapOp::PutDeltaTable { .. } | MapOp::PutDeltaTables { .. } => "put table",
+//!             MapOp::PutPages(_) => "put pages",
+//!             MapOp::DeletePages(_) => "delete pages",
+//!             MapOp::DeleteDeltaTable { .. } => "delete table",
+//!             _ => "interpreter offsets",
+//!         });
+//!         Ok(())
+//!     }
+//! }
+//!
+//! // A function at 0x1000 whose frame is 16 bytes above the stack pointer.
+//! let mut deltas = IntervalData::new();
+//! deltas.add(StackDelta::new(0x1000, hint::KEEP, info::sp(16)));
+//! deltas.add(StackDelta::new(0x1040, hint::GAP, info::INVALID));
+//! let provider = MemoryProvider::new();
+//! provider.insert(FileId(7), deltas);
+//!
+//! let manager = ExecutableInfoManager::new(provider, Recorder::default(), Tracers::none());
+//! manager.add_or_inc_ref(FileId(7), &FileId(7))?; // a first process maps the file
+//! manager.add_or_inc_ref(FileId(7), &FileId(7))?; // a second one: no kernel work
+//! manager.remove_or_dec_ref(FileId(7))?;
+//! manager.remove_or_dec_ref(FileId(7))?; // the last one exits
+//! let ops = manager.with_backend(|r| std::mem::take(&mut r.0));
+//! assert_eq!(
+//!     ops,
+//!     ["put unwind infos", "put table", "put pages", "delete pages", "delete table"]
+//! );
+//! # Ok::<(), eim_core::Error>(())
+//! ```
 
 pub mod abi;
 pub mod deltas;

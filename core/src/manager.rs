@@ -478,7 +478,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
     /// A manager started over maps an earlier run left (a warm restart):
     /// `observed` is what they hold, `held` every file mapped now with its
     /// reference count. Each held file is extracted, the book is rebuilt by
-    /// [`reconcile`] (what is right is adopted untouched, the rest removed
+    /// [`reconcile`](fn@reconcile) (what is right is adopted untouched, the rest removed
     /// top-down), and the files whose entries were not adopted are loaded.
     /// A shape the reconcile does not trust is an error that hands the
     /// provider and the backend back, untouched: the caller cleans the maps

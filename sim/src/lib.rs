@@ -1,5 +1,39 @@
 //! eim-sim: eim's kernel maps in memory, with the kernel's semantics.
 //!
+//! For running eim without privileges (`eim --backend sim`, the demo) and
+//! for testing it: [`SimMaps`] holds the same maps as the kernel, byte for
+//! byte, and [`SimReader`] looks an address up in them exactly as the BPF
+//! unwinder does.
+//!
+//! ```
+//! use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+//! use eim_core::provider::MemoryProvider;
+//! use eim_core::{ExecutableInfoManager, FileId, Tracers};
+//! use eim_sim::reader::Answer;
+//! use eim_sim::{SimConfig, SimMaps, SimReader};
+//!
+//! // A function at 0x1000: CFA = SP + 8 on entry, SP + 16 after its push.
+//! let mut deltas = IntervalData::new();
+//! deltas.add(StackDelta::new(0x1000, hint::KEEP, info::sp(8)));
+//! deltas.add(StackDelta::new(0x1001, hint::NONE, info::sp(16)));
+//! deltas.add(StackDelta::new(0x1040, hint::GAP, info::INVALID));
+//! let provider = MemoryProvider::new();
+//! provider.insert(FileId(7), deltas);
+//!
+//! let maps = SimMaps::new(SimConfig::default())?;
+//! let manager = ExecutableInfoManager::new(provider, maps, Tracers::none());
+//! manager.add_or_inc_ref(FileId(7), &FileId(7))?;
+//!
+//! // What the unwinder finds at three addresses of the file.
+//! manager.with_backend(|maps| {
+//!     let reader = SimReader::new(maps);
+//!     assert_eq!(reader.answer(FileId(7), 0x1000), Some(Answer::Rule(info::sp(8))));
+//!     assert_eq!(reader.answer(FileId(7), 0x1020), Some(Answer::Rule(info::sp(16))));
+//!     assert_eq!(reader.answer(FileId(7), 0x1040), Some(Answer::Invalid));
+//! });
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! The machine in eim-core talks to the kernel only through
 //! [`eim_core::ops::Backend`]. This crate provides a backend that needs no
 //! privileges and fails on demand, so that every plan, every partial failure

@@ -8,17 +8,21 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 mod backend;
+mod completions;
 mod deltas;
 mod demo;
+#[cfg(test)]
+mod deploy_tests;
 mod each;
 mod fileid;
 mod input;
 mod inspect;
 mod loaders;
 mod lookup;
+mod man;
 mod out;
 mod scan;
 mod status;
@@ -80,6 +84,12 @@ enum Command {
     /// consistency from the maps alone; exits 1 on any violation. Read-only:
     /// never takes the owner's lock.
     Status(status::StatusArgs),
+    /// Print the completion script of a shell for eim
+    /// (`eim completions bash > /etc/bash_completion.d/eim`).
+    Completions(completions::CompletionsArgs),
+    /// Print eim's manual page, or with --out write one page per command
+    /// (`eim man --out /usr/local/share/man/man1`).
+    Man(man::ManArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -160,6 +170,8 @@ fn main() -> ExitCode {
         Command::Inspect(args) => ("inspect", each(|out| inspect::run(args, out))),
         Command::Loaders(args) => ("loaders", each(|out| loaders::run(args, out))),
         Command::Status(args) => ("status", status::run(args)),
+        Command::Completions(args) => ("completions", completions::run(args, Cli::command())),
+        Command::Man(args) => ("man", man::run(args, Cli::command())),
     };
     out::exit_code(name, result)
 }

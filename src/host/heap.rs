@@ -18,7 +18,7 @@
 #[cfg_attr(not(all(target_os = "linux", target_env = "gnu")), allow(dead_code))]
 const MMAP_THRESHOLD: libc::c_int = 1 << 20;
 
-/// Fixes malloc's thresholds (see [`MMAP_THRESHOLD`]); once per process,
+/// Fixes malloc's thresholds (see `MMAP_THRESHOLD` in this module); once per process,
 /// before the first step.
 pub fn configure() {
     static ONCE: std::sync::Once = std::sync::Once::new();

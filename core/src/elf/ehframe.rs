@@ -2,12 +2,12 @@
 //! frame information to stack deltas, exactly as upstream's SEED revision
 //! derives them.
 //!
-//! * [`reader`]: a byte cursor with upstream's overread rule, LEB128 and
+//! * `reader`: a byte cursor with upstream's overread rule, LEB128 and
 //!   pointer encodings.
-//! * [`record`]: CIE and FDE records.
-//! * [`vm`]: the CFA instructions and the recognised expressions.
-//! * [`rules`]: register rules to [`UnwindInfo`](crate::abi::UnwindInfo).
-//! * [`walk`]: finding the sections, walking the FDEs (through the
+//! * `record`: CIE and FDE records.
+//! * `vm`: the CFA instructions and the recognised expressions.
+//! * `rules`: register rules to [`UnwindInfo`](crate::abi::UnwindInfo).
+//! * `walk`: finding the sections, walking the FDEs (through the
 //!   `.eh_frame_hdr` search table or linearly) and emitting the deltas; a
 //!   big search table is walked in chunks on the machine's cores
 //!   ([`Parallelism`], [`ForkFilter`], [`crate::deltas::Detached`]), with

@@ -15,7 +15,7 @@
 //! Upstream classifies arm64 instructions by the mnemonic Go's disassembler
 //! prints, which applies the architecture's preferred aliases (`mov x5, x0`
 //! is an ORR, `mov x0, #-1` a MOVN, and both print as MOV). `yaxpeax-arm`
-//! reports the underlying operation, so [`a64_class`] re-applies the aliases
+//! reports the underlying operation, so `a64_class` re-applies the aliases
 //! that turn an otherwise refused operation into an accepted MOV.
 
 use super::Arch;

@@ -7,7 +7,7 @@
 //! file is opened here. The file handle, debug-link lookup and file reading
 //! live in the `eim` package.
 //!
-//! * [`extract`]: the stage order, the FDE filter, the final sort.
+//! * [`extract`](mod@extract): the stage order, the FDE filter, the final sort.
 //! * [`ehframe`]: `.eh_frame` / `.eh_frame_hdr` / `.debug_frame` CFI.
 //! * [`gopclntab`]: Go's pc/line tables.
 //! * [`entry`]: entry-stub matchers.

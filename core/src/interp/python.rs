@@ -4,7 +4,7 @@
 //! Extracts the version from the file name (as upstream does; 3.6 to 3.13),
 //! the patch level from `Py_Version` when the file has it (3.11+), the
 //! address of `_PyRuntime` (3.7+), the address of the thread-state key that
-//! `PyGILState_GetThisThreadState` reads (x86-64 and arm64, [`tss`]), and
+//! `PyGILState_GetThisThreadState` reads (x86-64 and arm64, the `tss` module), and
 //! asks for `_PyEval_EvalFrameDefault` (else `PyEval_EvalFrameEx`) in
 //! `interpreter_offsets` (program 4). On x86-64 the second range is the
 //! `.cold` part of the evaluation loop: the FDE that covers the first jump

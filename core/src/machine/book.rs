@@ -713,7 +713,7 @@ impl KernelBook {
     /// wrote whose zeroing failed keeps its rule, unreferenced, and the book
     /// knows it; that is not a debt). What could not be removed becomes a
     /// leftover; a table that stays published keeps its slots in use; the
-    /// other slots the plan took are settled (see [`Self::settle`]).
+    /// other slots the plan took are settled (see `settle`).
     pub fn finish_rollback(&mut self, rollback: Rollback, result: Result<(), Stopped>) -> bool {
         let zeroed = zeroed_slots(&rollback.ops, result);
         let mut remaining = VecDeque::new();

@@ -3,7 +3,7 @@
 //!
 //! Upstream classifies instructions by what Go's disassembler prints,
 //! which applies the architecture's preferred aliases (`mov`, `cmp`,
-//! `ubfiz`, `lsl`) and reports immediates unshifted. [`classify`] turns a
+//! `ubfiz`, `lsl`) and reports immediates unshifted. `classify` turns a
 //! `yaxpeax-arm` decoding plus the instruction word into that view; the
 //! encodings it reads are the Arm ARM's.
 //!

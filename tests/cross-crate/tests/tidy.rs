@@ -78,6 +78,7 @@ const ROOT_DIRS: &[&str] = &[
     "bpf-backend/tests",
     "bpf-backend/benches",
     "benches",
+    "examples",
     "tests/eim",
     "tests/cross-crate/tests",
     "fuzz/fuzz_targets",
