@@ -72,7 +72,7 @@ fn open_pins(dir: &Path) -> Result<Vec<Pin>, KernelError> {
     Ok(pins)
 }
 
-/// Reads every map eim pins in `dir` (see [`open_pins`] for what is
+/// Reads every map eim pins in `dir` (see `open_pins` for what is
 /// refused).
 pub fn dump_pinned(dir: &Path) -> Result<Dump, KernelError> {
     dump_pins(&open_pins(dir)?)

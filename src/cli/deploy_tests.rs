@@ -72,9 +72,9 @@ fn the_systemd_unit_runs_a_kernel_watch_with_what_it_needs() {
         .map(PathBuf::from)
         .collect();
     assert!(
-        writable.iter().any(|w| args.backend.pin_dir.starts_with(w)),
+        writable.iter().any(|w| args.backend.pin_dir().starts_with(w)),
         "the pin directory {} is not under ReadWritePaths {writable:?}",
-        args.backend.pin_dir.display()
+        args.backend.pin_dir().display()
     );
     let lock_dir = Path::new(eim::bpf::lock::LOCK_DIR);
     let runtime: Vec<PathBuf> = unit_values(&unit, "RuntimeDirectory")
@@ -186,7 +186,7 @@ fn the_daemonset_runs_a_kernel_watch_with_the_nodes_processes_and_pins() {
     // The pins on the node's bpffs, shared both ways.
     let (bpffs, propagation) = host_mount(pod, container, "/sys/fs/bpf");
     assert_eq!(bpffs, "/sys/fs/bpf");
-    assert!(args.backend.pin_dir.starts_with("/sys/fs/bpf"));
+    assert!(args.backend.pin_dir().starts_with("/sys/fs/bpf"));
     assert_eq!(propagation.as_deref(), Some("Bidirectional"));
     let security = at(container, "/securityContext");
     // The API server allows Bidirectional propagation only when privileged.
