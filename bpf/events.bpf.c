@@ -121,6 +121,7 @@ static __always_inline void report(__u32 kind, __u32 pid, __u32 parent, __u64 ad
 	e->pad = 0;
 	e->addr = addr;
 	e->len = len;
+	e->at_ns = bpf_ktime_get_ns();
 	bpf_ringbuf_submit(e, 0);
 }
 

@@ -28,8 +28,9 @@ typedef struct EimHostEvent {
 	__u32 pad;
 	__u64 addr;   /* EIM_EVENT_MMAP, EIM_EVENT_MPROTECT; else 0 */
 	__u64 len;
+	__u64 at_ns;  /* when, on CLOCK_MONOTONIC (bpf_ktime_get_ns) */
 } EimHostEvent;
 
-_Static_assert(sizeof(EimHostEvent) == 32, "EimHostEvent is 32 bytes");
+_Static_assert(sizeof(EimHostEvent) == 40, "EimHostEvent is 40 bytes");
 
 #endif

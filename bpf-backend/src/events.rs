@@ -32,13 +32,13 @@ pub mod kind {
 }
 
 /// The size of one record.
-pub const EVENT_SIZE: usize = 32;
+pub const EVENT_SIZE: usize = 40;
 
-pub use eim_core::tracking::HostEvent;
+pub use eim_core::tracking::{HostEvent, Stamped};
 
 /// Decodes one record; `None` for a record of another size or kind, or a
 /// pid that is no pid (the kernel wrote it, but eim trusts no input).
-pub fn decode(record: &[u8]) -> Option<HostEvent> {
+pub fn decode(record: &[u8]) -> Option<Stamped> {
     let record: &[u8; EVENT_SIZE] = record.try_into().ok()?;
     let u32_at = |at: usize| {
         u32::from_le_bytes([record[at], record[at + 1], record[at + 2], record[at + 3]])
@@ -50,7 +50,8 @@ pub fn decode(record: &[u8]) -> Option<HostEvent> {
     };
     let pid = i32::try_from(u32_at(4)).ok().filter(|p| *p > 0)?;
     let (addr, len) = (u64_at(16), u64_at(24));
-    Some(match u32_at(0) {
+    let at = Duration::from_nanos(u64_at(32));
+    let event = match u32_at(0) {
         kind::EXEC => HostEvent::Exec { pid },
         kind::EXIT => HostEvent::Exit { pid },
         kind::FORK => HostEvent::Fork {
@@ -60,7 +61,8 @@ pub fn decode(record: &[u8]) -> Option<HostEvent> {
         kind::MMAP => HostEvent::Map { pid, addr, len },
         kind::MPROTECT => HostEvent::Protect { pid, addr, len },
         _ => return None,
-    })
+    };
+    Some(Stamped { event, at })
 }
 /// Why the events program could not be attached.
 #[derive(Debug, thiserror::Error)]
@@ -174,7 +176,7 @@ impl HostEvents {
 
     /// Reads at most `max` records into `out`; returns how many records were
     /// read (records that do not decode are counted, not kept).
-    pub fn drain(&mut self, max: usize, out: &mut Vec<HostEvent>) -> usize {
+    pub fn drain(&mut self, max: usize, out: &mut Vec<Stamped>) -> usize {
         let mut read = 0;
         while read < max {
             let Some(item) = self.ring.next() else { break };

@@ -5,19 +5,43 @@
 
 use std::time::{Duration, Instant};
 
-use eim_bpf::events::{HostEvent, HostEvents};
+use eim_bpf::events::{HostEvent, HostEvents, Stamped};
+
+fn monotonic() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
+        0
+    );
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
 
 /// Reads events until `done` says the ones wanted have come, at most 10 s.
 fn collect(events: &mut HostEvents, done: impl Fn(&[HostEvent]) -> bool) -> Vec<HostEvent> {
     let started = Instant::now();
     let mut seen = Vec::new();
+    let mut stamped: Vec<Stamped> = Vec::new();
     while !done(&seen) {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "events missing; seen: {seen:?}"
         );
         events.wait(Duration::from_millis(100)).expect("poll");
-        events.drain(4096, &mut seen);
+        stamped.clear();
+        events.drain(4096, &mut stamped);
+        // Stamped on CLOCK_MONOTONIC, within the test's time.
+        let now = monotonic();
+        for s in &stamped {
+            assert!(
+                s.at <= now && now - s.at < Duration::from_secs(10),
+                "{s:?} at {now:?}"
+            );
+        }
+        seen.extend(stamped.iter().map(|s| s.event));
     }
     seen
 }

@@ -52,6 +52,14 @@ impl HostEvent {
     }
 }
 
+/// An event and when it happened (`CLOCK_MONOTONIC`), for the latency
+/// from an event to the tables it caused being published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamped {
+    pub event: HostEvent,
+    pub at: std::time::Duration,
+}
+
 /// What a batch of events asks of the host side.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Work {

@@ -72,7 +72,9 @@ fn the_systemd_unit_runs_a_kernel_watch_with_what_it_needs() {
         .map(PathBuf::from)
         .collect();
     assert!(
-        writable.iter().any(|w| args.backend.pin_dir().starts_with(w)),
+        writable
+            .iter()
+            .any(|w| args.backend.pin_dir().starts_with(w)),
         "the pin directory {} is not under ReadWritePaths {writable:?}",
         args.backend.pin_dir().display()
     );

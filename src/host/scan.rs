@@ -37,6 +37,7 @@ use eim_core::manager::Config;
 use eim_core::manager::MonotonicClock;
 use eim_core::metrics::{self, MetricId};
 use eim_core::provider::ExtractErrorKind;
+use eim_core::tracking::Work;
 use eim_core::{Error, ExecutableInfo, ExecutableInfoManager, FileId, Tracers};
 
 use crate::backends::inspect::{Inspect, InspectError, Usage};
@@ -227,6 +228,55 @@ pub struct StepReport {
     pub elapsed: Duration,
     /// Where `elapsed` went.
     pub phases: Phases,
+    /// Processes whose table entry the pass changed in a way host events
+    /// report (new, exited, or with new executable mappings): after events
+    /// were followed, what a resync corrects. Counted whole, kept up to
+    /// [`MAX_MISSED_KEPT`].
+    pub missed: usize,
+    pub missed_kept: Vec<Missed>,
+}
+
+/// The most [`Missed`] a step report keeps (the count goes on).
+pub const MAX_MISSED_KEPT: usize = 64;
+
+/// A change of a process's table entry that host events report; an unmap
+/// is not one (no event reports it: it is found when the process is read
+/// again for another reason, or at a resync).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Missed {
+    NewProcess { pid: i32 },
+    Exited { pid: i32 },
+    NewMappings { pid: i32, mappings: usize },
+}
+
+impl std::fmt::Display for Missed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NewProcess { pid } => write!(f, "process {pid} was not in the table"),
+            Self::Exited { pid } => write!(f, "process {pid} had exited"),
+            Self::NewMappings { pid, mappings } => {
+                write!(f, "process {pid} had {mappings} new executable mappings")
+            }
+        }
+    }
+}
+
+impl StepReport {
+    fn note_missed(&mut self, missed: Missed) {
+        self.missed += 1;
+        if self.missed_kept.len() < MAX_MISSED_KEPT {
+            self.missed_kept.push(missed);
+        }
+    }
+}
+
+/// Which processes a pass releases when it does not find them.
+enum Scope {
+    /// Every process of the table (a walk of the whole host).
+    Host,
+    /// These.
+    Named(Vec<i32>),
 }
 
 /// Where a step's time went. `walk`, `open`, `file_ids` and `loading` add
@@ -438,10 +488,49 @@ impl<B: Inspect> Host<B> {
         progress: &mut dyn Progress,
     ) -> Result<&StepReport, ListError> {
         let started = Instant::now();
+        let pids = self.followed_pids()?;
+        Ok(self.pass(started, pids, Scope::Host, stop, progress))
+    }
+
+    /// A pass over the processes host events named ([`Work`]), and no
+    /// other: each is read again (what it maps now is taken, what it no
+    /// longer maps released), and one that is gone releases what it held.
+    /// Processes this host does not follow (`only`) are left out.
+    pub fn follow(
+        &mut self,
+        work: &Work,
+        stop: &AtomicBool,
+        progress: &mut dyn Progress,
+    ) -> &StepReport {
+        let started = Instant::now();
+        let pids: Vec<i32> = work
+            .refresh
+            .iter()
+            .chain(&work.exited)
+            .copied()
+            .filter(|pid| {
+                self.config
+                    .only
+                    .as_ref()
+                    .is_none_or(|only| only.contains(pid))
+            })
+            .collect();
+        self.pass(started, pids.clone(), Scope::Named(pids), stop, progress)
+    }
+
+    /// Reads `pids` and releases what the processes of `scope` that were
+    /// not found alive held.
+    fn pass(
+        &mut self,
+        started: Instant,
+        pids: Vec<i32>,
+        scope: Scope,
+        stop: &AtomicBool,
+        progress: &mut dyn Progress,
+    ) -> &StepReport {
         let (extraction_before, loaders_before) = (self.stats.time(), self.stats.loaders_time());
         let maps_before = self.kernel_time();
         self.clock = StepClock::default();
-        let pids = self.followed_pids()?;
         let mut report = StepReport {
             processes: pids.len(),
             ..StepReport::default()
@@ -482,10 +571,15 @@ impl<B: Inspect> Host<B> {
         self.flush(&mut batch, progress, &mut report);
         let releasing = Instant::now();
         if !report.interrupted {
-            for pid in self.processes.gone(&alive) {
+            let gone = match scope {
+                Scope::Host => self.processes.gone(&alive),
+                Scope::Named(named) => named.into_iter().filter(|p| !alive.contains(p)).collect(),
+            };
+            for pid in gone {
                 if let Some(entry) = self.processes.remove(pid) {
                     report.exited += 1;
                     self.counters.exited += 1;
+                    report.note_missed(Missed::Exited { pid });
                     releases.extend(entry.held);
                 }
             }
@@ -517,7 +611,7 @@ impl<B: Inspect> Host<B> {
             self.kernel_time().saturating_sub(maps_before),
         );
         self.last = report;
-        Ok(&self.last)
+        &self.last
     }
 
     /// The step's phases from its time and what extraction (`extracted`,
@@ -584,6 +678,7 @@ impl<B: Inspect> Host<B> {
         }
         if !known {
             report.new_processes += 1;
+            report.note_missed(Missed::NewProcess { pid });
         }
         report.file_mappings += mappings.files.len();
         report.anonymous_mappings += mappings.anonymous;
@@ -611,6 +706,18 @@ impl<B: Inspect> Host<B> {
                 // Gone (unmapped, or the process is exiting): not cached,
                 // so a later step tries again if it is still there.
                 None => self.counters.files_vanished += 1,
+            }
+        }
+        if known {
+            let new_mappings = current
+                .iter()
+                .filter(|k| !entry.mappings.contains_key(k))
+                .count();
+            if new_mappings > 0 {
+                report.note_missed(Missed::NewMappings {
+                    pid,
+                    mappings: new_mappings,
+                });
             }
         }
         entry.keep_mappings(&current);

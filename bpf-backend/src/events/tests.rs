@@ -37,7 +37,14 @@ fn record(kind: u32, pid: u32, parent: u32, addr: u64, len: u64) -> Vec<u8> {
     }
     r.extend(addr.to_le_bytes());
     r.extend(len.to_le_bytes());
+    r.extend(12_345u64.to_le_bytes());
     r
+}
+
+fn decode(record: &[u8]) -> Option<HostEvent> {
+    let stamped = super::decode(record)?;
+    assert_eq!(stamped.at, Duration::from_nanos(12_345));
+    Some(stamped.event)
 }
 
 #[test]
@@ -74,7 +81,7 @@ fn records_decode_by_kind_and_anything_else_is_refused() {
     assert_eq!(decode(&record(99, 7, 0, 0, 0)), None);
     assert_eq!(decode(&record(kind::EXEC, 0, 0, 0, 0)), None);
     assert_eq!(decode(&record(kind::EXEC, u32::MAX, 0, 0, 0)), None);
-    assert_eq!(decode(&record(kind::EXEC, 7, 0, 0, 0)[..31]), None);
+    assert_eq!(decode(&record(kind::EXEC, 7, 0, 0, 0)[..39]), None);
     let mut long = record(kind::EXEC, 7, 0, 0, 0);
     long.push(0);
     assert_eq!(decode(&long), None);
