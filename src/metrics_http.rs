@@ -5,7 +5,9 @@
 //! Exposed: upstream's five manager metrics (gauges for what is loaded,
 //! counters for the provider), and eim's own: extraction and kernel time,
 //! extraction calls, deferred, failed and unsupported files, processes
-//! tracked. The
+//! tracked; with host events, events per kind, lost events, resyncs and
+//! their corrections, the latency from an event to its tables, and the CPU
+//! time per pass. The
 //! server ([`MetricsServer`]) is in `server`, what it answers in `routes`,
 //! its bound on connections in `slots`.
 
@@ -19,10 +21,19 @@ use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::host::events::EventStats;
 use crate::report::summary::Summary;
+
+/// The label of the events counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
 
 /// The metrics, registered once and updated after every step.
 pub struct Metrics {
@@ -40,6 +51,12 @@ pub struct Metrics {
     unsupported: Gauge,
     processes: Gauge,
     kernel_bytes: Gauge,
+    events: Family<KindLabel, Counter>,
+    events_lost: Counter,
+    resyncs: Counter,
+    resync_corrections: Counter,
+    event_latency: Histogram,
+    step_cpu: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -145,8 +162,69 @@ impl Metrics {
                 "kernel_bytes",
                 "Kernel memory of delta tables, page entries and unwind infos",
             ),
+            events: {
+                let f = Family::<KindLabel, Counter>::default();
+                r.register(
+                    "events",
+                    "Host events followed (exec, exit, fork, mmap, mprotect)",
+                    f.clone(),
+                );
+                f
+            },
+            events_lost: counter(
+                &mut r,
+                "events_lost",
+                "Host events the kernel could not deliver (a full ring); each loss forces a resync",
+            ),
+            resyncs: counter(&mut r, "resyncs", "Full walks of /proc after the first (periodic, or after a loss)"),
+            resync_corrections: counter(
+                &mut r,
+                "resync_corrections",
+                "What resyncs found that events had not reported (should stay 0)",
+            ),
+            event_latency: {
+                let h = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+                r.register(
+                    "event_to_load_seconds",
+                    "From a host event to the end of the pass that read its process (its tables published)",
+                    h.clone(),
+                );
+                h
+            },
+            step_cpu: {
+                let h = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+                r.register(
+                    "step_cpu_seconds",
+                    "CPU time eim spent per pass (a step, a followed batch of events, a resync)",
+                    h.clone(),
+                );
+                h
+            },
             registry: r,
         }
+    }
+
+    /// Takes the event path's totals.
+    pub fn update_events(&self, stats: &EventStats) {
+        for (kind, n) in &stats.events {
+            advance_u64(
+                &self.events.get_or_create(&KindLabel {
+                    kind: (*kind).to_string(),
+                }),
+                *n,
+            );
+        }
+        advance_u64(&self.events_lost, stats.lost);
+        advance_u64(&self.resyncs, stats.resyncs);
+        advance_u64(&self.resync_corrections, stats.corrections);
+    }
+
+    pub fn observe_event_latency(&self, d: std::time::Duration) {
+        self.event_latency.observe(d.as_secs_f64());
+    }
+
+    pub fn observe_step_cpu(&self, d: std::time::Duration) {
+        self.step_cpu.observe(d.as_secs_f64());
     }
 
     /// Takes the values of `s`.

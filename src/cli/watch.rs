@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eim::backends::inspect::Inspect;
+use eim::bpf::events::HostEvents;
 use eim::host::scan::{Host, Quiet};
-use eim::host::watch::{self, WatchConfig};
+use eim::host::watch::{self, EventsConfig, WatchConfig};
 use eim::metrics_http::{Metrics, MetricsServer};
-use eim::report::summary::Summary;
+use eim::report::summary::{EventsReport, Summary};
 
 use crate::backend::{
     host_config, kernel_host, maps_kind, print_summary, sim_maps, BackendArgs, BackendKind,
@@ -50,6 +51,16 @@ pub struct WatchArgs {
     /// the files not loaded (without it: a few example paths per reason).
     #[arg(long)]
     pub files: bool,
+    /// Poll /proc every --interval instead of following host events from
+    /// the kernel (exec, fork, exit, new executable mappings). Without the
+    /// privileges for the events program, eim polls anyway and says so.
+    #[arg(long)]
+    pub no_events: bool,
+    /// With host events: walk all of /proc this often as a safety net (and
+    /// at once after lost events); what it corrects is counted
+    /// (eim_resync_corrections_total).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub resync_every: Duration,
 }
 
 /// The shortest `--interval`: below it, watch is a busy loop re-reading
@@ -89,17 +100,39 @@ fn watch_on<B: Inspect>(
         }
         None => None,
     };
-    let summary = watch::watch(
-        &mut host,
-        &WatchConfig {
-            interval: args.interval,
-            steps: args.steps,
-        },
-        stop,
-        Some(&metrics),
-        &mut Quiet,
-        &mut |_| {},
-    )?;
+    let config = WatchConfig {
+        interval: args.interval,
+        steps: args.steps,
+    };
+    let summary = match host_events(args) {
+        Some(mut source) => {
+            let (summary, stats) = watch::watch_events(
+                &mut host,
+                &mut source,
+                &config,
+                &EventsConfig {
+                    resync_every: args.resync_every,
+                    ..EventsConfig::default()
+                },
+                stop,
+                Some(&metrics),
+                &mut Quiet,
+                &mut |_| {},
+            )?;
+            Summary {
+                events: Some(EventsReport::of(&stats)),
+                ..summary
+            }
+        }
+        None => watch::watch(
+            &mut host,
+            &config,
+            stop,
+            Some(&metrics),
+            &mut Quiet,
+            &mut |_| {},
+        )?,
+    };
     // A stop signal is how a watch ends: its last step may stop between two
     // processes, but what it loaded is whole, and pinned maps stay for the
     // next run.
@@ -111,6 +144,32 @@ fn watch_on<B: Inspect>(
         args.json,
         args.files,
     )
+}
+
+/// The kernel's host events, unless `--no-events` or they cannot be had
+/// (then polling, said once at the default level).
+fn host_events(args: &WatchArgs) -> Option<HostEvents> {
+    let every = humantime::format_duration(args.interval);
+    if args.no_events {
+        note!("eim: polling /proc every {every} (--no-events)");
+        return None;
+    }
+    match HostEvents::attach() {
+        Ok(events) => {
+            if let Some(at) = &events.mounted_tracefs {
+                note!(
+                    "eim: mounted tracefs on {} for the host-event tracepoints",
+                    at.display()
+                );
+            }
+            tracing::info!("following host events from the kernel");
+            Some(events)
+        }
+        Err(e) => {
+            note!("eim: host events unavailable ({e}); polling /proc every {every}");
+            None
+        }
+    }
 }
 
 pub fn run(args: &WatchArgs) -> anyhow::Result<ExitCode> {

@@ -7,6 +7,7 @@
 //! keep the process's descriptors and memory within bounds at host scale.
 
 pub mod descriptors;
+pub mod events;
 pub mod fileids;
 pub mod heap;
 pub mod mappings;
