@@ -180,7 +180,7 @@ pub fn watch_events<B: Inspect>(
     let mut dirty = false;
     let mut lost_seen = source.lost().unwrap_or(0);
     let mut batch = Vec::new();
-    while !stop.load(Ordering::Relaxed) && !config.steps.is_some_and(|n| summaries >= n) {
+    while !stop.load(Ordering::Relaxed) && config.steps.is_none_or(|n| summaries < n) {
         let now = Instant::now();
         let wake = next_resync.min(next_summary);
         // Short waits, so a stop is seen soon.
