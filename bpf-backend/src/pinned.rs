@@ -26,7 +26,7 @@ pub fn dump_pinned(dir: &Path) -> Result<Dump, KernelError> {
         let pin_error = |errno: i32, what| KernelError::Pin {
             path: path.clone(),
             what,
-            source: std::io::Error::from_raw_os_error(errno),
+            cause: std::io::Error::from_raw_os_error(errno),
         };
         let fd = sys::obj_get_with(&path, sys::BPF_F_RDONLY)
             .map_err(|e| pin_error(e.errno, "opening the pin read-only"))?;

@@ -622,7 +622,7 @@ impl<B: Inspect> Host<B> {
                 let e = OpenError::Io {
                     pid,
                     path: m.path.clone(),
-                    source: e,
+                    cause: e,
                 };
                 self.note_unopenable(m, &e);
                 return Some(Identified::Unusable);
@@ -710,7 +710,7 @@ impl<B: Inspect> Host<B> {
     fn note_failure(&mut self, id: FileId, file: &HostFile, e: Error) {
         let kind = match &e {
             Error::Deferred { .. } => ProblemKind::Deferred,
-            Error::Extraction { source, .. } if source.kind == ExtractErrorKind::NotFound => {
+            Error::Extraction { cause, .. } if cause.kind == ExtractErrorKind::NotFound => {
                 self.counters.files_vanished += 1;
                 return;
             }

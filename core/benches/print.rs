@@ -1,0 +1,117 @@
+//! Printing deltas and tables against extracting them
+//! (`docs/BENCHMARKS.md`, "Printing deltas and tables (issue 17)").
+//!
+//! One big library (`$EIM_BENCH_PRINT_FILE`, else LLVM's shared library
+//! under `/usr/lib/llvm-*/lib`, else the stable toolchain's
+//! librustc_driver), bytes already in memory:
+//!
+//! * `print/extract`: `Elf::parse` + `extract` (what `eim deltas` does
+//!   before it prints);
+//! * `print/deltas`: the `.deltas` text of those deltas written to a
+//!   buffered sink, as `eim deltas` writes stdout;
+//! * `print/plan`: the fresh book's load plan and its `Tables` (what
+//!   `eim tables` computes between extracting and printing);
+//! * `print/tables`: the `.encoded` text of those tables written the same
+//!   way.
+
+use std::hint::black_box;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use eim_core::deltas::IntervalData;
+use eim_core::elf::{extract, Elf};
+use eim_core::machine::{Capacities, KernelBook};
+use eim_core::text::{render_deltas, Tables};
+use eim_core::FileId;
+use eim_test_support::files::{file_named, stable_toolchain_lib};
+
+/// The library to print: the largest `libLLVM*` of an LLVM install.
+fn input() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("EIM_BENCH_PRINT_FILE") {
+        return Some(PathBuf::from(path));
+    }
+    let llvm = std::fs::read_dir("/usr/lib")
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("llvm-"))
+        .filter_map(|e| file_named(&e.path().join("lib"), "libLLVM"))
+        .max();
+    llvm.or_else(|| file_named(&stable_toolchain_lib()?, "librustc_driver-"))
+}
+
+fn extract_bytes(bytes: &[u8]) -> Option<IntervalData> {
+    extract(&Elf::parse(bytes).ok()?, None).ok()
+}
+
+fn plan(data: &IntervalData) -> Option<Tables> {
+    let mut book = KernelBook::new(Capacities::default());
+    let plan = book.plan_load(FileId(0x1234), &data.deltas).ok()?;
+    Some(Tables::of_plan(&plan))
+}
+
+/// What stdout is to the CLI: a `BufWriter` that throws the bytes away.
+fn sink() -> BufWriter<std::io::Sink> {
+    BufWriter::new(std::io::sink())
+}
+
+fn print(c: &mut Criterion) {
+    let Some(path) = input() else {
+        eprintln!("SKIPPED: no libLLVM or librustc_driver on this host");
+        return;
+    };
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            eprintln!("SKIPPED: {}: {e}", path.display());
+            return;
+        }
+    };
+    let Some(data) = extract_bytes(&bytes) else {
+        eprintln!("SKIPPED: {}: no deltas", path.display());
+        return;
+    };
+    let Some(tables) = plan(&data) else {
+        eprintln!("SKIPPED: {}: the fresh book refuses it", path.display());
+        return;
+    };
+    let shown = path.display().to_string();
+    let deltas_text = render_deltas(&shown, &data);
+    let tables_text = tables.render(&shown, data.len());
+    eprintln!(
+        "input {shown}: {} bytes, {} deltas ({} bytes of text), {} kernel deltas and {} pages ({} bytes of text)",
+        bytes.len(),
+        data.len(),
+        deltas_text.len(),
+        tables.kernel_deltas.len(),
+        tables.pages.len(),
+        tables_text.len()
+    );
+
+    let mut group = c.benchmark_group("print");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    group.bench_function("extract", |b| b.iter(|| extract_bytes(black_box(&bytes))));
+    group.bench_function("deltas", |b| {
+        b.iter(|| {
+            let mut out = sink();
+            let text = render_deltas(black_box(&shown), black_box(&data));
+            out.write_all(text.as_bytes())
+        })
+    });
+    group.bench_function("plan", |b| b.iter(|| plan(black_box(&data))));
+    group.bench_function("tables", |b| {
+        b.iter(|| {
+            let mut out = sink();
+            let text = black_box(&tables).render(&shown, data.len());
+            out.write_all(text.as_bytes())
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, print);
+criterion_main!(benches);
