@@ -43,7 +43,12 @@ pub fn repeated_cause(e: &(dyn Error + 'static)) -> Option<String> {
             ));
         }
     }
-    let line = cli_text(e);
+    repeated_segment(&cli_text(e))
+}
+
+/// Why a printed error line (a CLI's stderr) says something twice, if it
+/// does: a `": "`-separated segment that repeats an earlier one.
+pub fn repeated_segment(line: &str) -> Option<String> {
     let segments: Vec<&str> = line.split(": ").collect();
     for (i, segment) in segments.iter().enumerate() {
         if segments[..i].contains(segment) {
