@@ -3,12 +3,15 @@
 //! `eim tables` and the oracle tests all go through here, so eim's output can
 //! be compared with upstream's line for line.
 
-use std::fmt::Write as _;
+use std::io::{self, Write};
 
 use crate::abi::{self, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
 use crate::deltas::{IntervalData, StackDelta};
 use crate::machine::LoadPlan;
 use crate::ops::MapOp;
+
+mod rows;
+use rows::Rows;
 
 /// A malformed line in a deltas file. The message quotes at most
 /// [`QUOTE_MAX`] bytes of the input (see [`quote`]): a bad line may be
@@ -35,21 +38,51 @@ pub fn quote(bytes: &[u8]) -> String {
     format!("{head:?}... ({} bytes)", bytes.len())
 }
 
-/// Renders extracted deltas in the oracle's format.
-pub fn render_deltas(path: &str, data: &IntervalData) -> String {
-    let mut out = String::with_capacity(32 * data.len() + 128);
-    let _ = writeln!(out, "# file: {path}");
-    let _ = writeln!(out, "# deltas: {}", data.len());
-    out.push_str("# ADDRESS HINTS OPCODE PARAM FPOPCODE FPPARAM MERGEOPCODE\n");
+/// Writes extracted deltas in the oracle's format to `out`, a row at a
+/// time through one buffer (nothing is allocated per row, and the text is
+/// never held whole).
+pub fn write_deltas(out: &mut dyn Write, path: &str, data: &IntervalData) -> io::Result<()> {
+    write!(
+        out,
+        "# file: {path}\n# deltas: {}\n# ADDRESS HINTS OPCODE PARAM FPOPCODE FPPARAM MERGEOPCODE\n",
+        data.len()
+    )?;
+    let mut rows = Rows::new(out);
     for d in &data.deltas {
         let i = &d.info;
-        let _ = writeln!(
-            out,
-            "{:x} {} {} {} {} {} {}",
-            d.address, d.hints, i.opcode, i.param, i.fp_opcode, i.fp_param, i.merge_opcode
-        );
+        rows.row(|r| {
+            r.hex(d.address);
+            r.byte(b' ');
+            r.dec(d.hints.into());
+            r.byte(b' ');
+            r.dec(i.opcode.into());
+            r.byte(b' ');
+            r.signed(i.param.into());
+            r.byte(b' ');
+            r.dec(i.fp_opcode.into());
+            r.byte(b' ');
+            r.signed(i.fp_param.into());
+            r.byte(b' ');
+            r.dec(i.merge_opcode.into());
+            r.byte(b'\n');
+        })?;
     }
-    out
+    rows.finish()
+}
+
+/// What a writer into memory wrote, as text: it is ASCII and the path, a
+/// `&str`, so the lossy path is never taken.
+fn into_text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Renders extracted deltas in the oracle's format ([`write_deltas`] into
+/// a string).
+pub fn render_deltas(path: &str, data: &IntervalData) -> String {
+    let mut out = Vec::with_capacity(24 * data.len() + 128 + path.len());
+    // Writing into a Vec cannot fail.
+    let _ = write_deltas(&mut out, path, data);
+    into_text(out)
 }
 
 /// Renders an extraction failure in the oracle's format.
@@ -264,38 +297,74 @@ impl Tables {
         t
     }
 
-    /// Renders in the oracle's format.
-    pub fn render(&self, path: &str, deltas_in: usize) -> String {
-        let mut out =
-            String::with_capacity(16 * (self.kernel_deltas.len() + self.pages.len()) + 256);
-        let _ = writeln!(out, "# file: {path}");
-        let _ = writeln!(out, "# deltas_in: {deltas_in}");
-        let _ = writeln!(out, "# mapid: {}", self.map_id);
-        let _ = writeln!(out, "# unwind_infos: {}", self.unwind_infos.len());
+    /// Writes the tables in the oracle's format to `out`, a row at a time
+    /// through one buffer, as [`write_deltas`].
+    pub fn write(&self, out: &mut dyn Write, path: &str, deltas_in: usize) -> io::Result<()> {
+        write!(
+            out,
+            "# file: {path}\n# deltas_in: {deltas_in}\n# mapid: {}\n# unwind_infos: {}\n",
+            self.map_id,
+            self.unwind_infos.len()
+        )?;
+        let mut rows = Rows::new(out);
         for (slot, i) in &self.unwind_infos {
-            let _ = writeln!(
-                out,
-                "{slot} {} {} {} {} {}",
-                i.opcode, i.fp_opcode, i.merge_opcode, i.param, i.fp_param
-            );
+            rows.row(|r| {
+                r.dec((*slot).into());
+                r.byte(b' ');
+                r.dec(i.opcode.into());
+                r.byte(b' ');
+                r.dec(i.fp_opcode.into());
+                r.byte(b' ');
+                r.dec(i.merge_opcode.into());
+                r.byte(b' ');
+                r.signed(i.param.into());
+                r.byte(b' ');
+                r.signed(i.fp_param.into());
+                r.byte(b'\n');
+            })?;
         }
-        let _ = writeln!(out, "# kernel_deltas: {}", self.kernel_deltas.len());
+        rows.text(format!("# kernel_deltas: {}\n", self.kernel_deltas.len()).as_bytes())?;
         for d in &self.kernel_deltas {
-            let _ = writeln!(out, "{:04x} {:04x}", d.addr_low, d.unwind_info);
+            rows.row(|r| {
+                r.hex4(d.addr_low);
+                r.byte(b' ');
+                r.hex4(d.unwind_info);
+                r.byte(b'\n');
+            })?;
         }
-        let _ = writeln!(out, "# pages: {}", self.pages.len());
+        rows.text(format!("# pages: {}\n", self.pages.len()).as_bytes())?;
         for (k, v) in &self.pages {
-            let _ = writeln!(
-                out,
-                "{:x} {} {} {}",
-                k.page, v.first_delta, v.num_deltas, v.map_id
-            );
+            rows.row(|r| {
+                r.hex(k.page);
+                r.byte(b' ');
+                r.dec(v.first_delta.into());
+                r.byte(b' ');
+                r.dec(v.num_deltas.into());
+                r.byte(b' ');
+                r.dec(v.map_id.into());
+                r.byte(b'\n');
+            })?;
         }
-        let _ = writeln!(out, "# gaps: {}", self.gaps.len());
+        rows.text(format!("# gaps: {}\n", self.gaps.len()).as_bytes())?;
         for g in &self.gaps {
-            let _ = writeln!(out, "{:x} {:x}", g.start, g.end);
+            rows.row(|r| {
+                r.hex(g.start);
+                r.byte(b' ');
+                r.hex(g.end);
+                r.byte(b'\n');
+            })?;
         }
-        out
+        rows.finish()
+    }
+
+    /// Renders in the oracle's format ([`Tables::write`] into a string).
+    pub fn render(&self, path: &str, deltas_in: usize) -> String {
+        let mut out = Vec::with_capacity(
+            10 * (self.kernel_deltas.len() + self.pages.len()) + 256 + path.len(),
+        );
+        // Writing into a Vec cannot fail.
+        let _ = self.write(&mut out, path, deltas_in);
+        into_text(out)
     }
 }
 
