@@ -46,20 +46,19 @@ pub enum MountError {
     NotAsked { dir: PathBuf, exists: bool },
     #[error("the pin directory {} is not a directory", dir.display())]
     NotADirectory { dir: PathBuf },
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}: {cause}", path.display())]
     Io {
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
 fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> MountError + 'a {
-    move |source| MountError::Io {
+    move |cause| MountError::Io {
         what,
         path: path.to_path_buf(),
-        source,
+        cause,
     }
 }
 

@@ -3,19 +3,22 @@
 
 use std::path::{Path, PathBuf};
 
+use eim_core::error::Causes;
 use eim_core::FileId;
 
 use crate::bpffs::MountError;
 use crate::lock::LockError;
 use crate::sys::SysError;
 
-/// Why the maps could not be created or read.
+/// Why the maps could not be created or read. Each variant prints its
+/// cause and returns none from `source()` (`eim_core::error`'s
+/// convention); aya's errors are printed with their whole chain.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
-    #[error("loading the lookup object: {0}")]
-    Load(#[from] aya::EbpfError),
-    #[error("loading the lookup program: {0}")]
-    Program(#[from] aya::programs::ProgramError),
+    #[error("loading the lookup object: {}", Causes(.0))]
+    Load(aya::EbpfError),
+    #[error("loading the lookup program: {}", Causes(.0))]
+    Program(aya::programs::ProgramError),
     #[error("the lookup object has no {0}")]
     Missing(String),
     #[error(transparent)]
@@ -26,13 +29,12 @@ pub enum KernelError {
         file_id: FileId,
         id: u32,
     },
-    #[error("opening the inner array (map id {id}) of file {file_id} in the outer map of class {class}: {source}")]
+    #[error("opening the inner array (map id {id}) of file {file_id} in the outer map of class {class}: {cause}")]
     InnerArray {
         class: u16,
         file_id: FileId,
         id: u32,
-        #[source]
-        source: SysError,
+        cause: SysError,
     },
     #[error("the outer map of class {class} holds a value of {len} bytes for file {file_id}, not a map id")]
     OuterValue {
@@ -48,13 +50,26 @@ pub enum KernelError {
     Mount(#[from] MountError),
     #[error(transparent)]
     Shape(#[from] ShapeMismatch),
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}: {cause}", path.display())]
     Pin {
         path: PathBuf,
         what: &'static str,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
+}
+
+// By hand, not `#[from]`: that would also make aya's error our `source()`,
+// and the CLI would print its text twice.
+impl From<aya::EbpfError> for KernelError {
+    fn from(e: aya::EbpfError) -> Self {
+        Self::Load(e)
+    }
+}
+
+impl From<aya::programs::ProgramError> for KernelError {
+    fn from(e: aya::programs::ProgramError) -> Self {
+        Self::Program(e)
+    }
 }
 
 /// Pins whose shape differs from the one eim expects, left as they are.

@@ -68,7 +68,7 @@ pub fn decode(record: &[u8]) -> Option<Stamped> {
 #[derive(Debug, thiserror::Error)]
 pub enum EventsError {
     #[error("tracefs: {0}")]
-    Tracefs(#[from] crate::tracefs::TracefsError),
+    Tracefs(crate::tracefs::TracefsError),
     #[error("reading the kernel's BTF (/sys/kernel/btf/vmlinux): {0}")]
     Btf(String),
     #[error("loading the events program: {0}")]
@@ -77,6 +77,14 @@ pub enum EventsError {
     Program { program: &'static str, why: String },
     #[error("map {0} is missing from the events object")]
     MissingMap(&'static str),
+}
+
+// By hand, not `#[from]`: the message prints the cause, so `source()`
+// returns none (eim's convention: each cause said once).
+impl From<crate::tracefs::TracefsError> for EventsError {
+    fn from(e: crate::tracefs::TracefsError) -> Self {
+        Self::Tracefs(e)
+    }
 }
 
 /// The tracepoints attached, by program: (program, category, name).

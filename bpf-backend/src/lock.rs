@@ -85,20 +85,19 @@ pub enum LockError {
     UnsafeDir { path: PathBuf, why: String },
     #[error("lock file {}: {why}", path.display())]
     NotAFile { path: PathBuf, why: String },
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}: {cause}", path.display())]
     Io {
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
 fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> LockError + 'a {
-    move |source| LockError::Io {
+    move |cause| LockError::Io {
         what,
         path: path.to_path_buf(),
-        source,
+        cause,
     }
 }
 

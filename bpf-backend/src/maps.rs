@@ -423,7 +423,7 @@ impl KernelMaps {
             let dir = lock::resolve(given).map_err(|e| KernelError::Pin {
                 path: given.clone(),
                 what: "resolving the pin directory",
-                source: e,
+                cause: e,
             })?;
             let lock_file = owner.insert(PinLock::exclusive(&dir)?).path().to_path_buf();
             mounted = bpffs::prepare(&dir, config.mount_bpffs)?;
@@ -480,7 +480,7 @@ impl KernelMaps {
                 owner.record_fresh_maps().map_err(|e| KernelError::Pin {
                     path,
                     what: "recording fresh maps in the lock file",
-                    source: e,
+                    cause: e,
                 })?;
             }
         }
@@ -757,11 +757,11 @@ pub(crate) fn run_lookup(
 /// A read-only fd of the inner array with map id `id`, which the outer map
 /// of `class` holds for `file_id` (`BPF_MAP_GET_FD_BY_ID`, CAP_SYS_ADMIN).
 pub(crate) fn open_by_id(class: u16, file_id: FileId, id: u32) -> Result<OwnedFd, KernelError> {
-    sys::map_get_fd_by_id(id, sys::BPF_F_RDONLY).map_err(|source| KernelError::InnerArray {
+    sys::map_get_fd_by_id(id, sys::BPF_F_RDONLY).map_err(|cause| KernelError::InnerArray {
         class,
         file_id,
         id,
-        source,
+        cause,
     })
 }
 

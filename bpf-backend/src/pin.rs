@@ -99,11 +99,11 @@ impl PinReport {
     }
 }
 
-fn pin_error(path: &Path, what: &'static str, source: io::Error) -> KernelError {
+fn pin_error(path: &Path, what: &'static str, cause: io::Error) -> KernelError {
     KernelError::Pin {
         path: path.to_path_buf(),
         what,
-        source,
+        cause,
     }
 }
 

@@ -46,7 +46,7 @@ fn open_pins(dir: &Path) -> Result<Vec<Pin>, KernelError> {
         let pin_error = |errno: i32, what| KernelError::Pin {
             path: path.clone(),
             what,
-            source: std::io::Error::from_raw_os_error(errno),
+            cause: std::io::Error::from_raw_os_error(errno),
         };
         let fd = sys::obj_get_with(&path, sys::BPF_F_RDONLY)
             .map_err(|e| pin_error(e.errno, "opening the pin read-only"))?;
@@ -118,7 +118,7 @@ impl PinnedReader {
         let dir = lock::resolve(dir).map_err(|e| KernelError::Pin {
             path: dir.to_path_buf(),
             what: "resolving the pin directory",
-            source: e,
+            cause: e,
         })?;
         let lock = lock::read_lock(&dir)?;
         let pins = open_pins(&dir)?;

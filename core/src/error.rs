@@ -1,5 +1,13 @@
 //! The manager's errors. Every message names the file id, and for kernel
 //! failures the map, the op and the errno.
+//!
+//! eim's one convention for causes, in every crate: an error prints its
+//! cause in its own message and does not also return it from
+//! [`std::error::Error::source`]. A reader of the CLI's `{:#}` (or of a
+//! log line's `{}`) then sees each cause once, and `to_string` alone is
+//! the whole story (reports and logs print only that). A cause from
+//! another crate, whose own message may leave its cause to `source()` (an
+//! aya error, a syscall error), is printed with [`Causes`].
 
 use crate::encode::EncodeError;
 use crate::ops::{Errno, MapKind};
@@ -11,18 +19,13 @@ pub enum Error {
     /// Upstream's `ErrDeferredFileID`: an earlier attempt failed recently.
     #[error("file {file_id}: deferred FileID (an earlier attempt failed; retried after the deferral timeout)")]
     Deferred { file_id: FileId },
-    #[error("file {file_id}: failed to extract interval data: {source}")]
+    #[error("file {file_id}: failed to extract interval data: {cause}")]
     Extraction {
         file_id: FileId,
-        #[source]
-        source: ExtractError,
+        cause: ExtractError,
     },
-    #[error("file {file_id}: cannot encode its stack deltas: {source}")]
-    Encode {
-        file_id: FileId,
-        #[source]
-        source: EncodeError,
-    },
+    #[error("file {file_id}: cannot encode its stack deltas: {cause}")]
+    Encode { file_id: FileId, cause: EncodeError },
     #[error("file {file_id}: {map} is full ({capacity} entries)")]
     MapFull {
         file_id: FileId,
@@ -82,5 +85,41 @@ impl Error {
 
     pub fn is_deferred(&self) -> bool {
         matches!(self, Self::Deferred { .. })
+    }
+}
+
+/// An error from another crate and every cause under it, joined by `": "`
+/// as the CLI prints a chain, each text once: a cause whose text its
+/// parent already printed (aya's `"map error: {0}"` over a `#[source]`) is
+/// not printed again. Bounded: a chain deeper than [`Causes::MAX_DEPTH`]
+/// (a cycle through a buggy `source()`) is cut.
+#[derive(Clone, Copy)]
+pub struct Causes<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl Causes<'_> {
+    /// The most causes printed under the error itself.
+    pub const MAX_DEPTH: usize = 16;
+}
+
+impl std::fmt::Display for Causes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut shown = self.0.to_string();
+        let mut next = self.0.source();
+        for _ in 0..Self::MAX_DEPTH {
+            let Some(cause) = next else { break };
+            let text = cause.to_string();
+            if !shown.contains(&text) {
+                shown.push_str(": ");
+                shown.push_str(&text);
+            }
+            next = cause.source();
+        }
+        f.write_str(&shown)
+    }
+}
+
+impl std::fmt::Debug for Causes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }

@@ -403,7 +403,7 @@ impl<B: Backend> KernelSide<B> {
 
 fn plan_error(file_id: FileId, e: PlanError) -> Error {
     match e {
-        PlanError::Encode(source) => Error::Encode { file_id, source },
+        PlanError::Encode(cause) => Error::Encode { file_id, cause },
         PlanError::MapFull { map, capacity } => Error::MapFull {
             file_id,
             map,
@@ -518,9 +518,13 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                         manager.extraction_errors.fetch_add(1, Ordering::Relaxed);
                         manager.defer(file_id);
                     }
-                    report
-                        .failed
-                        .push((file_id, Error::Extraction { file_id, source }));
+                    report.failed.push((
+                        file_id,
+                        Error::Extraction {
+                            file_id,
+                            cause: source,
+                        },
+                    ));
                 }
             }
         }
@@ -716,7 +720,10 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                     self.extraction_errors.fetch_add(1, Ordering::Relaxed);
                     self.defer(file_id);
                 }
-                return Err(Error::Extraction { file_id, source });
+                return Err(Error::Extraction {
+                    file_id,
+                    cause: source,
+                });
             }
         };
         let offsets = tracers::offsets_of(&extraction.interpreters);
@@ -798,7 +805,10 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                             self.extraction_errors.fetch_add(1, Ordering::Relaxed);
                             self.defer(file_id);
                         }
-                        outcomes[n] = Some(Err(Error::Extraction { file_id, source }));
+                        outcomes[n] = Some(Err(Error::Extraction {
+                            file_id,
+                            cause: source,
+                        }));
                     }
                 }
             }

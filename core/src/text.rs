@@ -3,12 +3,15 @@
 //! `eim tables` and the oracle tests all go through here, so eim's output can
 //! be compared with upstream's line for line.
 
-use std::fmt::Write as _;
+use std::io::{self, Write};
 
 use crate::abi::{self, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
 use crate::deltas::{IntervalData, StackDelta};
 use crate::machine::LoadPlan;
 use crate::ops::MapOp;
+
+mod rows;
+use rows::Rows;
 
 /// A malformed line in a deltas file. The message quotes at most
 /// [`QUOTE_MAX`] bytes of the input (see [`quote`]): a bad line may be
@@ -35,21 +38,51 @@ pub fn quote(bytes: &[u8]) -> String {
     format!("{head:?}... ({} bytes)", bytes.len())
 }
 
-/// Renders extracted deltas in the oracle's format.
-pub fn render_deltas(path: &str, data: &IntervalData) -> String {
-    let mut out = String::with_capacity(32 * data.len() + 128);
-    let _ = writeln!(out, "# file: {path}");
-    let _ = writeln!(out, "# deltas: {}", data.len());
-    out.push_str("# ADDRESS HINTS OPCODE PARAM FPOPCODE FPPARAM MERGEOPCODE\n");
+/// Writes extracted deltas in the oracle's format to `out`, a row at a
+/// time through one buffer (nothing is allocated per row, and the text is
+/// never held whole).
+pub fn write_deltas(out: &mut dyn Write, path: &str, data: &IntervalData) -> io::Result<()> {
+    write!(
+        out,
+        "# file: {path}\n# deltas: {}\n# ADDRESS HINTS OPCODE PARAM FPOPCODE FPPARAM MERGEOPCODE\n",
+        data.len()
+    )?;
+    let mut rows = Rows::new(out);
     for d in &data.deltas {
         let i = &d.info;
-        let _ = writeln!(
-            out,
-            "{:x} {} {} {} {} {} {}",
-            d.address, d.hints, i.opcode, i.param, i.fp_opcode, i.fp_param, i.merge_opcode
-        );
+        rows.row(|r| {
+            r.hex(d.address);
+            r.byte(b' ');
+            r.dec(d.hints.into());
+            r.byte(b' ');
+            r.dec(i.opcode.into());
+            r.byte(b' ');
+            r.signed(i.param.into());
+            r.byte(b' ');
+            r.dec(i.fp_opcode.into());
+            r.byte(b' ');
+            r.signed(i.fp_param.into());
+            r.byte(b' ');
+            r.dec(i.merge_opcode.into());
+            r.byte(b'\n');
+        })?;
     }
-    out
+    rows.finish()
+}
+
+/// What a writer into memory wrote, as text: it is ASCII and the path, a
+/// `&str`, so the lossy path is never taken.
+fn into_text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Renders extracted deltas in the oracle's format ([`write_deltas`] into
+/// a string).
+pub fn render_deltas(path: &str, data: &IntervalData) -> String {
+    let mut out = Vec::with_capacity(24 * data.len() + 128 + path.len());
+    // Writing into a Vec cannot fail.
+    let _ = write_deltas(&mut out, path, data);
+    into_text(out)
 }
 
 /// Renders an extraction failure in the oracle's format.
@@ -93,8 +126,10 @@ pub fn parse_deltas(text: &str) -> Result<DeltasFile, TextError> {
 /// string; `text_input` the lines of a stream).
 #[derive(Debug, Default)]
 pub struct DeltasParser {
-    path: Option<String>,
-    declared: Option<usize>,
+    /// The path and the line that named it.
+    path: Option<(String, usize)>,
+    /// The declared count and the line that declared it.
+    declared: Option<(usize, usize)>,
     deltas: Vec<StackDelta>,
     /// The number of the last line fed (1-based).
     line_no: usize,
@@ -114,46 +149,82 @@ impl DeltasParser {
     pub fn line(&mut self, line: &str) -> Result<(), TextError> {
         self.line_no += 1;
         let line_no = self.line_no;
+        let error = |message: String| TextError {
+            line: line_no,
+            message,
+        };
         // Carriage returns are line-ending noise, never part of a field.
         let line = line.trim_end_matches('\r');
         if let Some(rest) = line.strip_prefix("# file: ") {
-            self.path = Some(rest.to_string());
+            // Two files' texts run together (`eim deltas a b`) are not one
+            // file: the second path would silently win.
+            if let Some((_, first)) = self.path {
+                return Err(error(format!(
+                    "a second '# file:' line (the first is line {first})"
+                )));
+            }
+            self.path = Some((rest.to_string(), line_no));
             return Ok(());
         }
         if let Some(rest) = line.strip_prefix("# deltas: ") {
-            self.declared = Some(rest.trim().parse::<usize>().map_err(|_| TextError {
-                line: line_no,
-                message: format!("bad delta count {}", quote(rest.as_bytes())),
-            })?);
+            if let Some((_, first)) = self.declared {
+                return Err(error(format!(
+                    "a second '# deltas:' line (the first is line {first})"
+                )));
+            }
+            if !self.deltas.is_empty() {
+                return Err(error(format!(
+                    "'# deltas:' after {} delta rows: the count comes before the rows",
+                    self.deltas.len()
+                )));
+            }
+            let count = rest
+                .trim()
+                .parse::<usize>()
+                .map_err(|_| error(format!("bad delta count {}", quote(rest.as_bytes()))))?;
+            self.declared = Some((count, line_no));
             return Ok(());
         }
         if let Some(rest) = line.strip_prefix("# error: ") {
-            return Err(TextError {
-                line: line_no,
-                message: format!(
-                    "the file records an extraction error: {}",
-                    quote(rest.as_bytes())
-                ),
-            });
+            return Err(error(format!(
+                "the file records an extraction error: {}",
+                quote(rest.as_bytes())
+            )));
         }
         if line.starts_with('#') || line.trim().is_empty() {
             return Ok(());
         }
+        // The row that runs past the declared count is where the file and
+        // its header part ways: name it, not the end of the file.
+        if let Some((declared, at)) = self.declared {
+            if self.deltas.len() == declared {
+                return Err(error(format!(
+                    "delta row {} is one more than the {declared} that line {at} declares",
+                    declared + 1
+                )));
+            }
+        }
         let mut it = line.split_ascii_whitespace();
-        let addr: &str = it.next().ok_or_else(|| TextError {
-            line: line_no,
-            message: "missing address".to_string(),
-        })?;
-        let address = u64::from_str_radix(addr, 16).map_err(|_| TextError {
-            line: line_no,
-            message: format!("bad address {}", quote(addr.as_bytes())),
-        })?;
+        let addr: &str = it
+            .next()
+            .ok_or_else(|| error("missing address".to_string()))?;
+        let address = u64::from_str_radix(addr, 16)
+            .map_err(|_| error(format!("bad address {}", quote(addr.as_bytes()))))?;
         let hints = field(&mut it, line_no, "hints")?;
         let opcode = field(&mut it, line_no, "opcode")?;
         let param = field(&mut it, line_no, "param")?;
         let fp_opcode = field(&mut it, line_no, "fp opcode")?;
         let fp_param = field(&mut it, line_no, "fp param")?;
         let merge_opcode = field(&mut it, line_no, "merge opcode")?;
+        // A row of upstream's seven fields and something after it is not a
+        // row eim understands: dropping the rest would hide a format change
+        // or a corrupt file.
+        if let Some(extra) = it.next() {
+            return Err(error(format!(
+                "extra field {} after the merge opcode (a row has 7 fields)",
+                quote(extra.as_bytes())
+            )));
+        }
         self.deltas.push(StackDelta {
             address,
             hints,
@@ -171,16 +242,23 @@ impl DeltasParser {
 
     /// The file, once every line was fed: its declared count must match.
     pub fn finish(self) -> Result<DeltasFile, TextError> {
-        if let Some(declared) = self.declared {
+        if let Some((declared, at)) = self.declared {
+            // Too many rows failed at the first extra one; too few can only
+            // be seen here, and the line that promised them is the one to
+            // name (the end of the file is not wrong, the count is).
             if declared != self.deltas.len() {
                 return Err(TextError {
-                    line: 0,
-                    message: format!("declares {declared} deltas but has {}", self.deltas.len()),
+                    line: at,
+                    message: format!(
+                        "declares {declared} deltas but the file ends after {} (at line {})",
+                        self.deltas.len(),
+                        self.line_no
+                    ),
                 });
             }
         }
         Ok(DeltasFile {
-            path: self.path.unwrap_or_default(),
+            path: self.path.map(|(path, _)| path).unwrap_or_default(),
             data: IntervalData::from_deltas(self.deltas),
         })
     }
@@ -219,38 +297,74 @@ impl Tables {
         t
     }
 
-    /// Renders in the oracle's format.
-    pub fn render(&self, path: &str, deltas_in: usize) -> String {
-        let mut out =
-            String::with_capacity(16 * (self.kernel_deltas.len() + self.pages.len()) + 256);
-        let _ = writeln!(out, "# file: {path}");
-        let _ = writeln!(out, "# deltas_in: {deltas_in}");
-        let _ = writeln!(out, "# mapid: {}", self.map_id);
-        let _ = writeln!(out, "# unwind_infos: {}", self.unwind_infos.len());
+    /// Writes the tables in the oracle's format to `out`, a row at a time
+    /// through one buffer, as [`write_deltas`].
+    pub fn write(&self, out: &mut dyn Write, path: &str, deltas_in: usize) -> io::Result<()> {
+        write!(
+            out,
+            "# file: {path}\n# deltas_in: {deltas_in}\n# mapid: {}\n# unwind_infos: {}\n",
+            self.map_id,
+            self.unwind_infos.len()
+        )?;
+        let mut rows = Rows::new(out);
         for (slot, i) in &self.unwind_infos {
-            let _ = writeln!(
-                out,
-                "{slot} {} {} {} {} {}",
-                i.opcode, i.fp_opcode, i.merge_opcode, i.param, i.fp_param
-            );
+            rows.row(|r| {
+                r.dec((*slot).into());
+                r.byte(b' ');
+                r.dec(i.opcode.into());
+                r.byte(b' ');
+                r.dec(i.fp_opcode.into());
+                r.byte(b' ');
+                r.dec(i.merge_opcode.into());
+                r.byte(b' ');
+                r.signed(i.param.into());
+                r.byte(b' ');
+                r.signed(i.fp_param.into());
+                r.byte(b'\n');
+            })?;
         }
-        let _ = writeln!(out, "# kernel_deltas: {}", self.kernel_deltas.len());
+        rows.text(format!("# kernel_deltas: {}\n", self.kernel_deltas.len()).as_bytes())?;
         for d in &self.kernel_deltas {
-            let _ = writeln!(out, "{:04x} {:04x}", d.addr_low, d.unwind_info);
+            rows.row(|r| {
+                r.hex4(d.addr_low);
+                r.byte(b' ');
+                r.hex4(d.unwind_info);
+                r.byte(b'\n');
+            })?;
         }
-        let _ = writeln!(out, "# pages: {}", self.pages.len());
+        rows.text(format!("# pages: {}\n", self.pages.len()).as_bytes())?;
         for (k, v) in &self.pages {
-            let _ = writeln!(
-                out,
-                "{:x} {} {} {}",
-                k.page, v.first_delta, v.num_deltas, v.map_id
-            );
+            rows.row(|r| {
+                r.hex(k.page);
+                r.byte(b' ');
+                r.dec(v.first_delta.into());
+                r.byte(b' ');
+                r.dec(v.num_deltas.into());
+                r.byte(b' ');
+                r.dec(v.map_id.into());
+                r.byte(b'\n');
+            })?;
         }
-        let _ = writeln!(out, "# gaps: {}", self.gaps.len());
+        rows.text(format!("# gaps: {}\n", self.gaps.len()).as_bytes())?;
         for g in &self.gaps {
-            let _ = writeln!(out, "{:x} {:x}", g.start, g.end);
+            rows.row(|r| {
+                r.hex(g.start);
+                r.byte(b' ');
+                r.hex(g.end);
+                r.byte(b'\n');
+            })?;
         }
-        out
+        rows.finish()
+    }
+
+    /// Renders in the oracle's format ([`Tables::write`] into a string).
+    pub fn render(&self, path: &str, deltas_in: usize) -> String {
+        let mut out = Vec::with_capacity(
+            10 * (self.kernel_deltas.len() + self.pages.len()) + 256 + path.len(),
+        );
+        // Writing into a Vec cannot fail.
+        let _ = self.write(&mut out, path, deltas_in);
+        into_text(out)
     }
 }
 
@@ -289,6 +403,106 @@ mod tests {
             parse_deltas("850 1 999 16 0 0 0\n").is_err(),
             "opcode is a u8"
         );
+    }
+
+    /// The error of `text`, as `(line, message)`.
+    fn error_of(text: &str) -> (usize, String) {
+        let e = parse_deltas(text).expect_err(text);
+        (e.line, e.message)
+    }
+
+    const HEAD: &str =
+        "# file: /x\n# deltas: 2\n# ADDRESS HINTS OPCODE PARAM FPOPCODE FPPARAM MERGEOPCODE\n";
+
+    #[test]
+    fn too_few_rows_name_the_line_that_declared_more() {
+        let (line, message) = error_of(&format!("{HEAD}850 1 2 16 0 0 0\n\n"));
+        assert_eq!(line, 2, "{message}");
+        assert_eq!(
+            message,
+            "declares 2 deltas but the file ends after 1 (at line 5)"
+        );
+        let (line, message) = error_of("# file: /x\n\n# deltas: 1\n");
+        assert_eq!(
+            (line, message.as_str()),
+            (3, "declares 1 deltas but the file ends after 0 (at line 3)")
+        );
+    }
+
+    #[test]
+    fn too_many_rows_name_the_first_row_past_the_count() {
+        let rows = "850 1 2 16 0 0 0\n8d1 0 2 16 1 -16 0\n900 0 2 16 1 -16 0\n901 0 2 16 1 -16 0\n";
+        let (line, message) = error_of(&format!("{HEAD}{rows}"));
+        assert_eq!(line, 6, "{message}");
+        assert_eq!(
+            message,
+            "delta row 3 is one more than the 2 that line 2 declares"
+        );
+        let (line, message) = error_of("# deltas: 0\n#\n850 1 2 16 0 0 0\n");
+        assert_eq!(
+            (line, message.as_str()),
+            (3, "delta row 1 is one more than the 0 that line 1 declares")
+        );
+    }
+
+    #[test]
+    fn a_row_with_extra_fields_is_refused() {
+        // The fuzz-found shape: a valid row with trailing garbage.
+        let (line, message) = error_of(&format!(
+            "{HEAD}850 1 2 16 0 0 0\n8d1 0 2 16 1 -16 0 \u{1}zz\n"
+        ));
+        assert_eq!(line, 5, "{message}");
+        assert_eq!(
+            message,
+            "extra field \"\\u{1}zz\" after the merge opcode (a row has 7 fields)"
+        );
+        let (line, message) = error_of("# file: /x\n850 1 2 16 0 0 0 0\n");
+        assert_eq!(
+            (line, message.as_str()),
+            (
+                2,
+                "extra field \"0\" after the merge opcode (a row has 7 fields)"
+            )
+        );
+        // Trailing blanks are not a field.
+        assert!(parse_deltas("# file: /x\n850 1 2 16 0 0 0 \t \r\n").is_ok());
+    }
+
+    #[test]
+    fn a_missing_or_bad_field_names_its_line() {
+        for (row, want) in [
+            ("850 1 2 16 0 0", "missing merge opcode"),
+            ("850", "missing hints"),
+            ("850 1 2 16 0 x 0", "bad fp param \"x\""),
+            ("850 1 256 16 0 0 0", "bad opcode \"256\""),
+            ("-850 1 2 16 0 0 0", "bad address \"-850\""),
+            (
+                "10000000000000000 1 2 16 0 0 0",
+                "bad address \"10000000000000000\"",
+            ),
+        ] {
+            let (line, message) = error_of(&format!("# file: /x\n\n# c\n{row}\n"));
+            assert_eq!((line, message.as_str()), (4, want), "{row}");
+        }
+        let (line, message) = error_of("# file: /x\n# deltas: two\n");
+        assert_eq!((line, message.as_str()), (2, "bad delta count \"two\""));
+    }
+
+    #[test]
+    fn a_second_header_line_is_refused() {
+        let two = format!("{HEAD}850 1 2 16 0 0 0\n8d1 0 2 16 1 -16 0\n{HEAD}");
+        let (line, message) = error_of(&two);
+        assert_eq!(
+            (line, message.as_str()),
+            (6, "a second '# file:' line (the first is line 1)")
+        );
+        let (line, message) = error_of("# file: /x\n# deltas: 0\n# deltas: 0\n");
+        assert_eq!(
+            (line, message.as_str()),
+            (3, "a second '# deltas:' line (the first is line 2)")
+        );
+        let (line, message) = error_of("# file: /x\n850 1 2 16 0 0 0\n# deltas: 1\n");
+        assert_eq!(line, 3, "{message}");
     }
 
     #[test]

@@ -315,6 +315,25 @@ mod tests {
         );
     }
 
+    #[test]
+    fn line_numbers_count_every_line_read_plain_or_xz() {
+        // Blank and CRLF lines count: the number is the one an editor shows.
+        let text = "# file: /x\r\n\r\n# deltas: 3\n850 1 2 16 0 0 0\r\n\n8d1 0 2 16 1 -16 0\n";
+        for bytes in [text.as_bytes().to_vec(), xz(text.as_bytes())] {
+            let e = read_deltas(bytes.as_slice(), 1 << 20).expect_err("too few");
+            assert_eq!(
+                e.to_string(),
+                "line 3: declares 3 deltas but the file ends after 2 (at line 6)"
+            );
+        }
+        let extra = "# file: /x\n\n850 1 2 16 0 0 0 junk\n";
+        let e = read_deltas(extra.as_bytes(), 1 << 20).expect_err("extra field");
+        assert_eq!(
+            e.to_string(),
+            "line 3: extra field \"junk\" after the merge opcode (a row has 7 fields)"
+        );
+    }
+
     fn xz(bytes: &[u8]) -> Vec<u8> {
         use std::io::Write as _;
         let options = lzma_rust2::XzOptions::with_preset(6);

@@ -198,7 +198,7 @@ fn failures_are_deferred_for_the_ttl_but_vanished_files_are_not() {
     for _ in 0..3 {
         let e = m.add_or_inc_ref(FileId(2), &FileId(2)).unwrap_err();
         assert!(
-            matches!(e, Error::Extraction { ref source, .. } if source.is_not_found()),
+            matches!(e, Error::Extraction { ref cause, .. } if cause.is_not_found()),
             "{e}"
         );
     }

@@ -16,10 +16,10 @@ use eim_core::elf::{extract, vdso, Elf};
 pub enum CorpusError {
     #[error("test data not found at {0} (set EIM_TESTDATA or pass --testdata)")]
     Missing(PathBuf),
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {cause}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{path}: {message}")]
     Elf { path: PathBuf, message: String },
@@ -55,16 +55,16 @@ pub fn corpus_paths(testdata: &Path) -> Result<Vec<PathBuf>, CorpusError> {
         return Err(CorpusError::Missing(testdata.to_path_buf()));
     }
     let read = |path: &Path| {
-        std::fs::read_dir(path).map_err(|source| CorpusError::Read {
+        std::fs::read_dir(path).map_err(|cause| CorpusError::Read {
             path: path.to_path_buf(),
-            source,
+            cause,
         })
     };
     let mut paths = Vec::new();
     for entry in read(&bin)? {
-        let entry = entry.map_err(|source| CorpusError::Read {
+        let entry = entry.map_err(|cause| CorpusError::Read {
             path: bin.clone(),
-            source,
+            cause,
         })?;
         paths.push(entry.path());
     }
@@ -75,9 +75,9 @@ pub fn corpus_paths(testdata: &Path) -> Result<Vec<PathBuf>, CorpusError> {
 
 /// Extracts one file (no debug-link files: the corpus has none to follow).
 pub fn extract_file(path: &Path) -> Result<RealFile, CorpusError> {
-    let bytes = std::fs::read(path).map_err(|source| CorpusError::Read {
+    let bytes = std::fs::read(path).map_err(|cause| CorpusError::Read {
         path: path.to_path_buf(),
-        source,
+        cause,
     })?;
     let fail = |message: String| CorpusError::Elf {
         path: path.to_path_buf(),

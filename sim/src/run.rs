@@ -93,7 +93,15 @@ impl fmt::Display for Failure {
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     #[error("simulated maps: {0}")]
-    Maps(#[from] SimError),
+    Maps(SimError),
+}
+
+// By hand, not `#[from]`: the message prints the cause, so it is not also
+// the `source()` (`eim_core::error`'s convention).
+impl From<SimError> for SetupError {
+    fn from(e: SimError) -> Self {
+        Self::Maps(e)
+    }
 }
 
 /// A process of the model: how it exits and the references it holds.
@@ -245,7 +253,7 @@ impl Sim {
         let kind = match result {
             Ok(_) => "ok",
             Err(Error::Deferred { .. }) => "deferred",
-            Err(Error::Extraction { source, .. }) if source.is_not_found() => "vanished",
+            Err(Error::Extraction { cause, .. }) if cause.is_not_found() => "vanished",
             Err(Error::Extraction { .. }) => "extraction failed",
             Err(Error::Encode { .. }) => "encode",
             Err(Error::MapFull { .. }) => "map full",

@@ -4,11 +4,12 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use eim::deltas::IntervalData;
 use eim::files::elf_file::{ElfFileRef, DEFAULT_MAX_SIZE};
-use eim::text::{render_deltas, render_deltas_error};
+use eim::text::{render_deltas_error, write_deltas};
 use eim::ElfProvider;
 
-use crate::each::{self, Failure, Outcome};
+use crate::each::{self, Failure, Outcome, Text};
 use crate::input::read_elf;
 
 /// Options of `eim deltas`.
@@ -26,10 +27,25 @@ pub struct DeltasArgs {
     pub files: Vec<PathBuf>,
 }
 
-/// The deltas text of one file, or its error text.
-pub fn text(path: &Path, provider: &ElfProvider) -> Result<String, Failure> {
+/// One file's deltas, printed in the oracle's format.
+pub struct Deltas {
+    pub path: String,
+    pub data: IntervalData,
+}
+
+impl Text for Deltas {
+    fn write_to<W: Write>(&self, out: &mut W) -> std::io::Result<()> {
+        write_deltas(out, &self.path, &self.data)
+    }
+}
+
+/// The deltas of one file, or its error text.
+pub fn text(path: &Path, provider: &ElfProvider) -> Result<Deltas, Failure> {
     match read_elf(path, provider) {
-        Ok(input) => Ok(render_deltas(&input.path, &input.data)),
+        Ok(input) => Ok(Deltas {
+            path: input.path,
+            data: input.data,
+        }),
         Err(e) => {
             let message = format!("{e:#}");
             Err(Failure {
@@ -41,7 +57,7 @@ pub fn text(path: &Path, provider: &ElfProvider) -> Result<String, Failure> {
 }
 
 /// The synthetic vDSO deltas of one file, or why there are none.
-pub fn vdso_text(path: &Path, max_size: u64) -> Result<String, Failure> {
+pub fn vdso_text(path: &Path, max_size: u64) -> Result<Deltas, Failure> {
     let shown = path.display().to_string();
     let fail = |message: String| Failure {
         stdout: Some(render_deltas_error(&shown, &message)),
@@ -50,7 +66,7 @@ pub fn vdso_text(path: &Path, max_size: u64) -> Result<String, Failure> {
     let file = ElfFileRef::new(path).with_max_size(max_size);
     let open = file.get().map_err(|e| fail(e.to_string()))?;
     match eim::elf::vdso::synthesize(open.elf()) {
-        Some(data) => Ok(render_deltas(&shown, &data)),
+        Some(data) => Ok(Deltas { path: shown, data }),
         None => Err(fail("not an arm64 vDSO image".to_string())),
     }
 }

@@ -45,9 +45,22 @@ impl Outcome {
     }
 }
 
+/// A file's output: text made whole, or data that writes its own text (a
+/// big table is formatted straight into stdout's buffer rather than into a
+/// string first).
+pub trait Text {
+    fn write_to<W: Write>(&self, out: &mut W) -> std::io::Result<()>;
+}
+
+impl Text for String {
+    fn write_to<W: Write>(&self, out: &mut W) -> std::io::Result<()> {
+        out.write_all(self.as_bytes())
+    }
+}
+
 /// Writes `text` to `out`; `Ok(false)` if the reader has gone.
-fn write_text(out: &mut impl Write, text: &str) -> std::io::Result<bool> {
-    match out.write_all(text.as_bytes()) {
+fn write_text(out: &mut impl Write, text: &impl Text) -> std::io::Result<bool> {
+    match text.write_to(out) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
         Err(e) => Err(e),
@@ -56,25 +69,26 @@ fn write_text(out: &mut impl Write, text: &str) -> std::io::Result<bool> {
 
 /// Runs `each` on every file in order. An `Err` is a failure to write
 /// stdout.
-pub fn run(
+pub fn run<T: Text>(
     files: &[PathBuf],
     out: &mut impl Write,
-    mut each: impl FnMut(&Path) -> Result<String, Failure>,
+    mut each: impl FnMut(&Path) -> Result<T, Failure>,
 ) -> std::io::Result<Outcome> {
     let mut failed = false;
     for path in files {
-        let text = match each(path) {
-            Ok(text) => Some(text),
+        let written = match each(path) {
+            Ok(text) => write_text(out, &text)?,
             Err(failure) => {
                 failed = true;
                 note!("eim: {}: {}", path.display(), failure.message);
-                failure.stdout
+                match failure.stdout {
+                    Some(text) => write_text(out, &text)?,
+                    None => true,
+                }
             }
         };
-        if let Some(text) = text {
-            if !write_text(out, &text)? {
-                return Ok(Outcome::Closed);
-            }
+        if !written {
+            return Ok(Outcome::Closed);
         }
     }
     match out.flush() {

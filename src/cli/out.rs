@@ -16,7 +16,15 @@ use std::process::ExitCode;
 /// Writing the results to stdout failed.
 #[derive(Debug, thiserror::Error)]
 #[error("stdout: {0}")]
-pub struct StdoutError(#[from] pub io::Error);
+pub struct StdoutError(pub io::Error);
+
+// By hand, not `#[from]`: the message prints the cause, so it is not also
+// the `source()` (`eim_core::error`'s convention).
+impl From<io::Error> for StdoutError {
+    fn from(e: io::Error) -> Self {
+        Self(e)
+    }
+}
 
 impl StdoutError {
     /// The reader went away before reading everything: not eim's failure.

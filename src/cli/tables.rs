@@ -10,7 +10,7 @@ use eim::machine::{Capacities, KernelBook};
 use eim::text::Tables;
 use eim::FileId;
 
-use crate::each::{self, Failure, Outcome};
+use crate::each::{self, Failure, Outcome, Text};
 use crate::input::read_input;
 
 /// Options of `eim tables`.
@@ -26,14 +26,31 @@ pub struct TablesArgs {
     pub files: Vec<PathBuf>,
 }
 
-/// The `.encoded` text for one input, as a fresh manager would write it.
-pub fn encode(path: &Path, max_size: u64) -> anyhow::Result<String> {
+/// One input's tables, printed in the `.encoded` format.
+pub struct Encoded {
+    pub path: String,
+    pub deltas_in: usize,
+    pub tables: Tables,
+}
+
+impl Text for Encoded {
+    fn write_to<W: Write>(&self, out: &mut W) -> std::io::Result<()> {
+        self.tables.write(out, &self.path, self.deltas_in)
+    }
+}
+
+/// The tables a fresh manager would write for one input.
+pub fn encode(path: &Path, max_size: u64) -> anyhow::Result<Encoded> {
     let input = read_input(path, max_size)?;
     // A fresh book per file: the oracle records each file loaded alone. The
     // file id does not appear in the output (page keys print only the page).
     let mut book = KernelBook::new(Capacities::default());
     let plan = book.plan_load(FileId(0x1234), &input.data.deltas)?;
-    Ok(Tables::of_plan(&plan).render(&input.path, input.data.len()))
+    Ok(Encoded {
+        tables: Tables::of_plan(&plan),
+        path: input.path,
+        deltas_in: input.data.len(),
+    })
 }
 
 /// Renders every file to `out`, reporting bad ones on stderr and going on

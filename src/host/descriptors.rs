@@ -28,6 +28,7 @@
 
 use std::io;
 
+use eim_core::error::Causes;
 use rlimit::Resource;
 
 /// The largest batch: what a soft limit of about 4,200 or more gives (a
@@ -40,16 +41,15 @@ pub const MAX_FILES_PER_BATCH: usize = 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum DescriptorError {
     #[error("reading RLIMIT_NOFILE: {0}")]
-    Read(#[source] io::Error),
-    #[error("raising the soft RLIMIT_NOFILE from {soft} to the hard limit {hard}: {source}")]
+    Read(io::Error),
+    #[error("raising the soft RLIMIT_NOFILE from {soft} to the hard limit {hard}: {cause}")]
     Raise {
         soft: u64,
         hard: u64,
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
-    #[error("counting the open descriptors in /proc/self/fd: {0}")]
-    Count(#[source] procfs::ProcError),
+    #[error("counting the open descriptors in /proc/self/fd: {}", Causes(.0))]
+    Count(procfs::ProcError),
 }
 
 /// What [`raise_soft_limit`] did.
@@ -70,10 +70,10 @@ impl Raised {
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit.
 pub fn raise_soft_limit() -> Result<Raised, DescriptorError> {
     let (soft, hard) = Resource::NOFILE.get().map_err(DescriptorError::Read)?;
-    let to = rlimit::increase_nofile_limit(u64::MAX).map_err(|source| DescriptorError::Raise {
+    let to = rlimit::increase_nofile_limit(u64::MAX).map_err(|cause| DescriptorError::Raise {
         soft,
         hard,
-        source,
+        cause,
     })?;
     Ok(Raised { from: soft, to })
 }

@@ -77,12 +77,11 @@ pub enum OpenError {
     /// to the process first, then the file's own permissions.
     #[error("process {pid}: permission denied opening {}: it needs CAP_SYS_PTRACE or running as the process's user, and read permission on the file", path.display())]
     PermissionDenied { pid: i32, path: PathBuf },
-    #[error("process {pid}: cannot open {}: {source}", path.display())]
+    #[error("process {pid}: cannot open {}: {cause}", path.display())]
     Io {
         pid: i32,
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
@@ -102,7 +101,7 @@ impl OpenError {
                 "not the file mapped: replaced on disk or seen through another mount".into()
             }
             Self::PermissionDenied { .. } => "permission denied: it needs CAP_SYS_PTRACE or running as the process's user, and read permission on the file".into(),
-            Self::Io { source, .. } => format!("cannot open: {source}"),
+            Self::Io { cause, .. } => format!("cannot open: {cause}"),
         }
     }
 }
@@ -134,7 +133,7 @@ fn classify(pid: i32, path: &Path, e: io::Error) -> OpenError {
         _ => OpenError::Io {
             pid,
             path: path.to_path_buf(),
-            source: e,
+            cause: e,
         },
     }
 }

@@ -111,7 +111,7 @@ impl ProblemKind {
     pub fn of(e: &Error) -> Option<Self> {
         match e {
             Error::Deferred { .. } => Some(Self::Deferred),
-            Error::Extraction { source, .. } => match source.kind {
+            Error::Extraction { cause, .. } => match cause.kind {
                 ExtractErrorKind::NotFound => None,
                 ExtractErrorKind::Unsupported => Some(Self::Unsupported),
                 _ => Some(Self::Failed),
@@ -138,7 +138,7 @@ pub struct Problem {
 /// `e`'s message without the file id and path it starts with.
 pub fn cause_of(e: &Error) -> String {
     match e {
-        Error::Extraction { source, .. } => source.message.clone(),
+        Error::Extraction { cause, .. } => cause.message.clone(),
         other => {
             let text = other.to_string();
             let prefix = format!("file {}: ", other.file_id());
@@ -789,7 +789,7 @@ impl<B: Inspect> Host<B> {
                 let e = OpenError::Io {
                     pid,
                     path: m.path.clone(),
-                    source: e,
+                    cause: e,
                 };
                 self.note_unopenable(m, &e);
                 return Some(Identified::Unusable);

@@ -29,10 +29,10 @@ use super::{routes, Metrics};
 
 /// Why the metrics server could not start.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot serve metrics on {addr}: {source}")]
+#[error("cannot serve metrics on {addr}: {cause}")]
 pub struct ServeError {
     pub addr: SocketAddr,
-    pub source: io::Error,
+    pub cause: io::Error,
 }
 
 /// What one server may hold at once.
@@ -91,7 +91,7 @@ pub struct MetricsServer {
 impl MetricsServer {
     /// Serves `metrics` on `addr` (port 0 picks a free port: see [`Self::addr`]).
     pub fn start(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<Self, ServeError> {
-        let error = |source| ServeError { addr, source };
+        let error = |cause| ServeError { addr, cause };
         let rt = runtime().map_err(error)?;
         let listener = rt.block_on(async { bind(addr) }).map_err(error)?;
         let bound = listener.local_addr().map_err(error)?;
@@ -117,7 +117,7 @@ impl MetricsServer {
                 // then closes every connection.
                 let _ = rt.block_on(stopped);
             })
-            .map_err(|source| ServeError { addr, source })?;
+            .map_err(|cause| ServeError { addr, cause })?;
         Ok(Self {
             stop: Some(stop),
             thread: Some(thread),

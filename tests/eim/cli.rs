@@ -258,6 +258,42 @@ fn a_file_that_is_neither_elf_nor_deltas_is_refused() {
 }
 
 #[test]
+fn a_malformed_deltas_file_is_refused_naming_its_line() {
+    let dir = std::env::temp_dir().join(format!("eim-cli-malformed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let head =
+        "# file: /x\n# deltas: 2\n# ADDRESS HINTS OPCODE PARAM FPOPCODE FPPARAM MERGEOPCODE\n";
+    for (name, text, message) in [
+        (
+            "short",
+            format!("{head}850 1 2 16 0 0 0\n"),
+            "line 2: declares 2 deltas but the file ends after 1 (at line 4)",
+        ),
+        (
+            "long",
+            format!("{head}850 1 2 16 0 0 0\n851 1 2 16 0 0 0\n852 1 2 16 0 0 0\n"),
+            "line 6: delta row 3 is one more than the 2 that line 2 declares",
+        ),
+        (
+            "extra",
+            format!("{head}850 1 2 16 0 0 0\n851 1 2 16 0 0 0 7\n"),
+            "line 5: extra field \"7\" after the merge opcode (a row has 7 fields)",
+        ),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write the deltas file");
+        eim()
+            .arg("tables")
+            .arg(&path)
+            .assert()
+            .failure()
+            .stdout("")
+            .stderr(format!("eim: {}: {message}\n", path.display()));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn tables_needs_a_file() {
     eim().arg("tables").assert().failure();
 }

@@ -125,7 +125,6 @@ pub enum ExtractErrorKind {
 #[error("failure to parse {stage} stack deltas: {cause}")]
 pub struct ExtractError {
     pub stage: Stage,
-    #[source]
     pub cause: Cause,
 }
 

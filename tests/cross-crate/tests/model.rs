@@ -231,7 +231,7 @@ impl Harness {
                     match self.model.modes.get(&file).copied().unwrap_or(Mode::Data) {
                         Mode::Vanished => {
                             assert!(
-                                matches!(result, Err(Error::Extraction { ref source, .. }) if source.is_not_found())
+                                matches!(result, Err(Error::Extraction { ref cause, .. }) if cause.is_not_found())
                             );
                         }
                         Mode::Broken => {

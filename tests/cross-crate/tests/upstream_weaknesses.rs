@@ -434,7 +434,7 @@ fn weakness_15_a_page_with_65536_deltas_is_an_error_not_a_wrap() {
         err,
         Error::Encode {
             file_id: A,
-            source: EncodeError::PageOverflow {
+            cause: EncodeError::PageOverflow {
                 page: 0,
                 count: 65536
             }

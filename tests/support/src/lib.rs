@@ -5,6 +5,8 @@
 //! * [`oracle`]: the oracle's inputs as its manifest names them, with the
 //!   check that a file of the machine image is the one it was made from,
 //!   and their delta files;
+//! * [`errors`]: an error as the CLI prints it, and the check that it
+//!   says each cause once;
 //! * [`skip`]: loud skips that become failures under an `EIM_REQUIRE_*`
 //!   variable (`tests/run` and CI set them);
 //! * [`tools`]: binutils' view of a file (`nm`, `objdump`), independent of
@@ -19,6 +21,7 @@
 
 pub mod cfi;
 pub mod data;
+pub mod errors;
 pub mod files;
 pub mod host;
 pub mod oracle;

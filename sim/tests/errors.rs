@@ -1,0 +1,43 @@
+//! Each error of eim-sim says its cause once, printed as the CLI prints a
+//! chain (`eim_test_support::errors`), and returns no `source()` (the cause
+//! is in the message: `eim_core::error`'s convention).
+
+use std::error::Error as StdError;
+use std::path::Path;
+
+use eim_core::ops::Errno;
+use eim_sim::corpus::extract_file;
+use eim_sim::run::SetupError;
+use eim_sim::trace::Trace;
+use eim_sim::workload::Step;
+use eim_sim::{BatchError, SimError};
+use eim_test_support::errors::assert_each_cause_once;
+
+#[track_caller]
+fn check(e: &(dyn StdError + 'static)) {
+    assert!(
+        e.source().is_none(),
+        "{e}: returns its cause from source() too"
+    );
+    assert_each_cause_once(e);
+}
+
+#[test]
+fn every_sim_error_says_its_cause_once() {
+    let missing = extract_file(Path::new("/nonexistent/eim/corpus-file")).err();
+    let missing = missing.expect("a missing corpus file");
+    check(&missing);
+    assert!(missing.to_string().ends_with("(os error 2)"), "{missing}");
+    let maps = SimError::CreateMap {
+        name: "unwind_info_array".into(),
+        errno: Errno::EINVAL,
+    };
+    check(&maps);
+    check(&SetupError::from(maps));
+    check(&BatchError {
+        errno: Errno::ENOSPC,
+        processed: 3,
+    });
+    check(&"nonsense".parse::<Step>().expect_err("not a step"));
+    check(&"profile churn\n".parse::<Trace>().expect_err("no seed"));
+}
