@@ -15,6 +15,7 @@ use std::time::Duration;
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::{BtfTracePoint, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
+use eim_core::error::Causes;
 
 /// The compiled events program (`bpf/build.sh`).
 pub static EVENTS_OBJECT: &[u8] = include_bytes!("../../bpf/events.bpf.o");
@@ -111,8 +112,14 @@ pub struct HostEvents {
 fn program_error(program: &'static str) -> impl FnOnce(aya::programs::ProgramError) -> EventsError {
     move |e| EventsError::Program {
         program,
-        why: e.to_string(),
+        why: Causes(&e).to_string(),
     }
+}
+
+/// An aya error's chain, each cause once (aya's errors print their source
+/// and return it too).
+fn load_error(e: impl std::error::Error + 'static) -> EventsError {
+    EventsError::Load(Causes(&e).to_string())
 }
 
 impl HostEvents {
@@ -120,11 +127,11 @@ impl HostEvents {
     /// CAP_PERFMON, and CAP_SYS_ADMIN to mount tracefs).
     pub fn attach() -> Result<Self, EventsError> {
         let mounted_tracefs = crate::tracefs::ensure()?;
-        let btf = Btf::from_sys_fs().map_err(|e| EventsError::Btf(e.to_string()))?;
+        let btf = Btf::from_sys_fs().map_err(|e| EventsError::Btf(Causes(&e).to_string()))?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .load(EVENTS_OBJECT)
-            .map_err(|e| EventsError::Load(e.to_string()))?;
+            .map_err(load_error)?;
         for (program, category, name) in TRACEPOINTS {
             let p: &mut TracePoint = ebpf
                 .program_mut(program)
@@ -149,9 +156,9 @@ impl HostEvents {
             .map_err(program_error(FORK_PROGRAM))?;
         fork.attach().map_err(program_error(FORK_PROGRAM))?;
         let ring = RingBuf::try_from(ebpf.take_map(RING).ok_or(EventsError::MissingMap(RING))?)
-            .map_err(|e| EventsError::Load(e.to_string()))?;
+            .map_err(load_error)?;
         let lost = PerCpuArray::try_from(ebpf.take_map(LOST).ok_or(EventsError::MissingMap(LOST))?)
-            .map_err(|e| EventsError::Load(e.to_string()))?;
+            .map_err(load_error)?;
         Ok(Self {
             ring,
             lost,
@@ -202,7 +209,7 @@ impl HostEvents {
         let values = self
             .lost
             .get(&0, 0)
-            .map_err(|e| EventsError::Load(format!("reading {LOST}: {e}")))?;
+            .map_err(|e| EventsError::Load(format!("reading {LOST}: {}", Causes(&e))))?;
         Ok(values.iter().fold(0u64, |sum, v| sum.saturating_add(*v)))
     }
 }

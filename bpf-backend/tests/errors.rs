@@ -105,3 +105,21 @@ fn every_backend_error_says_its_cause_once() {
         )],
     }));
 }
+
+#[test]
+fn the_events_programs_errors_say_each_cause_once() {
+    use eim_bpf::events::EventsError;
+    use eim_bpf::tracefs::TracefsError;
+    let mount = TracefsError::Mount {
+        path: PathBuf::from("/sys/kernel/tracing"),
+        error: io::Error::from_raw_os_error(libc::EPERM),
+    };
+    check(&mount);
+    let e = EventsError::from(mount);
+    check(&e);
+    assert!(e.to_string().contains("(os error 1)"), "{e}");
+    check(&EventsError::Program {
+        program: "eim_on_exec",
+        why: "missing from the events object".into(),
+    });
+}
