@@ -32,6 +32,9 @@ pub mod kind {
     pub const MPROTECT: u32 = 5;
 }
 
+/// The ring's size (`EIM_EVENTS_RING_BYTES`): 1 MiB, 26,000 records.
+pub const DEFAULT_RING_BYTES: u32 = 1 << 20;
+
 /// The size of one record.
 pub const EVENT_SIZE: usize = 40;
 
@@ -126,10 +129,17 @@ impl HostEvents {
     /// Loads and attaches the events program (root, or CAP_BPF +
     /// CAP_PERFMON, and CAP_SYS_ADMIN to mount tracefs).
     pub fn attach() -> Result<Self, EventsError> {
+        Self::attach_with(DEFAULT_RING_BYTES)
+    }
+
+    /// [`HostEvents::attach`] with a ring of `ring_bytes` (a power of two,
+    /// at least a page): tests make it small to overflow it.
+    pub fn attach_with(ring_bytes: u32) -> Result<Self, EventsError> {
         let mounted_tracefs = crate::tracefs::ensure()?;
         let btf = Btf::from_sys_fs().map_err(|e| EventsError::Btf(Causes(&e).to_string()))?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
+            .map_max_entries(RING, ring_bytes)
             .load(EVENTS_OBJECT)
             .map_err(load_error)?;
         for (program, category, name) in TRACEPOINTS {

@@ -688,12 +688,17 @@ impl<B: Inspect> Host<B> {
         let mut mapped = BTreeSet::new();
         let mut first_mapping: HashMap<FileId, &ExecMapping> = HashMap::new();
         let mut current = HashSet::with_capacity(mappings.files.len());
+        // Mappings not seen before in this process: an mmap event names each.
+        let mut new_mappings = 0;
         for m in &mappings.files {
             let key = MappingKey::of(m);
             current.insert(key);
             let resolution = match entry.mappings.get(&key) {
                 Some(r) => Some(*r),
-                None => self.resolve(pid, m, batch),
+                None => {
+                    new_mappings += 1;
+                    self.resolve(pid, m, batch)
+                }
             };
             match resolution {
                 Some(r) => {
@@ -709,10 +714,6 @@ impl<B: Inspect> Host<B> {
             }
         }
         if known {
-            let new_mappings = current
-                .iter()
-                .filter(|k| !entry.mappings.contains_key(k))
-                .count();
             if new_mappings > 0 {
                 report.note_missed(Missed::NewMappings {
                     pid,

@@ -141,12 +141,200 @@ impl Default for EventsConfig {
     }
 }
 
-/// Follows the events `source` reports (see the module documentation of
-/// [`crate::host::events`]): a first full step, then only the processes
-/// events name, a resync every `events.resync_every` and at once after a
-/// loss; the summary (metrics, `on_step`) is refreshed at most every
-/// `config.interval`, and only when something was followed. `config.steps`
-/// counts summaries. Returns the last summary and what the events did.
+/// The event-driven watch, one turn at a time (what [`watch_events`]
+/// runs; tests drive it turn by turn).
+pub struct EventLoop<'a, B: Inspect> {
+    pub host: &'a mut Host<B>,
+    source: &'a mut dyn EventSource,
+    events: EventsConfig,
+    metrics: Option<&'a Metrics>,
+    pub stats: EventStats,
+    next_resync: Instant,
+    lost_seen: u64,
+    /// Something was followed since the last summary.
+    pub dirty: bool,
+    batch: Vec<Stamped>,
+}
+
+impl<'a, B: Inspect> EventLoop<'a, B> {
+    pub fn new(
+        host: &'a mut Host<B>,
+        source: &'a mut dyn EventSource,
+        events: EventsConfig,
+        metrics: Option<&'a Metrics>,
+    ) -> Self {
+        let lost_seen = source.lost().unwrap_or(0);
+        Self {
+            host,
+            source,
+            next_resync: Instant::now() + events.resync_every,
+            events,
+            metrics,
+            stats: EventStats::default(),
+            lost_seen,
+            dirty: false,
+            batch: Vec::new(),
+        }
+    }
+
+    /// The first full step: every process of the host.
+    pub fn start(
+        &mut self,
+        stop: &AtomicBool,
+        progress: &mut dyn Progress,
+    ) -> Result<(), WatchError> {
+        let cpu = cpu_time();
+        let first = self.host.step(stop, progress)?.clone();
+        observe_cpu(self.metrics, cpu);
+        tracing::info!(
+            processes = first.processes,
+            loaded = first.taken,
+            ms = first.elapsed.as_secs_f64() * 1e3,
+            "first step; following host events"
+        );
+        self.next_resync = Instant::now() + self.events.resync_every;
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// Waits up to `wait` for events, follows what came, resyncs after a
+    /// loss or when one is due.
+    pub fn turn(
+        &mut self,
+        wait: Duration,
+        stop: &AtomicBool,
+        progress: &mut dyn Progress,
+    ) -> Result<(), WatchError> {
+        let timeout = wait.min(self.next_resync.saturating_duration_since(Instant::now()));
+        if let Err(e) = self.source.wait(timeout) {
+            tracing::warn!("waiting for host events: {e}");
+            sleep_unless_stopped(timeout, stop);
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        self.source.drain(self.events.max_batch, &mut batch);
+        if !batch.is_empty() {
+            self.follow(&batch, stop, progress);
+        }
+        self.batch = batch;
+        let lost = match self.source.lost() {
+            Ok(lost) => lost,
+            Err(e) => {
+                tracing::warn!("reading the lost-event counter: {e}");
+                self.lost_seen
+            }
+        };
+        let after_loss = lost > self.lost_seen;
+        if after_loss {
+            tracing::warn!(
+                lost = lost - self.lost_seen,
+                "host events were lost (the ring was full): resyncing from /proc now"
+            );
+            self.stats.lost = lost;
+            self.lost_seen = lost;
+            self.stats.resyncs_after_loss += 1;
+        }
+        if after_loss || Instant::now() >= self.next_resync {
+            self.resync(stop, progress)?;
+            self.next_resync = Instant::now() + self.events.resync_every;
+        }
+        Ok(())
+    }
+
+    /// One pass over the processes `batch` names.
+    fn follow(&mut self, batch: &[Stamped], stop: &AtomicBool, progress: &mut dyn Progress) {
+        let cpu = cpu_time();
+        let events: Vec<HostEvent> = batch.iter().map(|s| s.event).collect();
+        for e in &events {
+            *self.stats.events.entry(e.kind_name()).or_default() += 1;
+        }
+        let work = coalesce(&events);
+        let report = self.host.follow(&work, stop, progress);
+        self.stats.batches += 1;
+        self.stats.processes_read += report.processes as u64;
+        // The pass is over: the tables of what its events caused are
+        // published (or failed).
+        let done = monotonic_now();
+        for s in batch {
+            let latency = done.saturating_sub(s.at);
+            self.stats.note_latency(latency);
+            if let Some(m) = self.metrics {
+                m.observe_event_latency(latency);
+            }
+        }
+        observe_cpu(self.metrics, cpu);
+        self.dirty = true;
+    }
+
+    /// Follows whatever is in flight, then walks all of `/proc`: whatever
+    /// that changes, the events had missed.
+    pub fn resync(
+        &mut self,
+        stop: &AtomicBool,
+        progress: &mut dyn Progress,
+    ) -> Result<(), WatchError> {
+        let mut batch = Vec::new();
+        // Bounded: what is in flight now, not what keeps coming.
+        for _ in 0..16 {
+            batch.clear();
+            if self.source.drain(self.events.max_batch, &mut batch) == 0 {
+                break;
+            }
+            self.follow(&batch, stop, progress);
+        }
+        let cpu = cpu_time();
+        let report = self.host.step(stop, progress)?;
+        observe_cpu(self.metrics, cpu);
+        self.stats.resyncs += 1;
+        self.dirty = true;
+        if report.missed > 0 {
+            self.stats.corrections += report.missed as u64;
+            tracing::warn!(
+                corrections = report.missed,
+                "the resync found what host events had not reported"
+            );
+            for m in &report.missed_kept {
+                tracing::warn!("resync: {m}");
+            }
+        }
+        Ok(())
+    }
+
+    /// The summary, recomputed if something was followed since the last.
+    fn summary(&mut self, last: Option<Summary>) -> Result<Summary, WatchError> {
+        match last {
+            Some(s) if !self.dirty => Ok(s),
+            _ => {
+                self.dirty = false;
+                Ok(Summary::of(self.host)?)
+            }
+        }
+    }
+
+    /// Metrics, and the log line a polling step writes (`step=N`).
+    fn publish(&self, summary: &Summary, step: u64) {
+        if let Some(m) = self.metrics {
+            m.update(summary);
+            m.update_events(&self.stats);
+        }
+        tracing::info!(
+            step,
+            processes = self.host.processes().len(),
+            loaded = summary.files.loaded,
+            extractions = summary.extraction.extractions,
+            batches = self.stats.batches,
+            resyncs = self.stats.resyncs,
+            "step"
+        );
+    }
+}
+
+/// Follows the events `source` reports (see [`crate::host::events`]): a
+/// first full step, then only the processes events name, a resync every
+/// `events.resync_every` and at once after a loss; the summary (metrics,
+/// `on_step`) is refreshed at most every `config.interval`, and only when
+/// something was followed. `config.steps` counts summaries. Returns the
+/// last summary and what the events did.
 #[allow(clippy::too_many_arguments)]
 pub fn watch_events<B: Inspect>(
     host: &mut Host<B>,
@@ -158,161 +346,37 @@ pub fn watch_events<B: Inspect>(
     progress: &mut dyn Progress,
     on_step: &mut dyn FnMut(&Summary),
 ) -> Result<(Summary, EventStats), WatchError> {
-    let mut stats = EventStats::default();
-    let cpu = cpu_time();
-    let first = host.step(stop, progress)?.clone();
-    observe_cpu(metrics, cpu);
-    tracing::info!(
-        processes = first.processes,
-        loaded = first.taken,
-        ms = first.elapsed.as_secs_f64() * 1e3,
-        "first step; following host events"
-    );
-    let mut summary = Summary::of(host)?;
-    if let Some(m) = metrics {
-        m.update(&summary);
-        m.update_events(&stats);
-    }
+    let mut lp = EventLoop::new(host, source, events.clone(), metrics);
+    lp.start(stop, progress)?;
+    let mut summary = lp.summary(None)?;
+    lp.publish(&summary, 1);
     on_step(&summary);
     let mut summaries = 1u64;
-    let mut next_resync = Instant::now() + events.resync_every;
     let mut next_summary = Instant::now() + config.interval;
-    let mut dirty = false;
-    let mut lost_seen = source.lost().unwrap_or(0);
-    let mut batch = Vec::new();
     while !stop.load(Ordering::Relaxed) && config.steps.is_none_or(|n| summaries < n) {
-        let now = Instant::now();
-        let wake = next_resync.min(next_summary);
         // Short waits, so a stop is seen soon.
-        let timeout = wake
-            .saturating_duration_since(now)
+        let wait = next_summary
+            .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(100));
-        if let Err(e) = source.wait(timeout) {
-            tracing::warn!("waiting for host events: {e}");
-            sleep_unless_stopped(Duration::from_millis(100), stop);
-        }
-        batch.clear();
-        source.drain(events.max_batch, &mut batch);
-        if !batch.is_empty() {
-            follow(host, &batch, &mut stats, stop, progress, metrics);
-            dirty = true;
-        }
-        let lost = match source.lost() {
-            Ok(lost) => lost,
-            Err(e) => {
-                tracing::warn!("reading the lost-event counter: {e}");
-                lost_seen
-            }
-        };
-        let after_loss = lost > lost_seen;
-        if after_loss {
-            tracing::warn!(
-                lost = lost - lost_seen,
-                "host events were lost (the ring was full): resyncing from /proc now"
-            );
-            stats.lost = lost;
-            lost_seen = lost;
-            stats.resyncs_after_loss += 1;
-        }
-        if after_loss || Instant::now() >= next_resync {
-            resync(host, source, events, &mut stats, stop, progress, metrics)?;
-            next_resync = Instant::now() + events.resync_every;
-            dirty = true;
-        }
+        lp.turn(wait, stop, progress)?;
         if Instant::now() >= next_summary {
             next_summary = Instant::now() + config.interval;
-            if dirty {
-                summary = Summary::of(host)?;
-                dirty = false;
-            }
-            if let Some(m) = metrics {
-                m.update(&summary);
-                m.update_events(&stats);
-            }
-            on_step(&summary);
+            summary = lp.summary(Some(summary))?;
             summaries += 1;
+            lp.publish(&summary, summaries);
+            on_step(&summary);
         }
     }
-    if dirty {
-        summary = Summary::of(host)?;
-    }
-    if let Some(m) = metrics {
+    summary = lp.summary(Some(summary))?;
+    if let Some(m) = lp.metrics {
         m.update(&summary);
-        m.update_events(&stats);
+        m.update_events(&lp.stats);
     }
-    Ok((summary, stats))
+    Ok((summary, lp.stats))
 }
 
 fn observe_cpu(metrics: Option<&Metrics>, before: Duration) {
     if let Some(m) = metrics {
         m.observe_step_cpu(cpu_time().saturating_sub(before));
     }
-}
-
-/// One pass over the processes `batch` names.
-fn follow<B: Inspect>(
-    host: &mut Host<B>,
-    batch: &[Stamped],
-    stats: &mut EventStats,
-    stop: &AtomicBool,
-    progress: &mut dyn Progress,
-    metrics: Option<&Metrics>,
-) {
-    let cpu = cpu_time();
-    let events: Vec<HostEvent> = batch.iter().map(|s| s.event).collect();
-    for e in &events {
-        *stats.events.entry(e.kind_name()).or_default() += 1;
-    }
-    let work = coalesce(&events);
-    let report = host.follow(&work, stop, progress);
-    stats.batches += 1;
-    stats.processes_read += report.processes as u64;
-    // The pass is over: the tables of what its events caused are
-    // published (or failed).
-    let done = monotonic_now();
-    for s in batch {
-        let latency = done.saturating_sub(s.at);
-        stats.note_latency(latency);
-        if let Some(m) = metrics {
-            m.observe_event_latency(latency);
-        }
-    }
-    observe_cpu(metrics, cpu);
-}
-
-/// Follows whatever is in flight, then walks all of `/proc`: whatever that
-/// changes, the events had missed.
-fn resync<B: Inspect>(
-    host: &mut Host<B>,
-    source: &mut dyn EventSource,
-    events: &EventsConfig,
-    stats: &mut EventStats,
-    stop: &AtomicBool,
-    progress: &mut dyn Progress,
-    metrics: Option<&Metrics>,
-) -> Result<(), WatchError> {
-    let mut batch = Vec::new();
-    // Bounded: what is in flight now, not what keeps coming.
-    for _ in 0..16 {
-        batch.clear();
-        if source.drain(events.max_batch, &mut batch) == 0 {
-            break;
-        }
-        follow(host, &batch, stats, stop, progress, metrics);
-    }
-    let cpu = cpu_time();
-    let report = host.step(stop, progress)?;
-    observe_cpu(metrics, cpu);
-    stats.resyncs += 1;
-    if report.missed > 0 {
-        stats.corrections += report.missed as u64;
-        tracing::warn!(
-            corrections = report.missed,
-            "the resync found what host events had not reported"
-        );
-        for m in &report.missed_kept {
-            tracing::warn!("resync: {m}");
-        }
-    }
-    Ok(())
 }

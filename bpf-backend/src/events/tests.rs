@@ -16,6 +16,15 @@ fn define(name: &str) -> u64 {
         .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+fn define_expr(name: &str) -> String {
+    HEADER
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("#define {name} ")))
+        .unwrap_or_else(|| panic!("{name} is not defined in bpf/events.h"))
+        .trim()
+        .to_string()
+}
+
 #[test]
 fn the_numbers_agree_with_events_h() {
     for (name, value) in [
@@ -28,6 +37,8 @@ fn the_numbers_agree_with_events_h() {
         assert_eq!(define(name), u64::from(value), "{name}");
     }
     assert!(HEADER.contains(&format!("sizeof(EimHostEvent) == {EVENT_SIZE}")));
+    assert_eq!(define_expr("EIM_EVENTS_RING_BYTES"), "(1 << 20)");
+    assert_eq!(DEFAULT_RING_BYTES, 1 << 20);
 }
 
 fn record(kind: u32, pid: u32, parent: u32, addr: u64, len: u64) -> Vec<u8> {
