@@ -713,13 +713,11 @@ impl<B: Inspect> Host<B> {
                 None => self.counters.files_vanished += 1,
             }
         }
-        if known {
-            if new_mappings > 0 {
-                report.note_missed(Missed::NewMappings {
-                    pid,
-                    mappings: new_mappings,
-                });
-            }
+        if known && new_mappings > 0 {
+            report.note_missed(Missed::NewMappings {
+                pid,
+                mappings: new_mappings,
+            });
         }
         entry.keep_mappings(&current);
         let changes = entry.changes(&mapped);
