@@ -141,6 +141,9 @@ impl Default for EventsConfig {
     }
 }
 
+/// How soon a resync that failed is tried again.
+pub const RESYNC_RETRY: Duration = Duration::from_secs(1);
+
 /// The event-driven watch, one turn at a time (what [`watch_events`]
 /// runs; tests drive it turn by turn).
 pub struct EventLoop<'a, B: Inspect> {
@@ -199,12 +202,7 @@ impl<'a, B: Inspect> EventLoop<'a, B> {
 
     /// Waits up to `wait` for events, follows what came, resyncs after a
     /// loss or when one is due.
-    pub fn turn(
-        &mut self,
-        wait: Duration,
-        stop: &AtomicBool,
-        progress: &mut dyn Progress,
-    ) -> Result<(), WatchError> {
+    pub fn turn(&mut self, wait: Duration, stop: &AtomicBool, progress: &mut dyn Progress) {
         let timeout = wait.min(self.next_resync.saturating_duration_since(Instant::now()));
         if let Err(e) = self.source.wait(timeout) {
             tracing::warn!("waiting for host events: {e}");
@@ -235,10 +233,16 @@ impl<'a, B: Inspect> EventLoop<'a, B> {
             self.stats.resyncs_after_loss += 1;
         }
         if after_loss || Instant::now() >= self.next_resync {
-            self.resync(stop, progress)?;
-            self.next_resync = Instant::now() + self.events.resync_every;
+            match self.resync(stop, progress) {
+                Ok(()) => self.next_resync = Instant::now() + self.events.resync_every,
+                // As a polling step that fails: said, and tried again soon
+                // (`/proc` unreadable for a moment, out of descriptors).
+                Err(e) => {
+                    tracing::warn!("step failed: {e}; trying again at the next interval");
+                    self.next_resync = Instant::now() + RESYNC_RETRY;
+                }
+            }
         }
-        Ok(())
     }
 
     /// One pass over the processes `batch` names.
@@ -347,7 +351,18 @@ pub fn watch_events<B: Inspect>(
     on_step: &mut dyn FnMut(&Summary),
 ) -> Result<(Summary, EventStats), WatchError> {
     let mut lp = EventLoop::new(host, source, events.clone(), metrics);
-    lp.start(stop, progress)?;
+    // As the polling watch: a first step that fails is tried again every
+    // interval until one succeeds or the watch is stopped.
+    loop {
+        match lp.start(stop, progress) {
+            Ok(()) => break,
+            Err(e) if stop.load(Ordering::Relaxed) => return Err(e),
+            Err(e) => {
+                tracing::warn!("step failed: {e}; trying again at the next interval");
+                sleep_unless_stopped(config.interval, stop);
+            }
+        }
+    }
     let mut summary = lp.summary(None)?;
     lp.publish(&summary, 1);
     on_step(&summary);
@@ -358,16 +373,23 @@ pub fn watch_events<B: Inspect>(
         let wait = next_summary
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(100));
-        lp.turn(wait, stop, progress)?;
+        lp.turn(wait, stop, progress);
         if Instant::now() >= next_summary {
             next_summary = Instant::now() + config.interval;
-            summary = lp.summary(Some(summary))?;
+            summary = match lp.summary(Some(summary.clone())) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("summary failed: {e}; trying again at the next interval");
+                    lp.dirty = true;
+                    summary
+                }
+            };
             summaries += 1;
             lp.publish(&summary, summaries);
             on_step(&summary);
         }
     }
-    summary = lp.summary(Some(summary))?;
+    summary = lp.summary(Some(summary.clone())).unwrap_or(summary);
     if let Some(m) = lp.metrics {
         m.update(&summary);
         m.update_events(&lp.stats);

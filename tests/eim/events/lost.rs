@@ -55,8 +55,7 @@ fn lost_events_force_a_resync_that_corrects_what_they_missed() {
     // are libz's.
     let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     assert!(!handle.is_null(), "dlopen {}", lib.display());
-    lp.turn(Duration::from_millis(100), &stop, &mut Quiet)
-        .expect("a turn");
+    lp.turn(Duration::from_millis(100), &stop, &mut Quiet);
     let stats = lp.stats.clone();
     assert!(stats.lost > 0, "{stats:?}");
     assert_eq!(stats.resyncs_after_loss, 1, "{stats:?}");

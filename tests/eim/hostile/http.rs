@@ -462,13 +462,25 @@ fn a_silent_connection_is_dropped_by_the_header_timeout() {
 }
 
 #[test]
-fn running_out_of_descriptors_kills_neither_the_listener_nor_the_watch() {
+fn running_out_of_descriptors_kills_neither_the_listener_nor_the_polling_watch() {
+    out_of_descriptors(&["--no-events"]);
+}
+
+/// The same with host events (where the privileges allow them; else the
+/// watch polls and says so): the resyncs, every 100 ms here, meet EMFILE.
+#[test]
+fn running_out_of_descriptors_kills_neither_the_listener_nor_the_event_watch() {
+    out_of_descriptors(&["--resync-every", "100ms"]);
+}
+
+fn out_of_descriptors(mode: &'static [&'static str]) {
     let limit = raise_nofile();
     assert!(limit > 500, "RLIMIT_NOFILE hard limit {limit}");
     // So few descriptors that the idle connections below exhaust them
     // before the bound on connections (64) is reached: the accept loop
     // meets EMFILE, and so do the steps (listing /proc needs descriptors).
     let mut watch = Watch::start_with("100ms", |cmd| {
+        cmd.args(mode);
         // SAFETY: setrlimit is async-signal-safe; the closure runs in the
         // child between fork and exec and touches nothing else.
         unsafe {
