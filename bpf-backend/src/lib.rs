@@ -60,6 +60,8 @@
 //!   how many entries the maps hold ([`MapStats`]).
 
 pub mod bpffs;
+#[cfg(test)]
+mod c_header;
 pub mod elements;
 pub mod error;
 pub mod events;

@@ -133,17 +133,8 @@ mod tests {
     const HEADER: &str = include_str!("../../bpf/lookup.h");
 
     fn define(name: &str) -> u32 {
-        HEADER
-            .lines()
-            .find_map(|line| {
-                let mut words = line.split_whitespace();
-                (words.next() == Some("#define") && words.next() == Some(name))
-                    .then(|| words.next())
-                    .flatten()
-            })
-            .unwrap_or_else(|| panic!("{name} is not defined in bpf/lookup.h"))
-            .parse()
-            .unwrap_or_else(|e| panic!("{name}: {e}"))
+        let n = crate::c_header::define(HEADER, "bpf/lookup.h", name);
+        u32::try_from(n).unwrap_or_else(|_| panic!("{name} = {n} is not a u32"))
     }
 
     #[test]

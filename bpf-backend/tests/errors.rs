@@ -14,15 +14,12 @@ use eim_bpf::lock::LockError;
 use eim_bpf::sys::{Cmd, SysError};
 use eim_bpf::{KernelError, ShapeMismatch};
 use eim_core::FileId;
-use eim_test_support::errors::{assert_each_cause_once, cli_text};
+use eim_test_support::errors::{assert_eims_convention, cli_text};
 
+/// eim's convention ([`assert_eims_convention`]).
 #[track_caller]
 fn check(e: &(dyn StdError + 'static)) {
-    assert!(
-        e.source().is_none(),
-        "{e}: returns its cause from source() too"
-    );
-    assert_each_cause_once(e);
+    assert_eims_convention(e);
 }
 
 fn eexist() -> io::Error {

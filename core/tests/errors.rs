@@ -20,16 +20,13 @@ use eim_core::text::parse_deltas;
 use eim_core::text_input::read_deltas;
 use eim_core::tsd::error::{AnalysisError, DtvError, SymbolError, TsdError};
 use eim_core::FileId;
-use eim_test_support::errors::{assert_each_cause_once, chain_texts, cli_text};
+use eim_test_support::errors::{assert_eims_convention, chain_texts, cli_text};
 
 /// The convention, and the line a user reads.
+/// eim's convention ([`assert_eims_convention`]).
 #[track_caller]
 fn check(e: &(dyn StdError + 'static)) {
-    assert!(
-        e.source().is_none(),
-        "{e}: returns its cause from source() too"
-    );
-    assert_each_cause_once(e);
+    assert_eims_convention(e);
 }
 
 /// `EIO` (core does not depend on libc).

@@ -11,15 +11,12 @@ use eim_sim::run::SetupError;
 use eim_sim::trace::Trace;
 use eim_sim::workload::Step;
 use eim_sim::{BatchError, SimError};
-use eim_test_support::errors::assert_each_cause_once;
+use eim_test_support::errors::assert_eims_convention;
 
+/// eim's convention ([`assert_eims_convention`]).
 #[track_caller]
 fn check(e: &(dyn StdError + 'static)) {
-    assert!(
-        e.source().is_none(),
-        "{e}: returns its cause from source() too"
-    );
-    assert_each_cause_once(e);
+    assert_eims_convention(e);
 }
 
 #[test]

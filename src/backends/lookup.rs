@@ -14,6 +14,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde::Serialize;
 
+use eim_core::elf::fileid::FileId128;
 use eim_core::elf::Elf;
 use eim_core::FileId;
 
@@ -171,6 +172,38 @@ fn answer_in_mapping<B: Inspect>(
     a
 }
 
+/// The file at `path`, opened as every command opens one, and its id.
+fn open_file(path: &Path) -> Result<(std::fs::File, FileId128), LookupError> {
+    let file_error = |message: String| LookupError::File {
+        path: path.to_path_buf(),
+        message,
+    };
+    let (file, meta) = open_regular(path).map_err(|e| file_error(e.to_string()))?;
+    let id128 = fileids::compute(&file, meta.len()).map_err(|e| file_error(e.to_string()))?;
+    Ok((file, id128))
+}
+
+/// One answer per address of the file `path` whose id is `id128`, each
+/// an ELF address; `answer` fills in what the maps say.
+fn file_answers(
+    path: &Path,
+    id128: FileId128,
+    addresses: &[u64],
+    mut answer: impl FnMut(&mut AddressAnswer, u64) -> Result<(), LookupError>,
+) -> Result<Vec<AddressAnswer>, LookupError> {
+    let mut out = Vec::with_capacity(addresses.len());
+    for &address in addresses {
+        let mut a = AddressAnswer::unanswered(address, "");
+        a.path = Some(path.to_path_buf());
+        a.file_id = Some(id128.to_string());
+        a.host_file_id = Some(host_id(id128.host()));
+        a.elf_address = Some(address);
+        answer(&mut a, address)?;
+        out.push(a);
+    }
+    Ok(out)
+}
+
 /// Loads `path` (as a scan would load it, with a reference held) and
 /// answers each of `addresses` (ELF virtual addresses of the file).
 pub fn lookup_file<B: Inspect>(
@@ -178,13 +211,7 @@ pub fn lookup_file<B: Inspect>(
     path: &Path,
     addresses: &[u64],
 ) -> Result<Vec<AddressAnswer>, LookupError> {
-    let file_error = |message: String| LookupError::File {
-        path: path.to_path_buf(),
-        message,
-    };
-    let (file, meta) = open_regular(path).map_err(|e| file_error(e.to_string()))?;
-    let size = meta.len();
-    let id128 = fileids::compute(&file, size).map_err(|e| file_error(e.to_string()))?;
+    let (file, id128) = open_file(path)?;
     let id = id128.host();
     let host_file = HostFile {
         id: id128,
@@ -192,19 +219,15 @@ pub fn lookup_file<B: Inspect>(
     };
     host.manager()
         .add_or_inc_ref(id, &host_file)
-        .map_err(|e| file_error(e.to_string()))?;
-    let mut out = Vec::with_capacity(addresses.len());
-    for &address in addresses {
-        let mut a = AddressAnswer::unanswered(address, "");
-        a.path = Some(path.to_path_buf());
-        a.file_id = Some(id128.to_string());
-        a.host_file_id = Some(host_id(id));
-        a.elf_address = Some(address);
+        .map_err(|e| LookupError::File {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    file_answers(path, id128, addresses, |a, address| {
         a.answer = Some(host.with_backend(|b| b.lookup(id, address))?);
         a.note = None;
-        out.push(a);
-    }
-    Ok(out)
+        Ok(())
+    })
 }
 
 /// Answers each of `addresses` of process `pid` from live pinned maps:
@@ -278,23 +301,11 @@ pub fn lookup_file_pinned(
     path: &Path,
     addresses: &[u64],
 ) -> Result<Vec<AddressAnswer>, LookupError> {
-    let file_error = |message: String| LookupError::File {
-        path: path.to_path_buf(),
-        message,
-    };
-    let (file, meta) = open_regular(path).map_err(|e| file_error(e.to_string()))?;
-    let id128 = fileids::compute(&file, meta.len()).map_err(|e| file_error(e.to_string()))?;
-    let mut out = Vec::with_capacity(addresses.len());
-    for &address in addresses {
-        let mut a = AddressAnswer::unanswered(address, "");
-        a.path = Some(path.to_path_buf());
-        a.file_id = Some(id128.to_string());
-        a.host_file_id = Some(host_id(id128.host()));
-        a.elf_address = Some(address);
-        answer_pinned(&mut a, reader, id128.host(), address);
-        out.push(a);
-    }
-    Ok(out)
+    let (_, id128) = open_file(path)?;
+    file_answers(path, id128, addresses, |a, address| {
+        answer_pinned(a, reader, id128.host(), address);
+        Ok(())
+    })
 }
 
 /// Runs the pinned lookup into `a`; a file the maps hold no page of (not

@@ -16,15 +16,12 @@ use eim::host::open::OpenError;
 use eim::host::procs::{self, ProcessError};
 use eim::host::watch::WatchError;
 use eim::metrics_http::ServeError;
-use eim_test_support::errors::{assert_each_cause_once, cli_text, repeated_segment};
+use eim_test_support::errors::{assert_eims_convention, cli_text, repeated_segment};
 
+/// eim's convention ([`assert_eims_convention`]).
 #[track_caller]
 fn check(e: &(dyn StdError + 'static)) {
-    assert!(
-        e.source().is_none(),
-        "{e}: returns its cause from source() too"
-    );
-    assert_each_cause_once(e);
+    assert_eims_convention(e);
 }
 
 #[test]

@@ -3,26 +3,11 @@ use super::*;
 const HEADER: &str = include_str!("../../../bpf/events.h");
 
 fn define(name: &str) -> u64 {
-    HEADER
-        .lines()
-        .find_map(|line| {
-            let mut words = line.split_whitespace();
-            (words.next() == Some("#define") && words.next() == Some(name))
-                .then(|| words.next())
-                .flatten()
-        })
-        .unwrap_or_else(|| panic!("{name} is not defined in bpf/events.h"))
-        .parse()
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
+    crate::c_header::define(HEADER, "bpf/events.h", name)
 }
 
 fn define_expr(name: &str) -> String {
-    HEADER
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("#define {name} ")))
-        .unwrap_or_else(|| panic!("{name} is not defined in bpf/events.h"))
-        .trim()
-        .to_string()
+    crate::c_header::define_text(HEADER, "bpf/events.h", name).to_string()
 }
 
 #[test]

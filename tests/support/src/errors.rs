@@ -66,6 +66,17 @@ pub fn assert_each_cause_once(e: &(dyn Error + 'static)) {
     }
 }
 
+/// eim's convention whole: `e` prints its cause and does not return it
+/// from `source()` too, and says no cause twice.
+#[track_caller]
+pub fn assert_eims_convention(e: &(dyn Error + 'static)) {
+    assert!(
+        e.source().is_none(),
+        "{e}: returns its cause from source() too"
+    );
+    assert_each_cause_once(e);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
