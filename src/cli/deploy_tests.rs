@@ -100,6 +100,15 @@ fn the_systemd_unit_runs_a_kernel_watch_with_what_it_needs() {
         syscalls.contains(&"bpf"),
         "bpf(2) filtered out: {syscalls:?}"
     );
+    // The host events attach to tracepoints through perf_event_open(2).
+    assert!(
+        syscalls.contains(&"perf_event_open"),
+        "perf_event_open(2) filtered out: host events would fall back to polling: {syscalls:?}"
+    );
+    assert!(
+        unit_values(&unit, "After").contains(&"sys-kernel-tracing.mount"),
+        "tracefs is not ordered before eim"
+    );
     if let Some(addr) = args.metrics_addr {
         let family = if addr.is_ipv4() {
             "AF_INET"
