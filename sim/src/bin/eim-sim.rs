@@ -4,6 +4,7 @@
 //! eim-sim --seed S [--seed S2 ...] --steps N [--profile NAME] [--fault-rate P]
 //! eim-sim --replay FILE
 //! eim-sim --soak [--minutes M] [--steps N] [--seed FIRST]
+//! eim-sim --host-events --seed S [--seed S2 ...] --steps N [--drop P] [--duplicate P] [--delay P]
 //! ```
 //!
 //! Exit status: 0 when every run passed, 1 when an invariant broke (the
@@ -67,6 +68,71 @@ struct Args {
     /// delete-delta-table); the run must then fail.
     #[arg(long)]
     sabotage: Option<String>,
+    /// Run the event path of host tracking instead (`host_events`): a
+    /// host's churn followed through events that are dropped, duplicated
+    /// and delayed, with resyncs; every resync must find the table equal to
+    /// the host (and find nothing to correct when nothing was dropped).
+    #[arg(long, conflicts_with_all = ["replay", "soak", "sabotage"])]
+    host_events: bool,
+    /// With --host-events: the chance an event is lost (half of the losses
+    /// are known, as a full ring's counter makes them).
+    #[arg(long, default_value_t = 0.1, requires = "host_events")]
+    drop: f64,
+    /// With --host-events: the chance an event is delivered twice.
+    #[arg(long, default_value_t = 0.1, requires = "host_events")]
+    duplicate: f64,
+    /// With --host-events: the chance an event is held back a batch.
+    #[arg(long, default_value_t = 0.1, requires = "host_events")]
+    delay: f64,
+}
+
+/// `--host-events`: each seed's run, and its report.
+fn host_events(args: &Args) -> ExitCode {
+    use eim_sim::host_events::{run, EventPath, HostEventsConfig};
+    for p in [args.drop, args.duplicate, args.delay] {
+        if !(0.0..=1.0).contains(&p) {
+            eprintln!("eim-sim: --drop, --duplicate and --delay must be within 0..=1, not {p}");
+            return ExitCode::from(2);
+        }
+    }
+    let mut total = 0;
+    for &seed in &args.seeds {
+        let config = HostEventsConfig {
+            seed,
+            steps: args.steps,
+            files: 16,
+            pids: 32,
+            path: EventPath {
+                drop: args.drop,
+                drop_detected: 0.5,
+                duplicate: args.duplicate,
+                delay: args.delay,
+            },
+            resync_every: 50,
+        };
+        match run(config) {
+            Ok(r) if r.dropped == 0 && r.corrections > 0 => {
+                eprintln!(
+                    "eim-sim: seed {seed}: {} corrections without a lost event: {r:?}",
+                    r.corrections
+                );
+                return ExitCode::from(1);
+            }
+            Ok(r) => {
+                println!(
+                    "seed {seed}: host events: {} events, {} dropped, {} resyncs, {} corrections, {} reads, {} vanished",
+                    r.events, r.dropped, r.resyncs, r.corrections, r.reads, r.vanished
+                );
+                total += args.steps;
+            }
+            Err(e) => {
+                eprintln!("eim-sim: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    println!("total: {total} host-event steps");
+    ExitCode::SUCCESS
 }
 
 /// The op names `--sabotage` accepts, as `MapOp::name` spells them.
@@ -106,6 +172,13 @@ struct Ran {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.host_events {
+        if args.seeds.is_empty() {
+            eprintln!("eim-sim: give --seed S with --host-events");
+            return ExitCode::from(2);
+        }
+        return host_events(&args);
+    }
     if let Some(rate) = args.fault_rate {
         if !(0.0..=1.0).contains(&rate) {
             eprintln!("eim-sim: --fault-rate must be within 0..=1, not {rate}");
