@@ -275,8 +275,20 @@ impl StepReport {
 enum Scope {
     /// Every process of the table (a walk of the whole host).
     Host,
-    /// These.
-    Named(Vec<i32>),
+    /// These; `exited` are those whose exit an event reported.
+    Named {
+        pids: Vec<i32>,
+        exited: BTreeSet<i32>,
+    },
+}
+
+impl Scope {
+    fn exit_reported(&self, pid: i32) -> bool {
+        match self {
+            Scope::Host => false,
+            Scope::Named { exited, .. } => exited.contains(&pid),
+        }
+    }
 }
 
 /// Where a step's time went. `walk`, `open`, `file_ids` and `loading` add
@@ -515,7 +527,14 @@ impl<B: Inspect> Host<B> {
                     .is_none_or(|only| only.contains(pid))
             })
             .collect();
-        self.pass(started, pids.clone(), Scope::Named(pids), stop, progress)
+        let exited = work.exited.clone();
+        self.pass(
+            started,
+            pids.clone(),
+            Scope::Named { pids, exited },
+            stop,
+            progress,
+        )
     }
 
     /// Reads `pids` and releases what the processes of `scope` that were
@@ -547,6 +566,13 @@ impl<B: Inspect> Host<B> {
             }
             self.counters.processes_read += 1;
             match self.visit(pid, &mut batch, &mut releases, &mut report, progress) {
+                Ok(()) if scope.exit_reported(pid) && self.maps_nothing(pid) => {
+                    // Its exit came before its parent reaped it: /proc
+                    // still shows it (exiting, or a zombie) without
+                    // mappings, and no event will say when it goes.
+                    // Kept, it would stay in the table until a resync
+                    // (a correction for every short process of a storm).
+                }
                 Ok(()) => {
                     alive.insert(pid);
                 }
@@ -573,7 +599,9 @@ impl<B: Inspect> Host<B> {
         if !report.interrupted {
             let gone = match scope {
                 Scope::Host => self.processes.gone(&alive),
-                Scope::Named(named) => named.into_iter().filter(|p| !alive.contains(p)).collect(),
+                Scope::Named { pids, .. } => {
+                    pids.into_iter().filter(|p| !alive.contains(p)).collect()
+                }
             };
             for pid in gone {
                 if let Some(entry) = self.processes.remove(pid) {
@@ -637,6 +665,15 @@ impl<B: Inspect> Host<B> {
             extraction: extracted.saturating_sub(loaders),
             loaders,
         }
+    }
+
+    /// Whether `pid` is known and maps no file (a process that exited
+    /// holds nothing, but neither does a leader that exited before its
+    /// threads: dropping such an entry costs nothing).
+    fn maps_nothing(&self, pid: i32) -> bool {
+        self.processes
+            .get(pid)
+            .is_some_and(|e| e.mappings.is_empty() && e.held.is_empty())
     }
 
     /// The processes of `/proc` this host follows (all, or `only`).

@@ -9,6 +9,8 @@
 //!   churn maps (unique copies, so the rest of the host cannot interfere);
 //! * lost events (a ring made too small, filled) force a resync, which
 //!   corrects what they missed;
+//! * processes reaped right after their exit event leave the table at once,
+//!   not at the next resync;
 //! * without events (`--no-events`, or without the privileges) eim polls,
 //!   and says so once.
 
@@ -24,6 +26,7 @@ use support::*;
 
 mod churn;
 mod lost;
+mod reaped;
 
 #[test]
 fn a_process_of_five_milliseconds_is_seen_and_released() {
