@@ -230,14 +230,10 @@ pub struct StepReport {
     pub phases: Phases,
     /// Processes whose table entry the pass changed in a way host events
     /// report (new, exited, or with new executable mappings): after events
-    /// were followed, what a resync corrects. Counted whole, kept up to
-    /// [`MAX_MISSED_KEPT`].
-    pub missed: usize,
-    pub missed_kept: Vec<Missed>,
+    /// were followed, what a resync may have to correct. Each at most once
+    /// per process the pass read, so bounded by the host.
+    pub missed: Vec<Missed>,
 }
-
-/// The most [`Missed`] a step report keeps (the count goes on).
-pub const MAX_MISSED_KEPT: usize = 64;
 
 /// A change of a process's table entry that host events report; an unmap
 /// is not one (no event reports it: it is found when the process is read
@@ -264,9 +260,14 @@ impl std::fmt::Display for Missed {
 
 impl StepReport {
     fn note_missed(&mut self, missed: Missed) {
-        self.missed += 1;
-        if self.missed_kept.len() < MAX_MISSED_KEPT {
-            self.missed_kept.push(missed);
+        self.missed.push(missed);
+    }
+}
+
+impl Missed {
+    pub fn pid(&self) -> i32 {
+        match *self {
+            Self::NewProcess { pid } | Self::Exited { pid } | Self::NewMappings { pid, .. } => pid,
         }
     }
 }

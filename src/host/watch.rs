@@ -5,6 +5,7 @@
 //! `true`s) take references on loaded files instead of extracting them
 //! again.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,7 @@ use eim_core::tracking::{coalesce, HostEvent, Stamped};
 use crate::backends::inspect::{Inspect, InspectError};
 use crate::host::events::{cpu_time, monotonic_now, EventSource, EventStats};
 use crate::host::procs::ListError;
-use crate::host::scan::{Host, Progress};
+use crate::host::scan::{Host, Missed, Progress};
 use crate::metrics_http::Metrics;
 use crate::report::summary::Summary;
 
@@ -140,6 +141,9 @@ impl Default for EventsConfig {
         }
     }
 }
+
+/// The most corrections a resync logs one by one (all are counted).
+const LOGGED_CORRECTIONS: usize = 64;
 
 /// How soon a resync that failed is tried again.
 pub const RESYNC_RETRY: Duration = Duration::from_secs(1);
@@ -270,38 +274,59 @@ impl<'a, B: Inspect> EventLoop<'a, B> {
         self.dirty = true;
     }
 
-    /// Follows whatever is in flight, then walks all of `/proc`: whatever
-    /// that changes, the events had missed.
+    /// Follows whatever is in flight, then walks all of `/proc`. What the
+    /// walk changes, the events had missed, unless an event about that
+    /// process was still in flight when the walk ended: a process that
+    /// forked or exec'd during the walk was found by it before its events
+    /// could be followed, which is not a miss (a storm of short processes
+    /// made hundreds of those per resync).
     pub fn resync(
         &mut self,
         stop: &AtomicBool,
         progress: &mut dyn Progress,
     ) -> Result<(), WatchError> {
+        self.follow_in_flight(stop, progress);
+        let cpu = cpu_time();
+        let missed = self.host.step(stop, progress)?.missed.clone();
+        observe_cpu(self.metrics, cpu);
+        self.stats.resyncs += 1;
+        self.dirty = true;
+        let in_flight = self.follow_in_flight(stop, progress);
+        let corrections: Vec<Missed> = missed
+            .into_iter()
+            .filter(|m| !in_flight.contains(&m.pid()))
+            .collect();
+        if !corrections.is_empty() {
+            self.stats.corrections += corrections.len() as u64;
+            tracing::warn!(
+                corrections = corrections.len(),
+                "the resync found what host events had not reported"
+            );
+            for m in corrections.iter().take(LOGGED_CORRECTIONS) {
+                tracing::warn!("resync: {m}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Follows the events in the ring now (a bounded number of batches:
+    /// what is in flight, not what keeps coming); the pids they named.
+    fn follow_in_flight(
+        &mut self,
+        stop: &AtomicBool,
+        progress: &mut dyn Progress,
+    ) -> BTreeSet<i32> {
+        let mut named = BTreeSet::new();
         let mut batch = Vec::new();
-        // Bounded: what is in flight now, not what keeps coming.
         for _ in 0..16 {
             batch.clear();
             if self.source.drain(self.events.max_batch, &mut batch) == 0 {
                 break;
             }
+            named.extend(batch.iter().map(|s| s.event.pid()));
             self.follow(&batch, stop, progress);
         }
-        let cpu = cpu_time();
-        let report = self.host.step(stop, progress)?;
-        observe_cpu(self.metrics, cpu);
-        self.stats.resyncs += 1;
-        self.dirty = true;
-        if report.missed > 0 {
-            self.stats.corrections += report.missed as u64;
-            tracing::warn!(
-                corrections = report.missed,
-                "the resync found what host events had not reported"
-            );
-            for m in &report.missed_kept {
-                tracing::warn!("resync: {m}");
-            }
-        }
-        Ok(())
+        named
     }
 
     /// The summary, recomputed if something was followed since the last.
