@@ -608,7 +608,12 @@ impl<B: Inspect> Host<B> {
                 if let Some(entry) = self.processes.remove(pid) {
                     report.exited += 1;
                     self.counters.exited += 1;
-                    report.note_missed(Missed::Exited { pid });
+                    // A process that held nothing (a zombie a resync found
+                    // after its exit was followed, a kernel thread) changes
+                    // nothing in the maps: not something events missed.
+                    if !entry.held.is_empty() {
+                        report.note_missed(Missed::Exited { pid });
+                    }
                     releases.extend(entry.held);
                 }
             }
@@ -716,7 +721,10 @@ impl<B: Inspect> Host<B> {
         }
         if !known {
             report.new_processes += 1;
-            report.note_missed(Missed::NewProcess { pid });
+            // Only a process that maps files needs the table (see above).
+            if !mappings.files.is_empty() {
+                report.note_missed(Missed::NewProcess { pid });
+            }
         }
         report.file_mappings += mappings.files.len();
         report.anonymous_mappings += mappings.anonymous;
