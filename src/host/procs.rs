@@ -103,6 +103,21 @@ pub fn start_time(pid: i32) -> Result<u64, ProcessError> {
     Ok(stat.starttime)
 }
 
+/// `PF_EXITING` in `/proc/PID/stat`'s flags: the task is in `do_exit`.
+const PF_EXITING: u32 = 0x4;
+
+/// Whether `pid` is exiting (or dead) with no other thread left, so that
+/// the process is gone whatever its mappings still show. A leader that
+/// exits before its other threads is not: the process lives on. A process
+/// that cannot be read counts as gone.
+pub fn exiting_alone(pid: i32) -> bool {
+    let Ok(stat) = Process::new(pid).and_then(|p| p.stat()) else {
+        return true;
+    };
+    let dying = stat.flags & PF_EXITING != 0 || matches!(stat.state, 'Z' | 'X' | 'x');
+    dying && stat.num_threads <= 1
+}
+
 /// One executable mapping of a file, as `/proc/PID/maps` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ExecMapping {
@@ -169,6 +184,27 @@ pub fn exec_mappings(pid: i32) -> Result<ProcessMappings, ProcessError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_process_exiting_alone_is_gone() {
+        assert!(!exiting_alone(std::process::id() as i32));
+        // A child that exited and is not reaped yet: a zombie, gone.
+        let mut child = std::process::Command::new("/bin/true")
+            .spawn()
+            .expect("spawn /bin/true");
+        let pid = child.id() as i32;
+        let started = std::time::Instant::now();
+        while !exiting_alone(pid) {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "/bin/true never exited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.wait().expect("reap");
+        // Reaped: no such process, gone too.
+        assert!(exiting_alone(pid));
+    }
 
     #[test]
     fn this_process_maps_its_own_executable() {

@@ -566,6 +566,14 @@ impl<B: Inspect> Host<B> {
                 break;
             }
             self.counters.processes_read += 1;
+            // The exit tracepoint fires before the kernel drops the
+            // process's mappings on some kernels: read now, an exiting
+            // process would still show them and stay in the table. One
+            // that is exiting with no other thread is gone.
+            if scope.exit_reported(pid) && procs::exiting_alone(pid) {
+                progress.advance();
+                continue;
+            }
             match self.visit(pid, &mut batch, &mut releases, &mut report, progress) {
                 Ok(()) if scope.exit_reported(pid) && self.maps_nothing(pid) => {
                     // Its exit came before its parent reaped it: /proc
