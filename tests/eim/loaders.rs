@@ -452,10 +452,17 @@ fn a_plain_c_program_is_no_interpreter() {
     assert!(matches_of("/bin/true").is_empty());
 }
 
-/// A copy of `from` at `<dir>/<name>` (directories created).
+/// A copy of `from` at `<dir>/<name>` (directories created), replacing
+/// an earlier copy there: copies keep the source's read-only mode, which
+/// only root could open for writing again.
 fn copy_as(dir: &Path, from: &Path, name: &str) -> String {
     let to = dir.join(name);
     std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+    match std::fs::remove_file(&to) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("removing {}: {e}", to.display()),
+    }
     std::fs::copy(from, &to).expect("copy");
     to.to_string_lossy().into_owned()
 }
