@@ -276,18 +276,16 @@ impl Missed {
 enum Scope {
     /// Every process of the table (a walk of the whole host).
     Host,
-    /// These; `exited` are those whose exit an event reported.
-    Named {
-        pids: Vec<i32>,
-        exited: BTreeSet<i32>,
-    },
+    /// The processes the pass reads; `exited` are those whose exit an
+    /// event reported.
+    Named { exited: BTreeSet<i32> },
 }
 
 impl Scope {
     fn exit_reported(&self, pid: i32) -> bool {
         match self {
             Scope::Host => false,
-            Scope::Named { exited, .. } => exited.contains(&pid),
+            Scope::Named { exited } => exited.contains(&pid),
         }
     }
 }
@@ -529,13 +527,7 @@ impl<B: Inspect> Host<B> {
             })
             .collect();
         let exited = work.exited.clone();
-        self.pass(
-            started,
-            pids.clone(),
-            Scope::Named { pids, exited },
-            stop,
-            progress,
-        )
+        self.pass(started, pids, Scope::Named { exited }, stop, progress)
     }
 
     /// Reads `pids` and releases what the processes of `scope` that were
@@ -560,28 +552,24 @@ impl<B: Inspect> Host<B> {
         let mut alive = HashSet::with_capacity(pids.len());
         let mut batch = Batch::default();
         let mut releases: Vec<FileId> = Vec::new();
-        for pid in pids {
+        for &pid in &pids {
             if stop.load(Ordering::Relaxed) {
                 report.interrupted = true;
                 break;
             }
             self.counters.processes_read += 1;
-            // The exit tracepoint fires before the kernel drops the
-            // process's mappings on some kernels: read now, an exiting
-            // process would still show them and stay in the table. One
-            // that is exiting with no other thread is gone.
+            // A process whose exit was reported and that is exiting with
+            // no other thread is gone, whatever /proc still shows of it:
+            // the exit tracepoint can fire before the kernel drops its
+            // mappings, and a zombie stays until its parent reaps it, with
+            // no event to say when (kept, each would stay in the table
+            // until a resync: a correction for every short process of a
+            // storm).
             if scope.exit_reported(pid) && procs::exiting_alone(pid) {
                 progress.advance();
                 continue;
             }
             match self.visit(pid, &mut batch, &mut releases, &mut report, progress) {
-                Ok(()) if scope.exit_reported(pid) && self.maps_nothing(pid) => {
-                    // Its exit came before its parent reaped it: /proc
-                    // still shows it (exiting, or a zombie) without
-                    // mappings, and no event will say when it goes.
-                    // Kept, it would stay in the table until a resync
-                    // (a correction for every short process of a storm).
-                }
                 Ok(()) => {
                     alive.insert(pid);
                 }
@@ -608,9 +596,7 @@ impl<B: Inspect> Host<B> {
         if !report.interrupted {
             let gone = match scope {
                 Scope::Host => self.processes.gone(&alive),
-                Scope::Named { pids, .. } => {
-                    pids.into_iter().filter(|p| !alive.contains(p)).collect()
-                }
+                Scope::Named { .. } => pids.into_iter().filter(|p| !alive.contains(p)).collect(),
             };
             for pid in gone {
                 if let Some(entry) = self.processes.remove(pid) {
@@ -679,15 +665,6 @@ impl<B: Inspect> Host<B> {
             extraction: extracted.saturating_sub(loaders),
             loaders,
         }
-    }
-
-    /// Whether `pid` is known and maps no file (a process that exited
-    /// holds nothing, but neither does a leader that exited before its
-    /// threads: dropping such an entry costs nothing).
-    fn maps_nothing(&self, pid: i32) -> bool {
-        self.processes
-            .get(pid)
-            .is_some_and(|e| e.mappings.is_empty() && e.held.is_empty())
     }
 
     /// The processes of `/proc` this host follows (all, or `only`).
