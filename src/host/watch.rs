@@ -329,15 +329,14 @@ impl<'a, B: Inspect> EventLoop<'a, B> {
         named
     }
 
-    /// The summary, recomputed if something was followed since the last.
-    fn summary(&mut self, last: Option<Summary>) -> Result<Summary, WatchError> {
-        match last {
-            Some(s) if !self.dirty => Ok(s),
-            _ => {
-                self.dirty = false;
-                Ok(Summary::of(self.host)?)
-            }
+    /// The summary, recomputed and stored in `summary` if something was
+    /// followed since it was; on an error it stays as it was (and due).
+    fn refresh(&mut self, summary: &mut Summary) -> Result<(), WatchError> {
+        if self.dirty {
+            *summary = Summary::of(self.host)?;
+            self.dirty = false;
         }
+        Ok(())
     }
 
     /// Metrics, and the log line a polling step writes (`step=N`).
@@ -388,7 +387,8 @@ pub fn watch_events<B: Inspect>(
             }
         }
     }
-    let mut summary = lp.summary(None)?;
+    let mut summary = Summary::of(lp.host)?;
+    lp.dirty = false;
     lp.publish(&summary, 1);
     on_step(&summary);
     let mut summaries = 1u64;
@@ -401,20 +401,17 @@ pub fn watch_events<B: Inspect>(
         lp.turn(wait, stop, progress);
         if Instant::now() >= next_summary {
             next_summary = Instant::now() + config.interval;
-            summary = match lp.summary(Some(summary.clone())) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!("summary failed: {e}; trying again at the next interval");
-                    lp.dirty = true;
-                    summary
-                }
-            };
+            if let Err(e) = lp.refresh(&mut summary) {
+                tracing::warn!("summary failed: {e}; trying again at the next interval");
+            }
             summaries += 1;
             lp.publish(&summary, summaries);
             on_step(&summary);
         }
     }
-    summary = lp.summary(Some(summary.clone())).unwrap_or(summary);
+    if let Err(e) = lp.refresh(&mut summary) {
+        tracing::warn!("the last summary failed: {e}; the one before it stands");
+    }
     if let Some(m) = lp.metrics {
         m.update(&summary);
         m.update_events(&lp.stats);
