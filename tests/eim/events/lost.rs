@@ -7,7 +7,6 @@ use std::sync::atomic::AtomicBool;
 
 use eim::bpf::events::HostEvents;
 use eim::host::scan::{Host, HostConfig, Quiet};
-use eim::host::watch::{EventLoop, EventsConfig};
 use eim::sim::{SimConfig, SimMaps};
 
 use super::*;
@@ -35,16 +34,7 @@ fn lost_events_force_a_resync_that_corrects_what_they_missed() {
         "lost-libz.so",
     );
     let id = u64::from_str_radix(&host_id_of(&lib), 16).expect("hex id");
-    let mut lp = EventLoop::new(
-        &mut host,
-        &mut source,
-        EventsConfig {
-            resync_every: Duration::from_secs(3600),
-            ..EventsConfig::default()
-        },
-        None,
-    );
-    lp.start(&stop, &mut Quiet).expect("first step");
+    let mut lp = started_loop(&mut host, &mut source, &stop);
     // 4 KiB hold 85 records: a storm of 200 processes fills it.
     for _ in 0..200 {
         let status = Command::new("/bin/true").status().expect("run /bin/true");

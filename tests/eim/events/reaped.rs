@@ -8,7 +8,6 @@ use std::sync::atomic::AtomicBool;
 
 use eim::bpf::events::HostEvents;
 use eim::host::scan::{Host, HostConfig, Quiet};
-use eim::host::watch::{EventLoop, EventsConfig};
 use eim::sim::{SimConfig, SimMaps};
 
 use super::*;
@@ -25,16 +24,7 @@ fn processes_that_exited_leave_the_table_without_a_resync() {
         HostConfig::default(),
     );
     let stop = AtomicBool::new(false);
-    let mut lp = EventLoop::new(
-        &mut host,
-        &mut source,
-        EventsConfig {
-            resync_every: Duration::from_secs(3600),
-            ..EventsConfig::default()
-        },
-        None,
-    );
-    lp.start(&stop, &mut Quiet).expect("first step");
+    let mut lp = started_loop(&mut host, &mut source, &stop);
     // Each read by eim while a zombie: its exit event followed before it
     // is reaped (what a storm's parent, reaping in batches, leaves to
     // chance, made certain here).

@@ -203,3 +203,24 @@ impl Drop for Watch {
         }
     }
 }
+
+/// The event loop the in-process tests drive: over `host` and `source`,
+/// its first step done, with no periodic resync (only a loss resyncs).
+pub fn started_loop<'a>(
+    host: &'a mut eim::host::scan::Host<eim::sim::SimMaps>,
+    source: &'a mut eim::bpf::events::HostEvents,
+    stop: &std::sync::atomic::AtomicBool,
+) -> eim::host::watch::EventLoop<'a, eim::sim::SimMaps> {
+    let mut lp = eim::host::watch::EventLoop::new(
+        host,
+        source,
+        eim::host::watch::EventsConfig {
+            resync_every: Duration::from_secs(3600),
+            ..eim::host::watch::EventsConfig::default()
+        },
+        None,
+    );
+    lp.start(stop, &mut eim::host::scan::Quiet)
+        .expect("first step");
+    lp
+}
