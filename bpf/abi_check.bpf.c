@@ -10,6 +10,7 @@
  * backend.
  */
 #include "eim_maps.h"
+#include "unwind.h"
 
 SEC("raw_tracepoint/eim_abi")
 int eim_abi(void *ctx)

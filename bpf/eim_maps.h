@@ -96,6 +96,9 @@
 #define INTERPRETER_OFFSETS_MAX_ENTRIES 32
 #define STACK_DELTA_PAGE_MAX_ENTRIES 65536
 #define STACK_DELTA_OUTER_MAX_ENTRIES 65536
+#define PROCESS_MAPPINGS_MAX_ENTRIES 32768
+/* Mappings one eim_process_mappings entry holds (Rust: abi::MAX_PROCESS_MAPPINGS). */
+#define EIM_MAX_PROCESS_MAPPINGS 512
 
 /* ---------------------------------------------------------------------- */
 /* Structs                                                                 */
@@ -151,6 +154,29 @@ typedef struct OffsetRange {
 } OffsetRange;
 
 /*
+ * One executable file mapping of a process (Rust: abi::ProcessMapping):
+ * [start, end) maps file_id from file_offset; pc there is the ELF virtual
+ * address pc - bias.
+ */
+typedef struct ProcessMapping {
+	__u64 start;
+	__u64 end;
+	__u64 file_offset;
+	__u64 bias;
+	__u64 file_id;
+} ProcessMapping;
+
+/*
+ * Value of eim_process_mappings (Rust: abi::ProcessMappings): count
+ * mappings sorted by start, not overlapping, then zeros.
+ */
+typedef struct ProcessMappings {
+	__u32 count;
+	__u32 pad;
+	ProcessMapping mappings[EIM_MAX_PROCESS_MAPPINGS];
+} ProcessMappings;
+
+/*
  * The layouts core/src/abi.rs asserts. A change here is an ABI break:
  * change both sides and the agreement test together.
  */
@@ -189,6 +215,12 @@ EIM_ASSERT_OFFSET(OffsetRange, upper_offset2, 24);
 EIM_ASSERT_OFFSET(OffsetRange, program_index, 32);
 EIM_ASSERT_OFFSET(OffsetRange, pad, 34);
 
+EIM_ASSERT_SIZE(ProcessMapping, 40);
+EIM_ASSERT_OFFSET(ProcessMapping, bias, 24);
+EIM_ASSERT_OFFSET(ProcessMapping, file_id, 32);
+EIM_ASSERT_SIZE(ProcessMappings, 8 + 40 * EIM_MAX_PROCESS_MAPPINGS);
+EIM_ASSERT_OFFSET(ProcessMappings, mappings, 8);
+
 /* The command flag must not collide with any valid slot index. */
 _Static_assert(UNWIND_INFO_MAX_ENTRIES <= STACK_DELTA_COMMAND_FLAG,
 	       "unwind_info_array indices must stay below the command flag");
@@ -220,6 +252,21 @@ struct {
 	__type(value, OffsetRange);
 	__uint(max_entries, INTERPRETER_OFFSETS_MAX_ENTRIES);
 } interpreter_offsets SEC(".maps");
+
+/*
+ * pid (the process, not a thread) -> its executable file mappings, written
+ * whole by the host side whenever they change (one update replaces the
+ * value atomically for readers). Not preallocated: an entry is 20 KiB. A
+ * HASH and not upstream's LPM trie because sleepable programs (the task
+ * iterator of `eim stack`) may not use LPM tries.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, ProcessMappings);
+	__uint(max_entries, PROCESS_MAPPINGS_MAX_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} eim_process_mappings SEC(".maps");
 
 /*
  * exe_id_to_N_stack_deltas: file id -> the file's delta array, an ARRAY of

@@ -80,6 +80,9 @@ pub mod map_name {
     pub const PAGES: &str = "stack_delta_page_to_info";
     pub const UNWIND_INFO: &str = "unwind_info_array";
     pub const INTERPRETER_OFFSETS: &str = "interpreter_offsets";
+    /// pid -> that process's executable file mappings (eim's own map: the
+    /// unwinder maps a PC to a file id and an ELF address through it).
+    pub const PROCESS_MAPPINGS: &str = "eim_process_mappings";
 
     /// `exe_id_to_<class>_stack_deltas`.
     pub fn outer(class: u16) -> String {
@@ -99,7 +102,16 @@ pub mod capacity {
     /// Each `exe_id_to_N_stack_deltas`: 4096 compiled, 65536 at run time.
     pub const OUTER_COMPILED: u32 = 4096;
     pub const OUTER: u32 = 65536;
+    /// `eim_process_mappings` entries: processes (not preallocated, so an
+    /// entry costs memory only while its process is followed).
+    pub const PROCESSES: u32 = 32768;
 }
+
+/// The most executable file mappings one `eim_process_mappings` entry holds.
+/// A process with more keeps its first (lowest) ones and the rest are
+/// counted as not followed: the unwinder then stops at an unknown mapping,
+/// it never resolves a PC to the wrong file.
+pub const MAX_PROCESS_MAPPINGS: usize = 512;
 
 /// One entry of an inner delta array: where a rule starts inside its page
 /// and which rule applies (an `unwind_info_array` index, or a command).
@@ -169,6 +181,27 @@ pub struct OffsetRange {
     pub pad: [u8; 6],
 }
 
+/// One executable file mapping of a process: `[start, end)` of its address
+/// space maps the file `file_id` from `file_offset`, and an address `pc` in
+/// it is the ELF virtual address `pc - bias` of that file.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcessMapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub bias: u64,
+    pub file_id: u64,
+}
+
+/// Value of `eim_process_mappings`: `count` mappings sorted by start and
+/// not overlapping (the unwinder searches them by bisection), then zeros
+/// up to [`MAX_PROCESS_MAPPINGS`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ProcessMappings {
+    pub mappings: Vec<ProcessMapping>,
+}
+
 // The layouts the BPF side was compiled against. A change here is an ABI break.
 const _: () = {
     assert!(size_of::<StackDelta>() == 4);
@@ -198,6 +231,9 @@ const _: () = {
     assert!(offset_of!(OffsetRange, lower_offset2) == 16);
     assert!(offset_of!(OffsetRange, upper_offset2) == 24);
     assert!(offset_of!(OffsetRange, program_index) == 32);
+    assert!(size_of::<ProcessMapping>() == 40);
+    assert!(offset_of!(ProcessMapping, bias) == 24);
+    assert!(offset_of!(ProcessMapping, file_id) == 32);
 };
 
 /// A fixed-size little-endian encoding, the bytes a map key or value holds.
@@ -356,6 +392,85 @@ impl Wire for OffsetRange {
             program_index: le_u16(b, 32)?,
             pad,
         })
+    }
+}
+
+impl Wire for ProcessMapping {
+    const SIZE: usize = 40;
+    fn write(&self, out: &mut [u8]) {
+        let fields = [
+            self.start,
+            self.end,
+            self.file_offset,
+            self.bias,
+            self.file_id,
+        ];
+        for (slot, v) in out[..Self::SIZE].chunks_exact_mut(8).zip(fields) {
+            slot.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    fn read(b: &[u8]) -> Option<Self> {
+        if b.len() != Self::SIZE {
+            return None;
+        }
+        Some(Self {
+            start: le_u64(b, 0)?,
+            end: le_u64(b, 8)?,
+            file_offset: le_u64(b, 16)?,
+            bias: le_u64(b, 24)?,
+            file_id: le_u64(b, 32)?,
+        })
+    }
+}
+
+impl Wire for ProcessMappings {
+    /// `u32 count`, `u32 pad`, then [`MAX_PROCESS_MAPPINGS`] mappings.
+    const SIZE: usize = 8 + MAX_PROCESS_MAPPINGS * ProcessMapping::SIZE;
+    fn write(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        out.fill(0);
+        let count = self.mappings.len().min(MAX_PROCESS_MAPPINGS);
+        out[0..4].copy_from_slice(&(count as u32).to_le_bytes());
+        for (slot, m) in out[8..]
+            .chunks_exact_mut(ProcessMapping::SIZE)
+            .zip(&self.mappings[..count])
+        {
+            m.write(slot);
+        }
+    }
+    /// `None` for a value of another size or a count past the capacity.
+    fn read(b: &[u8]) -> Option<Self> {
+        if b.len() != Self::SIZE {
+            return None;
+        }
+        let count = le_u32(b, 0)? as usize;
+        if count > MAX_PROCESS_MAPPINGS {
+            return None;
+        }
+        let mappings = b[8..]
+            .chunks_exact(ProcessMapping::SIZE)
+            .take(count)
+            .map(ProcessMapping::read)
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self { mappings })
+    }
+}
+
+impl ProcessMappings {
+    /// The mapping containing `address`, by bisection over the sorted
+    /// mappings (as the unwinder searches them).
+    pub fn find(&self, address: u64) -> Option<&ProcessMapping> {
+        let i = self.mappings.partition_point(|m| m.start <= address);
+        let m = self.mappings.get(i.checked_sub(1)?)?;
+        (address < m.end).then_some(m)
+    }
+
+    /// Whether the mappings are sorted by start, non-empty and do not
+    /// overlap: what the unwinder's bisection needs.
+    pub fn is_well_formed(&self) -> bool {
+        self.mappings.len() <= MAX_PROCESS_MAPPINGS
+            && self.mappings.iter().all(|m| m.start < m.end)
+            && self.mappings.windows(2).all(|w| w[0].end <= w[1].start)
     }
 }
 

@@ -92,6 +92,7 @@ pub mod text_input;
 pub mod tracers;
 pub mod tracking;
 pub mod tsd;
+pub mod unwind;
 
 pub use error::Error;
 pub use info::ExecutableInfo;

@@ -35,6 +35,7 @@ const CORE_LAYERS: &[(&str, &[&str])] = &[
             "text",
             "text_input",
             "tracking",
+            "unwind",
         ],
     ),
     ("analysis", &["elf", "tsd", "interp"]),

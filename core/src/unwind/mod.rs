@@ -1,0 +1,230 @@
+//! The native unwinder's model: what a stack walk over eim's maps reads,
+//! computes and records, in the same terms as the BPF unwinder
+//! (`bpf/unwinder.h`, interface `bpf/unwind.h`, mirrored here number for
+//! number).
+//!
+//! The walk itself is pure: the maps are reached through [`Rules`] (a
+//! simulated kernel's reader, or captured tables), the target's memory
+//! through [`Memory`] and its mappings through [`Mappings`]. No I/O here.
+
+use crate::abi::{ProcessMapping, UnwindInfo};
+
+/// Frames one stack records at most (`EIM_MAX_FRAMES`).
+pub const MAX_FRAMES: usize = 128;
+
+/// Bytes of target memory one capture holds (`EIM_CAPTURE_STACK`).
+pub const CAPTURE_STACK: usize = 32768;
+
+/// Which architecture's rules apply (`EIM_ARCH_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    X86_64 = 1,
+    Arm64 = 2,
+}
+
+impl Arch {
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+
+    pub fn from_code(code: u32) -> Option<Self> {
+        match code {
+            1 => Some(Self::X86_64),
+            2 => Some(Self::Arm64),
+            _ => None,
+        }
+    }
+}
+
+/// `EimRegs.flags` bits.
+pub mod regs_flag {
+    /// The first PC is a return address (the thread is in a syscall).
+    pub const RETURN_ADDRESS: u32 = 1;
+}
+
+/// The registers the rules read and write (`EimRegs`). x86-64 uses pc,
+/// sp, fp (rbp), rax, r9, r11, r13, r15; arm64 pc, sp, fp (x29), lr (x30),
+/// r22, r28. Unused ones are 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Regs {
+    pub pc: u64,
+    pub sp: u64,
+    pub fp: u64,
+    pub lr: u64,
+    pub rax: u64,
+    pub r9: u64,
+    pub r11: u64,
+    pub r13: u64,
+    pub r15: u64,
+    pub r22: u64,
+    pub r28: u64,
+    pub arch: Arch,
+    /// `EIM_REGS_RETURN_ADDRESS`: look the first PC up at pc - 1.
+    pub return_address: bool,
+}
+
+impl Regs {
+    /// All zero but the architecture.
+    pub fn zero(arch: Arch) -> Self {
+        Self {
+            pc: 0,
+            sp: 0,
+            fp: 0,
+            lr: 0,
+            rax: 0,
+            r9: 0,
+            r11: 0,
+            r13: 0,
+            r15: 0,
+            r22: 0,
+            r28: 0,
+            arch,
+            return_address: false,
+        }
+    }
+}
+
+/// Why a stack ends (`EIM_STOP_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StopReason {
+    /// A STOP delta: the outermost frame (`_start`, a thread's start).
+    End,
+    /// The PC is in no followed file mapping, or the process is unknown.
+    UnknownMapping,
+    /// `get_stack_delta` failed; the `EIM_LOOKUP_ERR_*` code (`lookup.h`).
+    NoDelta(u32),
+    /// An INVALID delta: no CFI there.
+    Invalid,
+    /// [`MAX_FRAMES`] frames recorded.
+    Budget,
+    /// Reading the target's memory failed, or the CFA was 0.
+    ReadError,
+    /// A command this architecture has no rule for (PLT on arm64).
+    Unsupported,
+    /// arm64: the return address is in LR, but this is not the first frame.
+    LrMidTrace,
+    /// The next PC is 0.
+    ZeroPc,
+    /// No user registers (a kernel thread).
+    NoRegs,
+}
+
+impl StopReason {
+    /// `EimStack.stop`.
+    pub fn code(self) -> u32 {
+        match self {
+            Self::End => 0,
+            Self::UnknownMapping => 1,
+            Self::NoDelta(_) => 2,
+            Self::Invalid => 3,
+            Self::Budget => 4,
+            Self::ReadError => 5,
+            Self::Unsupported => 6,
+            Self::LrMidTrace => 7,
+            Self::ZeroPc => 8,
+            Self::NoRegs => 9,
+        }
+    }
+
+    /// `EimStack.detail`.
+    pub fn detail(self) -> u32 {
+        match self {
+            Self::NoDelta(code) => code,
+            _ => 0,
+        }
+    }
+
+    /// From `EimStack.stop` and `.detail`; `None` for an unknown code.
+    pub fn from_codes(stop: u32, detail: u32) -> Option<Self> {
+        Some(match stop {
+            0 => Self::End,
+            1 => Self::UnknownMapping,
+            2 => Self::NoDelta(detail),
+            3 => Self::Invalid,
+            4 => Self::Budget,
+            5 => Self::ReadError,
+            6 => Self::Unsupported,
+            7 => Self::LrMidTrace,
+            8 => Self::ZeroPc,
+            9 => Self::NoRegs,
+            _ => return None,
+        })
+    }
+
+    /// A short name for output (`end`, `unknown-mapping`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::End => "end",
+            Self::UnknownMapping => "unknown-mapping",
+            Self::NoDelta(_) => "no-delta",
+            Self::Invalid => "invalid",
+            Self::Budget => "budget",
+            Self::ReadError => "read-error",
+            Self::Unsupported => "unsupported",
+            Self::LrMidTrace => "lr-mid-trace",
+            Self::ZeroPc => "zero-pc",
+            Self::NoRegs => "no-regs",
+        }
+    }
+}
+
+/// `EimFrame.flags` bits.
+pub mod frame_flag {
+    /// The frame's PC was looked up at pc - 1.
+    pub const RETURN_ADDRESS: u32 = 1;
+    /// The frame was reached through a signal frame.
+    pub const SIGNAL: u32 = 2;
+}
+
+/// One frame (`EimFrame`): its PC, and the file and ELF address it maps to
+/// (0 and 0 where the PC is in no followed mapping).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub pc: u64,
+    pub file_id: u64,
+    pub address: u64,
+    /// `EIM_FRAME_*` bits.
+    pub flags: u32,
+}
+
+/// One unwound stack (`EimStack`): `frames[0]` is the innermost.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Stack {
+    pub pid: u32,
+    pub tid: u32,
+    pub frames: Vec<Frame>,
+    pub stop: StopReason,
+}
+
+/// The rule in force at an address, as the unwinder's lookup returns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// The STOP command.
+    Stop,
+    /// Another command (the low 15 bits of the delta): PLT, SIGNAL,
+    /// FRAME_POINTER, or one with no rule.
+    Command(u16),
+    /// An `unwind_info_array` rule, merge adjustment applied (`merge_opcode`
+    /// cleared, `param` adjusted).
+    Info(UnwindInfo),
+}
+
+/// The delta tables, as the unwinder reads them.
+pub trait Rules {
+    /// The rule at `address` (an ELF virtual address) of `file_id`: the
+    /// delta's command or its merge-adjusted slot. `Err` is the lookup's
+    /// `EIM_LOOKUP_ERR_*` code (`STACK_DELTA_INVALID` included).
+    fn rule(&self, file_id: u64, address: u64) -> Result<Rule, u32>;
+}
+
+/// The target's memory.
+pub trait Memory {
+    /// The little-endian u64 at `address`; `None` if it cannot be read.
+    fn read_u64(&self, address: u64) -> Option<u64>;
+}
+
+/// The target process's executable file mappings.
+pub trait Mappings {
+    /// The mapping of process `pid` containing `pc`.
+    fn find(&self, pid: u32, pc: u64) -> Option<ProcessMapping>;
+}
