@@ -10,9 +10,8 @@ use std::collections::BTreeMap;
 
 use eim_core::abi::flatten;
 use eim_core::abi::{
-    self, capacity, OffsetRange, ProcessMappings, StackDelta, StackDeltaPageInfo, StackDeltaPageKey,
-    UnwindInfo,
-    Wire, SIZE_CLASS_COUNT, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
+    self, capacity, OffsetRange, ProcessMappings, StackDelta, StackDeltaPageInfo,
+    StackDeltaPageKey, UnwindInfo, Wire, SIZE_CLASS_COUNT, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
 };
 use eim_core::ops::{self, Backend, Errno, MapOp, OpFailure, OpTarget};
 use eim_core::FileId;
