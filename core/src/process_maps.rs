@@ -29,10 +29,15 @@ impl ProcessMapTable {
         Self::default()
     }
 
-    /// Takes over the entries the maps held at start (their pids): each is
-    /// deleted by the next [`Self::sweep`] unless written before it.
-    pub fn adopt(&mut self, pids: impl IntoIterator<Item = u32>) {
-        self.stale.extend(pids);
+    /// Takes over the entries the maps held at start: each is deleted by
+    /// the next [`Self::sweep`] unless [`Self::set`] before it, which writes
+    /// it only if it differs (a restart over an unchanged host writes
+    /// nothing).
+    pub fn adopt(&mut self, entries: impl IntoIterator<Item = (u32, ProcessMappings)>) {
+        for (pid, mappings) in entries {
+            self.written.insert(pid, Arc::new(mappings));
+            self.stale.insert(pid);
+        }
     }
 
     /// The op that makes process `pid`'s entry hold `mappings` (any order;
@@ -53,9 +58,9 @@ impl ProcessMapTable {
             self.truncated += (kept.len() - MAX_PROCESS_MAPPINGS) as u64;
             kept.truncate(MAX_PROCESS_MAPPINGS);
         }
-        let stale = self.stale.remove(&pid);
+        self.stale.remove(&pid);
         let value = ProcessMappings { mappings: kept };
-        if !stale && self.written.get(&pid).is_some_and(|w| **w == value) {
+        if self.written.get(&pid).is_some_and(|w| **w == value) {
             return None;
         }
         let value = Arc::new(value);
@@ -85,7 +90,10 @@ impl ProcessMapTable {
     pub fn sweep(&mut self) -> Vec<MapOp> {
         std::mem::take(&mut self.stale)
             .into_iter()
-            .map(|pid| MapOp::DeleteProcessMappings { pid })
+            .map(|pid| {
+                self.written.remove(&pid);
+                MapOp::DeleteProcessMappings { pid }
+            })
             .collect()
     }
 
@@ -166,9 +174,16 @@ mod tests {
     #[test]
     fn adopted_entries_are_rewritten_or_swept_and_a_failure_retries() {
         let mut t = ProcessMapTable::new();
-        t.adopt([7, 8]);
-        assert!(t.set(7, vec![m(0x1000, 0x2000, 1)]).is_some());
+        let entry = |list| ProcessMappings { mappings: list };
+        t.adopt([
+            (6, entry(vec![m(0x1000, 0x2000, 1)])),
+            (7, entry(vec![m(0x1000, 0x2000, 2)])),
+            (8, entry(vec![])),
+        ]);
+        assert_eq!(t.set(6, vec![m(0x1000, 0x2000, 1)]), None, "unchanged: kept");
+        assert!(t.set(7, vec![m(0x1000, 0x2000, 1)]).is_some(), "changed");
         assert_eq!(t.sweep(), vec![MapOp::DeleteProcessMappings { pid: 8 }]);
+        assert_eq!(t.pids().collect::<Vec<_>>(), vec![6, 7]);
         assert!(t.sweep().is_empty());
         t.failed(7);
         assert!(
@@ -177,6 +192,6 @@ mod tests {
         );
         t.failed(7);
         assert_eq!(t.sweep(), vec![MapOp::DeleteProcessMappings { pid: 7 }]);
-        assert_eq!(t.pids().count(), 0);
+        assert_eq!(t.pids().collect::<Vec<_>>(), vec![6]);
     }
 }

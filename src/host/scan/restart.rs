@@ -105,7 +105,7 @@ impl<B: Inspect> Host<B> {
         let mut host = Self::new(backend, config);
         // Rewritten by the first full step, or deleted by it.
         let mut process_maps = ProcessMapTable::new();
-        process_maps.adopt(observed.process_mappings.keys().copied());
+        process_maps.adopt(observed.process_mappings.clone());
         let mapped = match host.walk_for_restart(stop) {
             Ok(mapped) => mapped,
             Err(why) => {
