@@ -24,6 +24,21 @@ pub mod lookup_code {
     pub const RANGE: u32 = 5;
     pub const STACK_DELTA_INVALID: u32 = 6;
     pub const BAD_UNWIND_INFO_INDEX: u32 = 7;
+
+    /// The `ERR_NATIVE_*` name of a code (what [`super::LookupError::code`]
+    /// says for the error with that code).
+    pub fn name(code: u32) -> Option<&'static str> {
+        Some(match code {
+            TEXT_SECTION => "ERR_NATIVE_LOOKUP_TEXT_SECTION",
+            OUTER_MAP => "ERR_NATIVE_LOOKUP_STACK_DELTA_OUTER_MAP",
+            INNER_MAP => "ERR_NATIVE_LOOKUP_STACK_DELTA_INNER_MAP",
+            ITERATIONS => "ERR_NATIVE_EXCEEDED_DELTA_LOOKUP_ITERATIONS",
+            RANGE => "ERR_NATIVE_LOOKUP_RANGE",
+            STACK_DELTA_INVALID => "ERR_NATIVE_STACK_DELTA_INVALID",
+            BAD_UNWIND_INFO_INDEX => "ERR_NATIVE_BAD_UNWIND_INFO_INDEX",
+            _ => return None,
+        })
+    }
 }
 
 impl LookupError {
@@ -215,6 +230,53 @@ mod tests {
         let c = capture(BIAS + 0x1110, &[0]);
         let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &table());
         assert_eq!(stack.stop, StopReason::ReadError);
+    }
+
+    #[test]
+    fn code_names_agree_with_the_errors() {
+        let file_id = FileId(1);
+        let errors = [
+            LookupError::TextSection { file_id, page: 0 },
+            LookupError::OuterMap {
+                file_id,
+                page: 0,
+                map_id: 0,
+            },
+            LookupError::InnerMap {
+                file_id,
+                page: 0,
+                map_id: 0,
+            },
+            LookupError::Iterations {
+                file_id,
+                page: 0,
+                first_delta: 0,
+                num_deltas: 0,
+            },
+            LookupError::Range {
+                file_id,
+                page: 0,
+                index: 0,
+            },
+            LookupError::StackDeltaInvalid {
+                file_id,
+                address: 0,
+                index: 0,
+            },
+            LookupError::BadUnwindInfoIndex {
+                file_id,
+                index: 0,
+                slot: 0,
+            },
+        ];
+        let mut codes: Vec<u32> = errors.iter().map(|e| e.lookup_code()).collect();
+        for e in &errors {
+            assert_eq!(lookup_code::name(e.lookup_code()), Some(e.code()));
+        }
+        codes.dedup();
+        assert_eq!(codes, (1..=7).collect::<Vec<_>>());
+        assert_eq!(lookup_code::name(0), None);
+        assert_eq!(lookup_code::name(8), None);
     }
 
     #[test]
