@@ -159,10 +159,13 @@ fn read_bounded(file: &File, path: &str) -> Result<Vec<u8>, SymbolsError> {
     Ok(data)
 }
 
-/// Symbols per file, read on first use.
+/// A file as the kernel identifies it: device (major, minor) and inode.
+type FileKey = ((u32, u32), u64);
+
+/// Symbols per file, read on first use (a failure too, so it is not retried).
 #[derive(Debug, Default)]
 pub struct Symbolizer {
-    files: HashMap<((u32, u32), u64), Result<Arc<FileSymbols>, SymbolsError>>,
+    files: HashMap<FileKey, Result<Arc<FileSymbols>, SymbolsError>>,
 }
 
 impl Symbolizer {

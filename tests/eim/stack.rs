@@ -176,7 +176,7 @@ fn registers_memory_and_symbols_of_a_stopped_thread() {
     let mappings = procs::exec_mappings(pid).unwrap().files;
     let at_pc = mappings.iter().find(|m| m.contains(regs.pc)).unwrap();
     assert!(at_pc.path.to_string_lossy().contains("libc"), "{at_pc:?}");
-    assert!(regs.sp != 0 && regs.sp % 8 == 0);
+    assert!(regs.sp != 0 && regs.sp.is_multiple_of(8));
 
     let memory = ProcMemory::open(pid).unwrap();
     assert_eq!(
