@@ -228,3 +228,10 @@ pub trait Mappings {
     /// The mapping of process `pid` containing `pc`.
     fn find(&self, pid: u32, pc: u64) -> Option<ProcessMapping>;
 }
+
+mod arm64;
+mod walk;
+mod x86;
+
+pub use arm64::normalize_pac;
+pub use walk::{unwind, LOOKUP_ERR_STACK_DELTA_INVALID};

@@ -1,0 +1,66 @@
+//! `eim stack`: every thread's stack of one process, like pstack, unwound
+//! with eim's own tables: with `--backend sim`, the process's files are
+//! loaded into the embedded simulated kernel (a host scan of that process
+//! only) and the user-space twin of the native unwinder walks the stopped
+//! threads' stacks over them.
+
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::{bail, Context as _};
+
+use eim::host::scan::{Host, Quiet};
+use eim::sim::SimReader;
+use eim::stack::{self, interim, output, symbols::Symbolizer, SimStacks};
+
+use crate::backend::{host_config, sim_maps, BackendArgs, BackendKind};
+use crate::out;
+
+/// Options of `eim stack`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct StackArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// The process whose threads to unwind.
+    #[arg(long)]
+    pub pid: i32,
+    /// Print the stacks as one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn print(stacks: &stack::ProcessStacks, json: bool) -> anyhow::Result<ExitCode> {
+    let text = if json {
+        serde_json::to_string_pretty(stacks).context("encoding the stacks")? + "\n"
+    } else {
+        output::render_text(stacks)
+    };
+    out::print(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn stack_sim(args: &StackArgs) -> anyhow::Result<ExitCode> {
+    let pid = args.pid;
+    let mut host = Host::new(sim_maps()?, host_config(&args.backend, &[pid]));
+    host.step(&AtomicBool::new(false), &mut Quiet)
+        .with_context(|| format!("loading the files of process {pid}"))?;
+    let mut symbolizer = Symbolizer::new();
+    let mappings = interim::process_table(&host, pid, &mut symbolizer)?;
+    let maps = host.manager().with_backend(|timed| timed.inner.clone());
+    let reader = SimReader::new(&maps);
+    let stacks = stack::stacks(pid, &SimStacks::new(&reader, &mappings))?;
+    print(&stacks, args.json)
+}
+
+pub fn run(args: &StackArgs) -> anyhow::Result<ExitCode> {
+    args.backend.refuse_unused_pin_options(
+        false,
+        "stack loads into private maps (never the pinned ones)",
+    )?;
+    match args.backend.backend {
+        BackendKind::Sim => stack_sim(args),
+        BackendKind::Kernel => bail!(
+            "eim stack --backend kernel: the kernel's stack iterator is not wired yet; use --backend sim"
+        ),
+    }
+}
