@@ -109,10 +109,14 @@ fn lookup(text: &str, address: u64) -> Cfi {
             }
             continue;
         }
-        // A row: LOC CFA and the registers' rules.
+        // A row: LOC (an address, 16 digits on x86-64) CFA and the
+        // registers' rules; not the section's "ZERO terminator".
         let (Some(loc), Some(cfa)) = (fields.first(), fields.get(1)) else {
             continue;
         };
+        if loc.len() != 16 {
+            continue;
+        }
         let Ok(loc) = u64::from_str_radix(loc, 16) else {
             continue;
         };
@@ -144,6 +148,8 @@ mod tests {
 0000000000001020 rsp+16   c-8
 0000000000001026 rsp+24   c-8
 0000000000001030 exp      c-8
+
+000001e4 ZERO terminator
 
 Contents of the .debug_frame section:
 

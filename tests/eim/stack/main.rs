@@ -19,6 +19,7 @@ mod eim_stack;
 mod gdb;
 mod maps;
 mod programs;
+mod rule;
 mod truth;
 
 use eim_stack::Backend;
