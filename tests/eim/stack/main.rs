@@ -139,7 +139,7 @@ fn gdb_sees_the_c_chain_through_qsort() {
 fn gdb_sees_the_recursion() {
     use Name::*;
     let mut chain = vec![Has("pause"), Is("park")];
-    chain.extend(std::iter::repeat(Is("recurse")).take(DEPTH + 1));
+    chain.extend(std::iter::repeat_n(Is("recurse"), DEPTH + 1));
     chain.extend([Is("main"), Is("_start")]);
     let Some(t) = gdb_sees(
         "gdb_sees_the_recursion",

@@ -77,10 +77,23 @@ fn sources() -> PathBuf {
 
 /// Where the built programs go: this test binary's own directory, so that
 /// two test runs at the same time do not replace each other's files.
+/// The directories of test binaries that have ended are removed first.
 fn build_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("stack")
-        .join(std::process::id().to_string());
+    static SWEPT: OnceLock<()> = OnceLock::new();
+    let all = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stack");
+    SWEPT.get_or_init(|| {
+        for entry in std::fs::read_dir(&all).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let ended = name
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+            if ended {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    });
+    let dir = all.join(std::process::id().to_string());
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     dir
 }
