@@ -1,6 +1,7 @@
 //! `eim stack --pid PID --backend B --json`, run as a user would, and its
 //! JSON.
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -53,9 +54,18 @@ pub struct EimFrame {
     pub symbol_offset: Option<u64>,
 }
 
+/// The `eim` binary cargo built for these tests, or `$EIM_STACK_BIN`: a
+/// build from a branch where `eim stack` is, checked with this one's gdb
+/// truth.
+fn eim_bin() -> PathBuf {
+    std::env::var_os("EIM_STACK_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_eim")))
+}
+
 /// Every thread's stack of `pid` as `eim stack` unwinds it with `backend`.
 pub fn stacks(pid: u32, backend: Backend) -> EimStacks {
-    let mut eim = Command::new(env!("CARGO_BIN_EXE_eim"));
+    let mut eim = Command::new(eim_bin());
     eim.args(["stack", "--pid", &pid.to_string()])
         .args(["--backend", backend.name(), "--json"])
         .stdin(Stdio::null())

@@ -8,6 +8,10 @@
 //!   the comparison assumes and the parsing reads gdb right.
 //! * `*_sim`, `*_kernel`: gdb, then `eim stack --backend sim|kernel`, then
 //!   gdb again; eim's stacks must match gdb's frame for frame.
+//!   `EIM_STACK_BIN` names another `eim` binary to check instead of this
+//!   build's.
+//! * `rule::*`: the rule itself, on real gdb walks with stand-ins for
+//!   eim's output: it refuses what it must.
 //!
 //! gdb attaches to a process that is not its child: root. Without gdb, a
 //! compiler or an interpreter: a loud `SKIPPED`, a failure under
