@@ -180,7 +180,11 @@ mod tests {
             (7, entry(vec![m(0x1000, 0x2000, 2)])),
             (8, entry(vec![])),
         ]);
-        assert_eq!(t.set(6, vec![m(0x1000, 0x2000, 1)]), None, "unchanged: kept");
+        assert_eq!(
+            t.set(6, vec![m(0x1000, 0x2000, 1)]),
+            None,
+            "unchanged: kept"
+        );
         assert!(t.set(7, vec![m(0x1000, 0x2000, 1)]).is_some(), "changed");
         assert_eq!(t.sweep(), vec![MapOp::DeleteProcessMappings { pid: 8 }]);
         assert_eq!(t.pids().collect::<Vec<_>>(), vec![6, 7]);

@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _};
 
 use eim::host::scan::{Host, Quiet};
 use eim::sim::SimReader;
-use eim::stack::{self, interim, output, symbols::Symbolizer, SimStacks};
+use eim::stack::{self, output, SimStacks};
 
 use crate::backend::{host_config, sim_maps, BackendArgs, BackendKind};
 use crate::out;
@@ -44,11 +44,11 @@ fn stack_sim(args: &StackArgs) -> anyhow::Result<ExitCode> {
     let mut host = Host::new(sim_maps()?, host_config(&args.backend, &[pid]));
     host.step(&AtomicBool::new(false), &mut Quiet)
         .with_context(|| format!("loading the files of process {pid}"))?;
-    let mut symbolizer = Symbolizer::new();
-    let mappings = interim::process_table(&host, pid, &mut symbolizer)?;
+    // The host wrote the process's eim_process_mappings entry with its
+    // files: the simulated kernel's maps are all the twin reads.
     let maps = host.manager().with_backend(|timed| timed.inner.clone());
     let reader = SimReader::new(&maps);
-    let stacks = stack::stacks(pid, &SimStacks::new(&reader, &mappings))?;
+    let stacks = stack::stacks(pid, &SimStacks::new(&reader, &maps))?;
     print(&stacks, args.json)
 }
 

@@ -62,16 +62,20 @@ pub fn load_segments(file: &File) -> io::Result<Vec<LoadSegment>> {
 /// address `vaddr + (offset - segment offset)`. `None` when no segment
 /// holds the offset (not a mapping the loader made).
 pub fn bias(segments: &[LoadSegment], start: u64, offset: u64) -> Option<u64> {
-    // The segment whose bytes the mapping starts in; else the one whose
-    // first byte is in the mapping's first page (the kernel maps whole
-    // pages, 4 KiB or up to 64 KiB, from below the segment's offset).
+    // The loader maps each segment from the page holding its first byte,
+    // so the segment whose first page the mapping starts at is the one it
+    // was made for, even where the page also holds the end of the segment
+    // before (a linker that packs a read-only segment and the text into
+    // one page, with a different vaddr - offset). The kernel's page is
+    // 4 KiB, or up to 64 KiB. A mapping split later (mprotect) starts
+    // inside its segment.
+    let starts_at = |page: u64| move |s: &&LoadSegment| s.offset & !(page - 1) == offset;
     let inside =
         |s: &&LoadSegment| s.offset <= offset && offset < s.offset.saturating_add(s.file_size);
-    let in_first_page = |s: &&LoadSegment| offset < s.offset && s.offset - offset < 0x10000;
-    let seg = segments
-        .iter()
-        .find(inside)
-        .or_else(|| segments.iter().find(in_first_page))?;
+    let seg = [0x1000, 0x4000, 0x10000]
+        .into_iter()
+        .find_map(|page| segments.iter().find(starts_at(page)))
+        .or_else(|| segments.iter().find(inside))?;
     Some(
         start
             .wrapping_sub(offset)
@@ -130,6 +134,26 @@ mod tests {
         // The data segment: its page starts below its offset; vaddr - offset
         // is 0x1000 there.
         assert_eq!(bias(&pie, 0x7f00_0000_5000, 0x4000), Some(0x7f00_0000_0000));
+        // Read-only data and text sharing a page, the text one page
+        // further in memory (rustc's default link): the text mapping is
+        // the text segment's.
+        let packed = [
+            LoadSegment {
+                offset: 0,
+                vaddr: 0,
+                file_size: 0x3e320,
+            },
+            LoadSegment {
+                offset: 0x3e320,
+                vaddr: 0x3f320,
+                file_size: 0x50000,
+            },
+        ];
+        assert_eq!(
+            bias(&packed, 0x5555_0003_f000, 0x3e000),
+            Some(0x5555_0000_0000)
+        );
+        assert_eq!(bias(&packed, 0x5555_0000_0000, 0), Some(0x5555_0000_0000));
         let exec = [LoadSegment {
             offset: 0x1000,
             vaddr: 0x401000,

@@ -9,7 +9,6 @@
 //! too. [`stacks`] adds what a reader needs: thread names, files, symbols.
 
 pub mod freeze;
-pub mod interim;
 pub mod memory;
 pub mod output;
 pub mod regs;

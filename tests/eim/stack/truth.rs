@@ -12,7 +12,11 @@
 //! 2. S explains where E ends (E's last frame is the frame the unwinder
 //!    stopped at, bpf/unwind.h):
 //!    * `end`: |E| == |T|: both walks reach the same outermost frame
-//!      (`_start`, `clone3`, a thread's start).
+//!      (`_start`, `clone3`, a thread's start); or |E| < |T| and gdb
+//!      names T[|E|-1] one of the Go runtime functions that end a
+//!      goroutine's or an M's stack (`runtime.mstart`, `runtime.goexit`,
+//!      `runtime.mcall`, `runtime.systemstack`: spec 5.6, STOP by
+//!      design), where gdb goes on into `runtime.clone`'s frame.
 //!    * `zero-pc`: |E| == |T| and gdb, too, read a PC of 0 after it.
 //!    * `budget`: |E| == MAX_FRAMES and |T| > |E|.
 //!    * `unknown-mapping`: T[|E|-1].pc is in no executable file mapping
@@ -89,6 +93,19 @@ fn attribution(i: usize, frame: &crate::eim_stack::EimFrame, maps: &[Mapping]) -
     }
 }
 
+/// The Go runtime functions eim's `.gopclntab` extraction ends a stack at
+/// (STOP), by gdb's name of them (ABI wrappers carry a suffix).
+fn go_stack_top(name: &str) -> bool {
+    let base = name.split('.').take(2).collect::<Vec<_>>().join(".");
+    [
+        "runtime.mstart",
+        "runtime.goexit",
+        "runtime.mcall",
+        "runtime.systemstack",
+    ]
+    .contains(&base.as_str())
+}
+
 fn same_file(a: &Path, b: &Path) -> bool {
     a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }
@@ -111,6 +128,7 @@ fn explained(
     };
     match eim.stop.as_str() {
         "end" if n == m => Ok(()),
+        "end" if n > 0 && t[n - 1].name.as_deref().is_some_and(go_stack_top) => Ok(()),
         "end" => fail("a STOP rule before gdb's outermost frame".into()),
         "zero-pc" if n == m && gdb.ends_at_zero() => Ok(()),
         "zero-pc" => fail("gdb did not read a PC of 0 there".into()),
