@@ -42,6 +42,8 @@ pub enum KernelError {
         file_id: FileId,
         len: usize,
     },
+    #[error(transparent)]
+    Record(#[from] crate::unwind::RecordError),
     #[error("the lookup result could not be decoded")]
     Result,
     #[error(transparent)]
