@@ -44,6 +44,12 @@ pub enum KernelError {
     },
     #[error(transparent)]
     Record(#[from] crate::unwind::RecordError),
+    #[error("the stack iterator for process {pid}: {what}: {why}")]
+    StackIterator {
+        pid: u32,
+        what: &'static str,
+        why: String,
+    },
     #[error("the lookup result could not be decoded")]
     Result,
     #[error(transparent)]

@@ -6,11 +6,13 @@
 //! test parses `bpf/unwind.h` and fails if any of them disagree with this
 //! module or with `eim_core::unwind`.
 
+use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
 
 use aya::maps::Map;
-use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun};
-use aya::Ebpf;
+use aya::programs::{Iter, RawTracePoint, RawTracePointRunOptions, TestRun};
+use aya::{Btf, Ebpf};
+use eim_core::error::Causes;
 use eim_core::abi::{ProcessMappings, Wire};
 use eim_core::unwind::{Capture, Frame, Regs, Stack, StopReason, CAPTURE_STACK, MAX_FRAMES};
 
@@ -34,6 +36,12 @@ pub const CAPTURE_SIZE: usize = CAPTURE_HEADER + CAPTURE_STACK;
 pub(crate) const CAPTURE_PROGRAM: &str = "eim_unwind_capture";
 pub(crate) const CAPTURE_IN: &str = "eim_unwind_capture_in";
 pub(crate) const CAPTURE_OUT: &str = "eim_unwind_capture_out";
+pub(crate) const ITER_PROGRAM: &str = "eim_stack_iter";
+pub(crate) const STACK_TARGET: &str = "eim_stack_target";
+
+/// The most bytes one iteration's output is read to: a process of 16,000
+/// threads with every frame slot used. More is refused, not truncated.
+pub const MAX_ITER_BYTES: u64 = 16_000 * STACK_SIZE as u64;
 
 /// Why an unwinder record could not be decoded or a capture encoded.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -212,6 +220,51 @@ pub(crate) fn run_capture(ebpf: &Ebpf, capture: &Capture) -> Result<Stack, Kerne
     Ok(decode_stack(&bytes)?.0)
 }
 
+/// Walks every thread of process `pid` with the task iterator of `ebpf`
+/// (loaded on first use: it needs the kernel's BTF), one stack per thread.
+pub(crate) fn task_stacks(ebpf: &mut Ebpf, pid: u32) -> Result<Vec<Stack>, KernelError> {
+    let failed = |what: &'static str| {
+        move |e: &(dyn std::error::Error + 'static)| KernelError::StackIterator {
+            pid,
+            what,
+            why: Causes(e).to_string(),
+        }
+    };
+    let mut target = [0u8; 8];
+    target[..4].copy_from_slice(&pid.to_le_bytes());
+    sys::update_elem(
+        map_fd(ebpf, STACK_TARGET)?,
+        &0u32.to_le_bytes(),
+        &target,
+        sys::BPF_ANY,
+    )?;
+    let program: &mut Iter = ebpf
+        .program_mut(ITER_PROGRAM)
+        .ok_or_else(|| KernelError::Missing(format!("program {ITER_PROGRAM}")))?
+        .try_into()?;
+    if program.fd().is_err() {
+        let btf = Btf::from_sys_fs().map_err(|e| failed("reading the kernel's BTF")(&e))?;
+        program.load("task", &btf)?;
+    }
+    let link = program.attach()?;
+    let link = program.take_link(link)?;
+    let file = link
+        .into_file()
+        .map_err(|e| failed("creating the iterator")(&e))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_ITER_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| failed("reading the iterator")(&e))?;
+    if bytes.len() as u64 > MAX_ITER_BYTES {
+        return Err(KernelError::StackIterator {
+            pid,
+            what: "reading the iterator",
+            why: format!("more than {MAX_ITER_BYTES} bytes of stacks"),
+        });
+    }
+    Ok(decode_stacks(&bytes, usize::MAX)?)
+}
+
 /// Writes the mappings of process `pid` into `eim_process_mappings` of
 /// `ebpf` (one update: readers see the old value or the new one).
 pub(crate) fn put_process_mappings(
@@ -230,6 +283,16 @@ impl KernelMaps {
     /// memory from the capture only.
     pub fn unwind_capture(&self, capture: &Capture) -> Result<Stack, KernelError> {
         run_capture(self.ebpf(), capture)
+    }
+
+    /// The user stack of every thread of process `pid`, walked in the
+    /// kernel by the task iterator from the registers each thread entered
+    /// the kernel with, reading the process's memory
+    /// (`bpf_copy_from_user_task`). A thread without user registers (a
+    /// kernel thread) has an empty stack that stops with `NoRegs`. Threads
+    /// that start or end meanwhile may be missing or present.
+    pub fn task_stacks(&mut self, pid: u32) -> Result<Vec<Stack>, KernelError> {
+        task_stacks(self.ebpf_mut(), pid)
     }
 
     /// Sets the executable mappings of process `pid` that the unwinder

@@ -6,8 +6,9 @@
 //!   (`BPF_PROG_TEST_RUN`); every rule kind, command and stop reason of
 //!   x86-64 and arm64 is reached and its frames checked against addresses
 //!   the test planted in the memory;
-//! * the task iterator over a real child process (one stack per thread,
-//!   the first PC the thread's own);
+//! * the task iterator over this test's own threads parked in a syscall
+//!   (one stack per thread, the first PC the thread's own as /proc says,
+//!   its mapping found) and over a kernel thread;
 //! * the profiler on a busy child.
 
 use eim_bpf::KernelMaps;
@@ -472,4 +473,119 @@ fn a_self_loop_ends_at_the_frame_budget() {
     );
     assert_eq!(stack.stop, StopReason::ReadError);
     assert_eq!(stack.frames.len(), MAX_FRAMES);
+}
+
+/// The PC and SP of thread `tid` of this process, blocked in a syscall
+/// (`/proc/self/task/TID/syscall`: number, six arguments, sp, pc).
+fn syscall_pc_sp(tid: u32) -> (u64, u64) {
+    let path = format!("/proc/self/task/{tid}/syscall");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(words.len(), 9, "{path}: {text}");
+    let hex = |w: &str| u64::from_str_radix(w.trim_start_matches("0x"), 16).unwrap();
+    (hex(words[8]), hex(words[7]))
+}
+
+/// The mapping of this process containing `pc` (from /proc/self/maps).
+fn own_mapping(pc: u64) -> (u64, u64) {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .find_map(|line| {
+            let (range, _) = line.split_once(' ')?;
+            let (start, end) = range.split_once('-')?;
+            let (start, end) = (
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+            );
+            (start <= pc && pc < end).then_some((start, end))
+        })
+        .unwrap_or_else(|| panic!("{pc:#x} is in no mapping of /proc/self/maps"))
+}
+
+#[test]
+fn the_task_iterator_walks_each_thread_from_its_own_registers() {
+    if !require_bpf("unwind: task iterator") {
+        return;
+    }
+    let mut k = kernel();
+    let me = std::process::id();
+    // Three threads parked in a syscall (futex) until told to go.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let threads: Vec<_> = (0..3)
+        .map(|_| {
+            let rx = rx.clone();
+            let tid_tx = tid_tx.clone();
+            std::thread::spawn(move || {
+                tid_tx.send(gettid()).unwrap();
+                // Blocks in futex until the test drops its sender.
+                let _ = rx.lock().map(|r| r.recv());
+            })
+        })
+        .collect();
+    let tids: Vec<u32> = (0..3).map(|_| tid_rx.recv().unwrap()).collect();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+
+    // The first thread's PC is in some mapping: name it a followed file
+    // with no deltas, to see the mapping found in the kernel.
+    let (pc0, _) = syscall_pc_sp(tids[0]);
+    let (start, end) = own_mapping(pc0);
+    k.put_process_mappings(
+        me,
+        &ProcessMappings {
+            mappings: vec![ProcessMapping {
+                start,
+                end,
+                file_offset: 0,
+                bias: start,
+                file_id: 99,
+            }],
+        },
+    )
+    .unwrap();
+
+    let stacks = k.task_stacks(me).expect("task_stacks");
+    let mut seen = std::collections::BTreeSet::new();
+    for stack in &stacks {
+        assert_eq!(stack.pid, me);
+        assert!(seen.insert(stack.tid), "two stacks for thread {}", stack.tid);
+    }
+    for tid in &tids {
+        let stack = stacks
+            .iter()
+            .find(|s| s.tid == *tid)
+            .unwrap_or_else(|| panic!("no stack for thread {tid}: {stacks:#x?}"));
+        let (pc, _) = syscall_pc_sp(*tid);
+        let first = stack.frames[0];
+        assert_eq!(first.pc, pc, "thread {tid}: {stack:#x?}");
+        // In a syscall: the PC is a return address.
+        assert_eq!(first.flags, frame_flag::RETURN_ADDRESS);
+        if (start..end).contains(&pc) {
+            assert_eq!((first.file_id, first.address), (99, pc - start));
+            // The file has no deltas: the page lookup fails.
+            assert_eq!(stack.stop, StopReason::NoDelta(1), "{stack:#x?}");
+            assert_eq!(stack.frames.len(), 1);
+        }
+    }
+    drop(tx);
+    for t in threads {
+        t.join().unwrap();
+    }
+
+    // kthreadd: a kernel thread, no user registers.
+    let kernel_threads = k.task_stacks(2).expect("task_stacks(2)");
+    assert_eq!(kernel_threads.len(), 1, "{kernel_threads:?}");
+    assert_eq!(kernel_threads[0].stop, StopReason::NoRegs);
+    assert!(kernel_threads[0].frames.is_empty());
+    // No such process: nothing.
+    assert!(k.task_stacks(u32::MAX - 1).unwrap().is_empty());
+}
+
+/// The calling thread's id, without a libc dependency in this test.
+fn gettid() -> u32 {
+    std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|p| p.file_name()?.to_str()?.parse().ok())
+        .expect("/proc/thread-self")
 }
