@@ -9,7 +9,50 @@
  * Build: bpf/build.sh (the compiled object is committed).
  */
 #include "eim_maps.h"
+#include <linux/bpf_perf_event.h>
+#include <bpf/bpf_core_read.h>
 #include "lookup.h"
+#include "unwind.h"
+
+/*
+ * The kernel types the live walks read, relocated by CO-RE against the
+ * running kernel's BTF: only the fields used. pt_regs___eim is the
+ * kernel's struct pt_regs (x86-64 names); the uapi one, with other field
+ * names, is the perf context's.
+ */
+struct task_struct {
+	int pid;
+	int tgid;
+	void *mm;
+} __attribute__((preserve_access_index));
+
+struct pt_regs___eim {
+	unsigned long r15;
+	unsigned long r13;
+	unsigned long bp;
+	unsigned long r11;
+	unsigned long r9;
+	unsigned long ax;
+	unsigned long orig_ax;
+	unsigned long ip;
+	unsigned long sp;
+} __attribute__((preserve_access_index));
+
+struct seq_file;
+struct bpf_iter_meta {
+	struct seq_file *seq;
+} __attribute__((preserve_access_index));
+
+struct bpf_iter__task {
+	struct bpf_iter_meta *meta;
+	struct task_struct *task;
+} __attribute__((preserve_access_index));
+
+#include "unwinder.h"
+
+/* The profiler's capacities (Rust: eim_bpf::unwind). */
+#define EIM_PROFILE_MAX_PIDS 4096
+#define EIM_PROFILE_RING_BYTES (4 << 20)
 
 /* One entry: the answer of the last run. */
 struct {
@@ -18,37 +61,6 @@ struct {
 	__type(value, EimLookupResult);
 	__uint(max_entries, 1);
 } eim_lookup_result SEC(".maps");
-
-#define MAX_SEARCH_STEPS 16
-
-/* The outer map of a size class; NULL for a class outside 8..23. */
-static __always_inline void *outer_lookup(__u16 map_id, __u64 *file_id)
-{
-	switch (map_id) {
-#define EIM_CASE(N) \
-	case N: \
-		return bpf_map_lookup_elem(&exe_id_to_##N##_stack_deltas, file_id)
-	EIM_CASE(8);
-	EIM_CASE(9);
-	EIM_CASE(10);
-	EIM_CASE(11);
-	EIM_CASE(12);
-	EIM_CASE(13);
-	EIM_CASE(14);
-	EIM_CASE(15);
-	EIM_CASE(16);
-	EIM_CASE(17);
-	EIM_CASE(18);
-	EIM_CASE(19);
-	EIM_CASE(20);
-	EIM_CASE(21);
-	EIM_CASE(22);
-	EIM_CASE(23);
-#undef EIM_CASE
-	default:
-		return (void *)0;
-	}
-}
 
 static __always_inline int finish(EimLookupResult *r, __u32 code)
 {
@@ -74,95 +86,211 @@ int eim_lookup(struct bpf_raw_tracepoint_args *ctx)
 		r.have |= EIM_LOOKUP_HAVE_OFFSETS;
 	}
 
-	/* 1. The page entry. */
-	StackDeltaPageKey key;
-	__builtin_memset(&key, 0, sizeof(key));
-	key.fileID = file_id;
-	key.page = address & ~STACK_DELTA_PAGE_MASK;
-	r.page = key.page;
-	StackDeltaPageInfo *info = bpf_map_lookup_elem(&stack_delta_page_to_info, &key);
-	if (!info)
-		return finish(&r, EIM_LOOKUP_ERR_TEXT_SECTION);
-	StackDeltaPageInfo page = *info;
-	r.page_info = page;
-	r.have |= EIM_LOOKUP_HAVE_PAGE;
+	return finish(&r, eim_get_stack_delta(file_id, address, &r));
+}
 
-	/* 2. The outer map of the page's size class, 3. the file's array. */
-	void *inner = outer_lookup(page.mapID, &file_id);
-	if (page.mapID < STACK_DELTA_BUCKET_SMALLEST ||
-	    page.mapID > STACK_DELTA_BUCKET_LARGEST)
-		return finish(&r, EIM_LOOKUP_ERR_OUTER_MAP);
-	if (!inner)
-		return finish(&r, EIM_LOOKUP_ERR_INNER_MAP);
+/*
+ * The unwinder run on captured memory (BPF_PROG_TEST_RUN): the one entry
+ * of eim_unwind_capture_in is the input, the one of eim_unwind_capture_out
+ * the answer. Over the same maps as the live walks, only the memory differs.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, EimCapture);
+	__uint(max_entries, 1);
+} eim_unwind_capture_in SEC(".maps");
 
-	/* 4. Bounded binary search for the first delta past the address. */
-	__u16 page_offset = address & STACK_DELTA_PAGE_MASK;
-	__u32 idx = page.firstDelta;
-	if (page.numDeltas != 0) {
-		__u32 lo = page.firstDelta;
-		__u32 hi = lo + page.numDeltas;
-		__u32 i;
-		for (i = 0; i < MAX_SEARCH_STEPS; i++) {
-			__u32 pivot = (lo + hi) >> 1;
-			StackDelta *d = bpf_map_lookup_elem(inner, &pivot);
-			if (!d) {
-				hi = 0;
-				break;
-			}
-			if (page_offset >= d->addrLow)
-				lo = pivot + 1;
-			else
-				hi = pivot;
-			if (lo >= hi)
-				break;
-		}
-		r.steps = i < MAX_SEARCH_STEPS ? i + 1 : MAX_SEARCH_STEPS;
-		if (i >= MAX_SEARCH_STEPS || hi == 0)
-			return finish(&r, EIM_LOOKUP_ERR_ITERATIONS);
-		idx = hi;
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, EimStack);
+	__uint(max_entries, 1);
+} eim_unwind_capture_out SEC(".maps");
+
+SEC("raw_tracepoint/eim_unwind_capture")
+int eim_unwind_capture(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u32 zero = 0;
+	(void)ctx;
+	EimCapture *in = bpf_map_lookup_elem(&eim_unwind_capture_in, &zero);
+	EimStack *out = bpf_map_lookup_elem(&eim_unwind_capture_out, &zero);
+	if (!in || !out)
+		return 1;
+	struct eim_walk w;
+	__builtin_memset(&w, 0, sizeof(w));
+	w.regs = in->regs;
+	w.out = out;
+	w.capture = in;
+	w.pid = in->pid;
+	out->pid = in->pid;
+	out->tid = in->tid;
+	out->pad = 0;
+	eim_walk_capture(&w);
+	return 0;
+}
+
+/* One EimStack per CPU to walk into: too big for the BPF stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, EimStack);
+	__uint(max_entries, 1);
+} eim_unwind_scratch SEC(".maps");
+
+/* The bytes of a walked stack that are worth sending: header and frames. */
+static __always_inline __u32 eim_stack_bytes(const EimStack *stack)
+{
+	__u32 count = stack->count;
+	if (count > EIM_MAX_FRAMES)
+		count = EIM_MAX_FRAMES;
+	return sizeof(EimStack) - sizeof(EimFrame) * (EIM_MAX_FRAMES - count);
+}
+
+/* x86-64 user registers saved at the kernel entry of a task. */
+static __always_inline void eim_regs_from_task(EimRegs *regs, struct task_struct *task)
+{
+	struct pt_regs___eim *r = (struct pt_regs___eim *)bpf_task_pt_regs(task);
+	regs->pc = r->ip;
+	regs->sp = r->sp;
+	regs->fp = r->bp;
+	regs->rax = r->ax;
+	regs->r9 = r->r9;
+	regs->r11 = r->r11;
+	regs->r13 = r->r13;
+	regs->r15 = r->r15;
+	regs->arch = EIM_ARCH_X86_64;
+	/* In a syscall the PC is where it returns to (spec 4.4). */
+	regs->flags = r->orig_ax != (unsigned long)-1 ? EIM_REGS_RETURN_ADDRESS : 0;
+}
+
+/* The task iterator's filter: the process whose threads are walked. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, EimStackTarget);
+	__uint(max_entries, 1);
+} eim_stack_target SEC(".maps");
+
+/*
+ * `eim stack`: every thread of the target process, walked from the
+ * registers it entered the kernel with, reading its memory with
+ * bpf_copy_from_user_task (so sleepable: it may fault pages in). One
+ * EimStack record (header and frames only) per thread, end to end.
+ */
+SEC("iter.s/task")
+int eim_stack_iter(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	__u32 zero = 0;
+	if (!task)
+		return 0;
+	EimStackTarget *target = bpf_map_lookup_elem(&eim_stack_target, &zero);
+	if (!target || (__u32)task->tgid != target->pid)
+		return 0;
+	EimStack *out = bpf_map_lookup_elem(&eim_unwind_scratch, &zero);
+	if (!out)
+		return 0;
+	out->pid = task->tgid;
+	out->tid = task->pid;
+	out->pad = 0;
+	if (!task->mm) {
+		/* A kernel thread, or a thread past exit: no user registers. */
+		out->count = 0;
+		out->stop = EIM_STOP_NO_REGS;
+		out->detail = 0;
+	} else {
+		struct eim_walk w;
+		__builtin_memset(&w, 0, sizeof(w));
+		eim_regs_from_task(&w.regs, task);
+		w.out = out;
+		w.task = task;
+		w.pid = out->pid;
+		eim_walk_task(&w);
 	}
+	bpf_seq_write(ctx->meta->seq, out, eim_stack_bytes(out));
+	return 0;
+}
 
-	/* 5. The delta in force: the one before, possibly in an earlier page. */
-	idx -= 1;
-	r.index = idx;
-	StackDelta *found = bpf_map_lookup_elem(inner, &idx);
-	if (!found)
-		return finish(&r, EIM_LOOKUP_ERR_RANGE);
-	StackDelta delta = *found;
-	r.delta = delta;
-	r.have |= EIM_LOOKUP_HAVE_DELTA;
+/* `eim profile`: which processes are sampled (pid -> any value)... */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(max_entries, EIM_PROFILE_MAX_PIDS);
+} eim_profile_pids SEC(".maps");
 
-	__s32 addr_diff = (__s32)page_offset - (__s32)delta.addrLow;
-	if (idx < page.firstDelta)
-		addr_diff += STACK_DELTA_PAGE_SIZE;
-	r.addr_diff = addr_diff;
+/* ... or, when the one entry here is non-zero, every process. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} eim_profile_config SEC(".maps");
 
-	/* 6. Commands. */
-	if (delta.unwindInfo == STACK_DELTA_INVALID)
-		return finish(&r, EIM_LOOKUP_ERR_STACK_DELTA_INVALID);
-	if (delta.unwindInfo & STACK_DELTA_COMMAND_FLAG) {
-		r.command = delta.unwindInfo & ~STACK_DELTA_COMMAND_FLAG;
-		r.kind = delta.unwindInfo == STACK_DELTA_STOP ? EIM_LOOKUP_KIND_STOP
-							      : EIM_LOOKUP_KIND_COMMAND;
-		return finish(&r, EIM_LOOKUP_OK);
+/* The sampled stacks, one EimStack record (header and frames) each. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, EIM_PROFILE_RING_BYTES);
+} eim_profile_stacks SEC(".maps");
+
+/* Stacks that did not fit in the ring, per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} eim_profile_lost SEC(".maps");
+
+/*
+ * A sample (cpu-clock): the user stack of the interrupted thread, if its
+ * process is sampled. From the sample's registers when it interrupted user
+ * code; from the registers saved at kernel entry when it interrupted the
+ * kernel (a syscall, a fault) on behalf of a user thread.
+ */
+SEC("perf_event")
+int eim_profile_sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	__u32 zero = 0;
+	if (tgid == 0)
+		return 0;
+	__u32 *all = bpf_map_lookup_elem(&eim_profile_config, &zero);
+	if (!(all && *all) && !bpf_map_lookup_elem(&eim_profile_pids, &tgid))
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	if (!task->mm)
+		return 0; /* a kernel thread has no user stack */
+	EimStack *out = bpf_map_lookup_elem(&eim_unwind_scratch, &zero);
+	if (!out)
+		return 0;
+	struct eim_walk w;
+	__builtin_memset(&w, 0, sizeof(w));
+	if ((ctx->regs.cs & 3) == 3) {
+		w.regs.pc = ctx->regs.rip;
+		w.regs.sp = ctx->regs.rsp;
+		w.regs.fp = ctx->regs.rbp;
+		w.regs.rax = ctx->regs.rax;
+		w.regs.r9 = ctx->regs.r9;
+		w.regs.r11 = ctx->regs.r11;
+		w.regs.r13 = ctx->regs.r13;
+		w.regs.r15 = ctx->regs.r15;
+		w.regs.arch = EIM_ARCH_X86_64;
+	} else {
+		eim_regs_from_task(&w.regs, task);
 	}
-
-	/* 7. The rule in its slot, with the merge adjustment. */
-	__u32 slot = delta.unwindInfo;
-	r.slot = delta.unwindInfo;
-	UnwindInfo *ui = bpf_map_lookup_elem(&unwind_info_array, &slot);
-	if (!ui)
-		return finish(&r, EIM_LOOKUP_ERR_BAD_UNWIND_INFO_INDEX);
-	UnwindInfo rule = *ui;
-	r.raw_info = rule;
-	r.have |= EIM_LOOKUP_HAVE_SLOT;
-	__u8 merge = rule.mergeOpcode;
-	if (merge != 0 && addr_diff >= (__s32)(merge & ~MERGEOPCODE_NEGATIVE))
-		rule.param += (merge & MERGEOPCODE_NEGATIVE) ? -8 : 8;
-	rule.mergeOpcode = 0;
-	r.info = rule;
-	r.kind = EIM_LOOKUP_KIND_RULE;
-	return finish(&r, EIM_LOOKUP_OK);
+	out->pid = tgid;
+	out->tid = (__u32)id;
+	w.out = out;
+	w.pid = tgid;
+	eim_walk_current(&w);
+	if (bpf_ringbuf_output(&eim_profile_stacks, out, eim_stack_bytes(out), 0)) {
+		__u64 *lost = bpf_map_lookup_elem(&eim_profile_lost, &zero);
+		if (lost)
+			*lost += 1;
+	}
+	return 0;
 }
 
 char LICENSE[] SEC("license") = "GPL";

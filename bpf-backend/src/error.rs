@@ -42,6 +42,14 @@ pub enum KernelError {
         file_id: FileId,
         len: usize,
     },
+    #[error(transparent)]
+    Record(#[from] crate::unwind::RecordError),
+    #[error("the stack iterator for process {pid}: {what}: {why}")]
+    StackIterator {
+        pid: u32,
+        what: &'static str,
+        why: String,
+    },
     #[error("the lookup result could not be decoded")]
     Result,
     #[error(transparent)]

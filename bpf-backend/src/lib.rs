@@ -74,6 +74,7 @@ pub mod probe;
 pub mod stats;
 pub mod sys;
 pub mod tracefs;
+pub mod unwind;
 
 pub use aya;
 pub use elements::WriteMode;

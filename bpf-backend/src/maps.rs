@@ -469,6 +469,7 @@ impl KernelMaps {
             .ok_or_else(|| KernelError::Missing(format!("program {PROGRAM}")))?
             .try_into()?;
         program.load()?;
+        crate::unwind::load_capture(&mut ebpf)?;
         let pages = take(&mut ebpf, abi::map_name::PAGES)?;
         let unwind_info = take(&mut ebpf, abi::map_name::UNWIND_INFO)?;
         let interpreter_offsets = take(&mut ebpf, abi::map_name::INTERPRETER_OFFSETS)?;
@@ -757,6 +758,15 @@ impl KernelMaps {
             return Err(KernelError::Untracked { class, file_id, id });
         }
         open_by_id(class, file_id, id)
+    }
+
+    /// The loaded object: its programs, and the maps not taken out of it.
+    pub(crate) fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
+    }
+
+    pub(crate) fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
     }
 
     /// Runs the lookup program for `address` of `file_id`

@@ -1,7 +1,7 @@
 //! The simulated kernel as the native unwinder's world: [`SimReader`] as
 //! its [`Rules`] (the same `get_stack_delta` the BPF side runs, answering
-//! with `lookup.h`'s codes), a [`Capture`] of a thread's registers and
-//! stack as its [`Memory`], and [`ProcessTable`] as its [`Mappings`].
+//! with `lookup.h`'s codes), the target's memory as a core [`Capture`] of a thread's
+//! registers and stack, and [`ProcessTable`] as its [`Mappings`].
 //!
 //! With these, `eim_core::unwind::unwind` walks a stack over the simulated
 //! maps exactly as the BPF unwinder walks it over the kernel's.
@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use eim_core::abi::{ProcessMapping, ProcessMappings};
-use eim_core::unwind::{Mappings, Memory, Regs, Rule, Rules};
+use eim_core::unwind::{Mappings, Rule, Rules};
 use eim_core::FileId;
 
 use crate::reader::{LookupError, Resolved, SimReader};
@@ -67,26 +67,6 @@ impl Rules for SimReader<'_> {
     }
 }
 
-/// A thread's registers and a copy of its memory from `stack_base`
-/// (`EimCapture`): reads outside the copy fail, as the BPF capture
-/// program's do.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Capture {
-    pub pid: u32,
-    pub tid: u32,
-    pub regs: Regs,
-    pub stack_base: u64,
-    pub stack: Vec<u8>,
-}
-
-impl Memory for Capture {
-    fn read_u64(&self, address: u64) -> Option<u64> {
-        let offset = usize::try_from(address.checked_sub(self.stack_base)?).ok()?;
-        let bytes = self.stack.get(offset..offset.checked_add(8)?)?;
-        Some(u64::from_le_bytes(bytes.try_into().ok()?))
-    }
-}
-
 /// Processes' executable file mappings in memory (what
 /// `eim_process_mappings` holds in the kernel).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -121,7 +101,7 @@ mod tests {
     use eim_core::abi::{opcode, UnwindInfo};
     use eim_core::deltas::{hint, info, IntervalData, StackDelta};
     use eim_core::provider::MemoryProvider;
-    use eim_core::unwind::{frame_flag, unwind, Arch, Frame, StopReason};
+    use eim_core::unwind::{frame_flag, unwind, Arch, Capture, Frame, Memory, Regs, StopReason};
     use eim_core::{ExecutableInfoManager, Tracers};
 
     use super::*;

@@ -235,3 +235,23 @@ mod x86;
 
 pub use arm64::normalize_pac;
 pub use walk::{unwind, LOOKUP_ERR_STACK_DELTA_INVALID};
+/// A thread's registers and a copy of its stack memory from `stack_base`
+/// (at most [`CAPTURE_STACK`] bytes): the input of an unwind over captured
+/// memory (`EimCapture`), in the kernel or in the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capture {
+    pub regs: Regs,
+    pub pid: u32,
+    pub tid: u32,
+    pub stack_base: u64,
+    pub stack: Vec<u8>,
+}
+
+impl Memory for Capture {
+    /// Reads inside `[stack_base, stack_base + stack.len())` only.
+    fn read_u64(&self, address: u64) -> Option<u64> {
+        let at = usize::try_from(address.checked_sub(self.stack_base)?).ok()?;
+        let bytes = self.stack.get(at..at.checked_add(8)?)?;
+        Some(u64::from_le_bytes(bytes.try_into().ok()?))
+    }
+}
