@@ -1,19 +1,22 @@
 //! `eim stack`: every thread's stack of one process, like pstack, unwound
-//! with eim's own tables: with `--backend sim`, the process's files are
-//! loaded into the embedded simulated kernel (a host scan of that process
-//! only) and the user-space twin of the native unwinder walks the stopped
-//! threads' stacks over them.
+//! with eim's own tables. The process's files and its mappings are loaded
+//! by a host scan of that process only, into the embedded simulated
+//! kernel (`--backend sim`: the user-space twin of the native unwinder
+//! walks the stopped threads' stacks over it) or into private kernel maps
+//! (`--backend kernel`: the BPF unwinder walks them in the task iterator).
 
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 
 use eim::host::scan::{Host, Quiet};
 use eim::sim::SimReader;
-use eim::stack::{self, output, SimStacks};
+use eim::stack::{self, kernel::KernelStacks, output, SimStacks};
 
-use crate::backend::{host_config, sim_maps, BackendArgs, BackendKind};
+use crate::backend::{
+    files_per_batch, host_config, kernel_maps, sim_maps, BackendArgs, BackendKind,
+};
 use crate::out;
 
 /// Options of `eim stack`.
@@ -52,6 +55,17 @@ fn stack_sim(args: &StackArgs) -> anyhow::Result<ExitCode> {
     print(&stacks, args.json)
 }
 
+fn stack_kernel(args: &StackArgs) -> anyhow::Result<ExitCode> {
+    let pid = args.pid;
+    // Private maps: never the pinned ones a running watch owns.
+    let maps = kernel_maps(&args.backend, false, false, files_per_batch())?;
+    let mut host = Host::new(maps, host_config(&args.backend, &[pid]));
+    host.step(&AtomicBool::new(false), &mut Quiet)
+        .with_context(|| format!("loading the files of process {pid}"))?;
+    let stacks = stack::stacks(pid, &KernelStacks::new(host.manager()))?;
+    print(&stacks, args.json)
+}
+
 pub fn run(args: &StackArgs) -> anyhow::Result<ExitCode> {
     args.backend.refuse_unused_pin_options(
         false,
@@ -59,8 +73,6 @@ pub fn run(args: &StackArgs) -> anyhow::Result<ExitCode> {
     )?;
     match args.backend.backend {
         BackendKind::Sim => stack_sim(args),
-        BackendKind::Kernel => bail!(
-            "eim stack --backend kernel: the kernel's stack iterator is not wired yet; use --backend sim"
-        ),
+        BackendKind::Kernel => stack_kernel(args),
     }
 }

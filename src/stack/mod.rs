@@ -9,6 +9,7 @@
 //! too. [`stacks`] adds what a reader needs: thread names, files, symbols.
 
 pub mod freeze;
+pub mod kernel;
 pub mod memory;
 pub mod output;
 pub mod regs;
