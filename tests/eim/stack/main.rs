@@ -19,6 +19,7 @@
 //! backend): a loud `SKIPPED`, a failure under `EIM_REQUIRE_BPF=1`.
 
 mod cfi;
+mod differential;
 mod eim_stack;
 mod gdb;
 mod maps;
