@@ -96,7 +96,7 @@ fn frame(pid: i32, f: &Frame, mappings: &[ExecMapping], symbolizer: &mut Symboli
     };
     // The ELF address from the file itself (also for a frame the unwinder
     // found in no mapping it knew).
-    let Some(address) = symbols.elf_address(f.pc - m.start + m.offset) else {
+    let Some(address) = symbols.elf_address(m, f.pc) else {
         return out;
     };
     // A return address may be the first byte after a call that ends its

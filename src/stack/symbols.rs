@@ -16,6 +16,7 @@ use object::read::elf::{ElfFile64, ProgramHeader as _};
 use object::{LittleEndian, Object as _, ObjectSymbol as _, SymbolKind};
 
 use crate::host::procs::ExecMapping;
+use crate::host::segments::{self, LoadSegment};
 
 /// Largest file read for its symbols.
 pub const MAX_FILE_BYTES: u64 = 512 << 20;
@@ -49,21 +50,12 @@ struct Symbol {
     name: String,
 }
 
-/// One `PT_LOAD` segment: file bytes `[offset, offset + filesz)` are at
-/// ELF addresses from `vaddr`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Segment {
-    offset: u64,
-    filesz: u64,
-    vaddr: u64,
-}
-
 /// What a file says about its addresses.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FileSymbols {
     /// Sorted by start.
     symbols: Vec<Symbol>,
-    segments: Vec<Segment>,
+    segments: Vec<LoadSegment>,
 }
 
 impl FileSymbols {
@@ -78,9 +70,9 @@ impl FileSymbols {
             .elf_program_headers()
             .iter()
             .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
-            .map(|p| Segment {
+            .map(|p| LoadSegment {
                 offset: p.p_offset(endian),
-                filesz: p.p_filesz(endian),
+                file_size: p.p_filesz(endian),
                 vaddr: p.p_vaddr(endian),
             })
             .collect();
@@ -103,23 +95,14 @@ impl FileSymbols {
         Ok(Self { symbols, segments })
     }
 
-    /// The ELF address at file offset `offset`, through the `PT_LOAD`
-    /// segment holding it (or, past its file bytes, the page-rounded tail
-    /// the kernel maps with it).
-    pub fn elf_address(&self, offset: u64) -> Option<u64> {
-        const PAGE: u64 = 4096;
-        let within = |round: bool| {
-            self.segments.iter().find_map(|s| {
-                let mut end = s.offset.saturating_add(s.filesz);
-                if round {
-                    end = end.div_ceil(PAGE).saturating_mul(PAGE);
-                }
-                (s.offset..end)
-                    .contains(&offset)
-                    .then(|| offset - s.offset + s.vaddr)
-            })
-        };
-        within(false).or_else(|| within(true))
+    /// The ELF address of `pc` in `mapping` of this file (the bias the
+    /// host gives the unwinder's table, [`segments::bias`]).
+    pub fn elf_address(&self, mapping: &ExecMapping, pc: u64) -> Option<u64> {
+        Some(pc.wrapping_sub(segments::bias(
+            &self.segments,
+            mapping.start,
+            mapping.offset,
+        )?))
     }
 
     /// The function containing ELF address `address`, and the offset in it.
