@@ -68,6 +68,7 @@ pub mod backends;
 pub mod files;
 pub mod host;
 pub mod metrics_http;
+pub mod profile;
 pub mod report;
 pub mod stack;
 
