@@ -24,6 +24,7 @@ mod loaders;
 mod lookup;
 mod man;
 mod out;
+mod profile;
 mod scan;
 mod stack;
 mod status;
@@ -77,6 +78,10 @@ enum Command {
     /// eim's tables: the process's files are loaded, its threads stopped
     /// for the walk, and the frames symbolized from the files' symbols.
     Stack(stack::StackArgs),
+    /// Sample user stacks with the BPF unwinder over eim's maps (the
+    /// profiled processes' files loaded and kept loaded as they change),
+    /// written as folded stacks and optionally as a pprof profile.
+    Profile(profile::ProfileArgs),
     /// Print what eim knows about each ELF file: file ids, delta count,
     /// C-library TSD (the oracle's `.tsd` line) and DTV layouts, and the
     /// interpreter loaders that recognise it.
@@ -173,6 +178,7 @@ fn main() -> ExitCode {
         Command::Watch(args) => ("watch", watch::run(args)),
         Command::Lookup(args) => ("lookup", lookup::run(args)),
         Command::Stack(args) => ("stack", stack::run(args)),
+        Command::Profile(args) => ("profile", profile::run(args)),
         Command::Inspect(args) => ("inspect", each(|out| inspect::run(args, out))),
         Command::Loaders(args) => ("loaders", each(|out| loaders::run(args, out))),
         Command::Status(args) => ("status", status::run(args)),

@@ -23,6 +23,7 @@ mod differential;
 mod eim_stack;
 mod gdb;
 mod maps;
+mod profile;
 mod programs;
 mod rule;
 mod truth;

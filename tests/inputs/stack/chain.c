@@ -13,7 +13,10 @@
  *            which parks;
  *   recurse  main -> recurse x DEPTH, the deepest parks;
  *   signal   main -> raise_usr1 -> raise(SIGUSR1); the handler (installed
- *            with sigaction) parks.
+ *            with sigaction) parks;
+ *   spin     main -> spin_outer -> spin_inner, which computes forever (no
+ *            syscall: every CPU sample of it is in this chain), for
+ *            `eim profile`.
  * Every scenario also starts a second thread blocked in read() on a pipe
  * nobody writes. Each stopped thread writes "ready <what>\n" to stdout
  * right before it blocks; the test waits for "ready thread" and
@@ -119,6 +122,23 @@ __attribute__((noinline)) int raise_usr1(void)
 	return r;
 }
 
+__attribute__((noinline)) unsigned long spin_inner(unsigned long x)
+{
+	announce("spin");
+	while (!released) {
+		x = x * 6364136223846793005UL + 1442695040888963407UL;
+		BARRIER();
+	}
+	return x;
+}
+
+__attribute__((noinline)) unsigned long spin_outer(void)
+{
+	unsigned long r = spin_inner(1);
+	BARRIER();
+	return r + 1;
+}
+
 /* The known point of the second thread: blocked in read(). */
 __attribute__((noinline)) ssize_t blocked_in_read(void)
 {
@@ -154,6 +174,8 @@ int main(int argc, char **argv)
 		r = recurse(DEPTH);
 	else if (strcmp(argv[1], "signal") == 0)
 		r = raise_usr1();
+	else if (strcmp(argv[1], "spin") == 0)
+		r = (int)spin_outer();
 	else
 		return 2;
 	BARRIER();

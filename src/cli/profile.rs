@@ -1,0 +1,163 @@
+//! `eim profile`: samples user stacks with the BPF unwinder over eim's
+//! maps. The files of the profiled processes are loaded first (a host step
+//! into private kernel maps), and kept loaded as processes start, map new
+//! code or exit, through `watch`'s event loop (host events; polling
+//! `/proc` every second where they are unavailable). The stacks are
+//! written as folded stacks, and with `--pprof` as a pprof profile.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+
+use eim::bpf::events::HostEvents;
+use eim::bpf::profile::{ProfileTarget, Profiler};
+use eim::host::events::EventSource;
+use eim::host::scan::{Host, Quiet};
+use eim::host::watch::{EventLoop, EventsConfig};
+use eim::profile::{folded, pprof, Aggregate, Names};
+
+use crate::backend::{files_per_batch, host_config, kernel_maps, BackendArgs, BackendKind};
+use crate::out;
+use crate::stop::{self, Maps};
+
+/// Options of `eim profile`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ProfileArgs {
+    /// The processes to sample (every thread of each); repeat for more.
+    #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+    pub pid: Vec<i32>,
+    /// Sample every process of the host.
+    #[arg(long)]
+    pub all: bool,
+    /// How long to sample.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Samples per second on each CPU.
+    #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub frequency: u64,
+    /// Write the folded stacks here instead of standard output.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Also write a pprof profile (profile.proto, uncompressed) here.
+    #[arg(long)]
+    pub pprof: Option<PathBuf>,
+    /// Open files by their path inside the process's root only, not
+    /// through /proc/PID/map_files.
+    #[arg(long)]
+    pub no_map_files: bool,
+}
+
+/// Stacks taken from the ring per poll at most.
+const POLL_BATCH: usize = 4096;
+
+pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
+    let backend = BackendArgs {
+        backend: BackendKind::Kernel,
+        pin_dir: None,
+        mount_bpffs: false,
+        recreate_mismatched: false,
+        no_pin: true,
+        no_map_files: args.no_map_files,
+    };
+    let stop = stop::on_signals(Maps::Private);
+    // Private maps: never the pinned ones a running watch owns.
+    let maps = kernel_maps(&backend, false, false, files_per_batch())?;
+    let mut host = Host::new(maps, host_config(&backend, &args.pid));
+    let target = if args.all {
+        ProfileTarget::All
+    } else {
+        ProfileTarget::Pids(args.pid.iter().map(|p| *p as u32).collect())
+    };
+    let mut events: Box<dyn EventSource> = match HostEvents::attach() {
+        Ok(events) => Box::new(events),
+        Err(e) => {
+            tracing::warn!("host events unavailable ({e}): polling /proc every second");
+            Box::new(Polling)
+        }
+    };
+    let config = EventsConfig {
+        resync_every: Duration::from_secs(1).min(args.duration.max(Duration::from_millis(100))),
+        ..EventsConfig::default()
+    };
+    let mut lp = EventLoop::new(&mut host, events.as_mut(), config, None);
+    lp.start(&stop, &mut Quiet)
+        .context("loading the files of the processes to profile")?;
+    let mut profiler = lp
+        .host
+        .manager()
+        .with_backend(|timed| Profiler::start(&mut timed.inner, &target, args.frequency))
+        .context("attaching the sampling program")?;
+    let mut aggregate = Aggregate::default();
+    let mut names = Names::new();
+    let started = Instant::now();
+    while started.elapsed() < args.duration && !stop.load(Ordering::Relaxed) {
+        // New processes and mappings are followed between polls.
+        lp.turn(Duration::from_millis(10), &stop, &mut Quiet);
+        for stack in profiler
+            .poll(Duration::from_millis(40), POLL_BATCH)
+            .context("reading sampled stacks")?
+        {
+            aggregate.add(&stack, &mut names);
+        }
+    }
+    // What is still in the ring was sampled within the duration.
+    let pending = profiler.poll(Duration::ZERO, usize::MAX / 2).unwrap_or_default();
+    for stack in pending {
+        aggregate.add(&stack, &mut names);
+    }
+    let lost = profiler.lost().unwrap_or(0);
+    let elapsed = started.elapsed();
+    drop(profiler);
+    tracing::info!(
+        samples = aggregate.samples,
+        lost,
+        stacks = aggregate.stacks.len(),
+        stops = ?aggregate.stops,
+        "profile done"
+    );
+    let text = folded::render(&aggregate);
+    match &args.output {
+        Some(path) => std::fs::write(path, &text)
+            .with_context(|| format!("writing the folded stacks to {}", path.display()))?,
+        None => out::print(&text)?,
+    }
+    if let Some(path) = &args.pprof {
+        let profile = pprof::profile(&aggregate, args.frequency, elapsed.as_nanos() as i64);
+        std::fs::write(path, pprof::encode(&profile))
+            .with_context(|| format!("writing the pprof profile to {}", path.display()))?;
+    }
+    eprintln!(
+        "eim: {} samples in {:.1} s ({} stacks; lost {lost}; stops {:?})",
+        aggregate.samples,
+        elapsed.as_secs_f64(),
+        aggregate.stacks.len(),
+        aggregate.stops
+    );
+    if aggregate.samples == 0 && !args.all && args.pid.iter().all(|p| !alive(*p)) {
+        bail!("no process to profile: {:?} not running", args.pid);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn alive(pid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// No events: the loop's resync (every second) walks `/proc` instead.
+struct Polling;
+
+impl EventSource for Polling {
+    fn wait(&mut self, timeout: Duration) -> std::io::Result<bool> {
+        std::thread::sleep(timeout);
+        Ok(false)
+    }
+    fn drain(&mut self, _max: usize, _out: &mut Vec<eim::tracking::Stamped>) -> usize {
+        0
+    }
+    fn lost(&self) -> Result<u64, String> {
+        Ok(0)
+    }
+}
