@@ -12,8 +12,8 @@ use std::os::fd::{AsFd, BorrowedFd};
 use aya::maps::Map;
 use aya::programs::{Iter, RawTracePoint, RawTracePointRunOptions, TestRun};
 use aya::{Btf, Ebpf};
-use eim_core::error::Causes;
 use eim_core::abi::{ProcessMappings, Wire};
+use eim_core::error::Causes;
 use eim_core::unwind::{Capture, Frame, Regs, Stack, StopReason, CAPTURE_STACK, MAX_FRAMES};
 
 use crate::error::KernelError;

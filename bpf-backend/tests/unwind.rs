@@ -549,7 +549,11 @@ fn the_task_iterator_walks_each_thread_from_its_own_registers() {
     let mut seen = std::collections::BTreeSet::new();
     for stack in &stacks {
         assert_eq!(stack.pid, me);
-        assert!(seen.insert(stack.tid), "two stacks for thread {}", stack.tid);
+        assert!(
+            seen.insert(stack.tid),
+            "two stacks for thread {}",
+            stack.tid
+        );
     }
     for tid in &tids {
         let stack = stacks
@@ -588,4 +592,98 @@ fn gettid() -> u32 {
         .ok()
         .and_then(|p| p.file_name()?.to_str()?.parse().ok())
         .expect("/proc/thread-self")
+}
+
+/// The executable mappings of process `pid` (/proc/PID/maps, `r-xp`).
+fn executable_ranges(pid: u32) -> Vec<(u64, u64)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    maps.lines()
+        .filter(|line| line.split_whitespace().nth(1) == Some("r-xp"))
+        .filter_map(|line| {
+            let (start, end) = line.split_once(' ')?.0.split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Stacks sampled for `for_ms` milliseconds.
+fn sample(profiler: &mut eim_bpf::profile::Profiler, for_ms: u64) -> Vec<Stack> {
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(for_ms);
+    let mut stacks = Vec::new();
+    while std::time::Instant::now() < until {
+        stacks.extend(
+            profiler
+                .poll(std::time::Duration::from_millis(50), 100_000)
+                .unwrap(),
+        );
+    }
+    stacks
+}
+
+#[test]
+fn the_profiler_samples_a_busy_process() {
+    use eim_bpf::profile::{ProfileTarget, Profiler};
+    if !require_bpf("unwind: profiler") {
+        return;
+    }
+    let mut k = kernel();
+    let child = Child(
+        std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let code = executable_ranges(pid);
+
+    let mut all = Profiler::start(&mut k, &ProfileTarget::All, 999).expect("profiler");
+    let stacks = sample(&mut all, 1000);
+    assert_eq!(all.lost().unwrap(), 0);
+    assert_eq!(all.undecoded(), 0);
+    all.stop();
+    let busy: Vec<&Stack> = stacks.iter().filter(|s| s.pid == pid).collect();
+    // A CPU-bound process at 999 Hz for a second: hundreds of samples.
+    assert!(
+        busy.len() >= 100,
+        "{} samples of {pid} among {}",
+        busy.len(),
+        stacks.len()
+    );
+    for stack in &busy {
+        assert_eq!(stack.tid, pid);
+        // No mappings are followed for it: the first PC, its own, stops it.
+        assert_eq!(stack.stop, StopReason::UnknownMapping);
+        assert_eq!(stack.frames.len(), 1);
+        let pc = stack.frames[0].pc;
+        assert!(
+            code.iter().any(|(s, e)| (*s..*e).contains(&pc)),
+            "{pc:#x} is not in an executable mapping of {pid}"
+        );
+    }
+
+    // Only the named process.
+    let mut one = Profiler::start(&mut k, &ProfileTarget::Pids(vec![pid]), 999).unwrap();
+    let stacks = sample(&mut one, 500);
+    drop(one);
+    assert!(stacks.len() >= 50, "{} samples", stacks.len());
+    assert!(stacks.iter().all(|s| s.pid == pid));
+
+    // Detached: nothing more arrives.
+    let mut again = Profiler::start(&mut k, &ProfileTarget::Pids(vec![u32::MAX - 1]), 999).unwrap();
+    assert!(sample(&mut again, 300).is_empty());
+}
+
+/// A child process killed when the test ends, passed or failed (a busy
+/// loop left behind would take a CPU from everything else).
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
