@@ -131,12 +131,20 @@ impl PinnedReader {
             loader.map_max_entries(&pin.name, pin.max_entries);
             loader.map_pin_path(&pin.name, dir.join(&pin.name));
         }
+        // The unwinder's process mappings, where the owner pins them; an
+        // owner that does not leaves the reader an empty map of its own
+        // (every PC then stops the walk as UNKNOWN_MAPPING).
+        let mappings = dir.join(eim_core::abi::map_name::PROCESS_MAPPINGS);
+        if mappings.exists() {
+            loader.map_pin_path(eim_core::abi::map_name::PROCESS_MAPPINGS, mappings);
+        }
         let mut ebpf = loader.load(LOOKUP_OBJECT)?;
         let program: &mut aya::programs::RawTracePoint = ebpf
             .program_mut(PROGRAM)
             .ok_or_else(|| KernelError::Missing(format!("program {PROGRAM}")))?
             .try_into()?;
         program.load()?;
+        crate::unwind::load_capture(&mut ebpf)?;
         let result = take(&mut ebpf, RESULT_MAP)?;
         Ok(Self {
             dir,
@@ -170,5 +178,20 @@ impl PinnedReader {
     /// Runs the lookup program over the pins for `address` of `file_id`.
     pub fn lookup(&self, file_id: FileId, address: u64) -> Result<LookupResult, KernelError> {
         run_lookup(&self.ebpf, &self.result, file_id, address)
+    }
+
+    /// Runs the unwinder over the pins and `capture`
+    /// ([`KernelMaps::unwind_capture`](crate::KernelMaps::unwind_capture)).
+    pub fn unwind_capture(
+        &self,
+        capture: &eim_core::unwind::Capture,
+    ) -> Result<eim_core::unwind::Stack, KernelError> {
+        crate::unwind::run_capture(&self.ebpf, capture)
+    }
+
+    /// The stack of every thread of `pid`, walked over the pins
+    /// ([`KernelMaps::task_stacks`](crate::KernelMaps::task_stacks)).
+    pub fn task_stacks(&mut self, pid: u32) -> Result<Vec<eim_core::unwind::Stack>, KernelError> {
+        crate::unwind::task_stacks(&mut self.ebpf, pid)
     }
 }

@@ -687,3 +687,42 @@ impl Drop for Child {
         let _ = self.0.wait();
     }
 }
+
+#[test]
+fn a_pinned_reader_runs_the_unwinder_over_the_pins() {
+    use eim_bpf::{KernelConfig, PinnedReader};
+    if !require_bpf("unwind: pinned reader") {
+        return;
+    }
+    let root = std::path::Path::new("/sys/fs/bpf");
+    if !eim_bpf::bpffs::is_bpffs(root).unwrap_or(false) {
+        eim_bpf::bpffs::mount_bpffs(root, true)
+            .expect("mounting a bpffs on /sys/fs/bpf")
+            .keep();
+    }
+    let dir = root.join(format!("eim-test-{}-unwind", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let owner = KernelMaps::with_config(KernelConfig {
+        pin_dir: Some(dir.clone()),
+        ..KernelConfig::default()
+    })
+    .expect("pinned maps");
+    let mut reader = PinnedReader::open(&dir).expect("reader");
+    let m = Memory::new(0x100);
+    // The owner does not pin process mappings (yet): the reader's own map
+    // is empty, so the walk stops at the first PC.
+    let stack = reader
+        .unwind_capture(&m.capture(regs(Arch::X86_64, pc(STOP), STACK_BASE, 0)))
+        .expect("unwind_capture");
+    assert_eq!(stack.stop, StopReason::UnknownMapping);
+    assert_eq!(pcs(&stack), [pc(STOP)]);
+    let kthreadd = reader.task_stacks(2).expect("task_stacks");
+    assert_eq!(kthreadd.len(), 1);
+    assert_eq!(kthreadd[0].stop, StopReason::NoRegs);
+    drop(reader);
+    drop(owner);
+    if let Ok(lock) = eim_bpf::lock::lock_file_of(&dir) {
+        let _ = std::fs::remove_file(lock);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
