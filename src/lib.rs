@@ -69,6 +69,7 @@ pub mod files;
 pub mod host;
 pub mod metrics_http;
 pub mod report;
+pub mod stack;
 
 pub use files::elf_file::ElfFileRef;
 pub use files::elf_provider::ElfProvider;

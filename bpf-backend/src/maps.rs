@@ -156,8 +156,8 @@ use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun};
 use aya::{Ebpf, EbpfLoader};
 use eim_core::abi::flatten;
 use eim_core::abi::{
-    self, capacity, OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo,
-    Wire, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
+    self, capacity, OffsetRange, ProcessMappings, StackDelta, StackDeltaPageInfo,
+    StackDeltaPageKey, UnwindInfo, Wire, SIZE_CLASS_COUNT, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
 };
 use eim_core::ops::{self, Backend, Errno, MapOp, OpFailure, OpTarget};
 use eim_core::FileId;
@@ -288,6 +288,16 @@ impl KernelConfig {
                 },
             )
         }));
+        // Last, after the outer maps (their position is relied on).
+        maps.push((
+            abi::map_name::PROCESS_MAPPINGS.to_string(),
+            shape(
+                sys::map_type::HASH,
+                u32::SIZE,
+                ProcessMappings::SIZE,
+                abi::capacity::PROCESSES,
+            ),
+        ));
         maps
     }
 }
@@ -303,6 +313,8 @@ pub struct Dump {
     /// Every `unwind_info_array` slot.
     pub unwind_infos: Vec<UnwindInfo>,
     pub interpreter_offsets: BTreeMap<FileId, OffsetRange>,
+    /// `eim_process_mappings` by pid.
+    pub process_mappings: BTreeMap<u32, ProcessMappings>,
     /// Inner arrays the outer maps keep alive: each opened by the id its
     /// outer entry holds, and read (see "Descriptors" in the module docs).
     pub live_inner_maps: usize,
@@ -323,6 +335,7 @@ impl Dump {
                 .collect(),
             unwind_infos: self.unwind_infos.clone(),
             interpreter_offsets: self.interpreter_offsets.clone(),
+            process_mappings: self.process_mappings.clone(),
             zeroed_ago: None,
         }
     }
@@ -332,6 +345,8 @@ impl Dump {
 struct Keys {
     pages: Vec<u8>,
     interpreter_offsets: Vec<u8>,
+    /// The pids of `eim_process_mappings`.
+    processes: Vec<u8>,
     /// Per size class with entries: the file ids.
     tables: Vec<(u16, Vec<u8>)>,
     /// Non-zero unwind slots.
@@ -349,6 +364,7 @@ impl Keys {
                 .collect(),
             unwind_slots: self.unwind_slots.len(),
             interpreter_offsets: self.interpreter_offsets.len() / u64::SIZE,
+            processes: self.processes.len() / u32::SIZE,
         }
     }
 }
@@ -361,6 +377,7 @@ pub struct KernelMaps {
     unwind_info: MapData,
     interpreter_offsets: MapData,
     outers: Vec<MapData>,
+    process_mappings: MapData,
     result: MapData,
     /// The tables this backend published (or adopted), by (class, file
     /// id): their keys only, no descriptor (see "Descriptors").
@@ -444,7 +461,7 @@ impl KernelMaps {
                 loader.map_pin_path(name, dir.join(name));
             }
         }
-        let outer_names = &owned[3..];
+        let outer_names = &owned[3..3 + SIZE_CLASS_COUNT];
         let mut ebpf = loader.load(LOOKUP_OBJECT)?;
         let clean = pin_report.as_ref().is_some_and(PinReport::any_reopened);
         let program: &mut RawTracePoint = ebpf
@@ -457,6 +474,7 @@ impl KernelMaps {
         let unwind_info = take(&mut ebpf, abi::map_name::UNWIND_INFO)?;
         let interpreter_offsets = take(&mut ebpf, abi::map_name::INTERPRETER_OFFSETS)?;
         let result = take(&mut ebpf, RESULT_MAP)?;
+        let process_mappings = take(&mut ebpf, abi::map_name::PROCESS_MAPPINGS)?;
         let outers = outer_names
             .iter()
             .map(|(name, _)| take(&mut ebpf, name))
@@ -468,6 +486,7 @@ impl KernelMaps {
             unwind_info,
             interpreter_offsets,
             outers,
+            process_mappings,
             result,
             published: BTreeSet::new(),
             page_keys: BTreeSet::new(),
@@ -552,6 +571,12 @@ impl KernelMaps {
             OffsetRange::SIZE,
             64,
         )?;
+        let (processes, _) = sys::lookup_all(
+            fd(&self.process_mappings),
+            u32::SIZE,
+            ProcessMappings::SIZE,
+            64,
+        )?;
         let mut tables = Vec::new();
         for (class, outer) in (SIZE_CLASS_MIN..=SIZE_CLASS_MAX).zip(&self.outers) {
             let (keys, _) = sys::lookup_all(fd(outer), u64::SIZE, u32::SIZE, 1024)?;
@@ -574,6 +599,7 @@ impl KernelMaps {
         Ok(Keys {
             pages,
             interpreter_offsets,
+            processes,
             tables,
             unwind_slots,
         })
@@ -596,6 +622,12 @@ impl KernelMaps {
             fd(&self.interpreter_offsets),
             &keys.interpreter_offsets,
             stats.interpreter_offsets,
+        )?;
+        elements::delete(
+            mode,
+            fd(&self.process_mappings),
+            &keys.processes,
+            stats.processes,
         )?;
         for (class, files) in &keys.tables {
             if let Some(outer) = self.outer(*class) {
@@ -709,6 +741,7 @@ impl KernelMaps {
             unwind_entries: self.config.unwind_info,
             interpreter_offsets: fd(&self.interpreter_offsets),
             outers: self.outers.iter().map(fd).collect(),
+            process_mappings: fd(&self.process_mappings),
         }
     }
 
@@ -783,6 +816,7 @@ pub(crate) struct DumpSource<'a> {
     pub interpreter_offsets: BorrowedFd<'a>,
     /// The outer maps, smallest size class first.
     pub outers: Vec<BorrowedFd<'a>>,
+    pub process_mappings: BorrowedFd<'a>,
 }
 
 /// Reads every map of `source`; `deltas_of(class, file_id, map_id)` reads
@@ -834,6 +868,17 @@ pub(crate) fn dump_reaching(
     for (k, v) in k.chunks(u64::SIZE).zip(v.chunks(OffsetRange::SIZE)) {
         if let (Some(k), Some(v)) = (u64::read(k), OffsetRange::read(v)) {
             dump.interpreter_offsets.insert(FileId(k), v);
+        }
+    }
+    let (k, v) = sys::lookup_all(
+        source.process_mappings,
+        u32::SIZE,
+        ProcessMappings::SIZE,
+        64,
+    )?;
+    for (k, v) in k.chunks(u32::SIZE).zip(v.chunks(ProcessMappings::SIZE)) {
+        if let (Some(k), Some(v)) = (u32::read(k), ProcessMappings::read(v)) {
+            dump.process_mappings.insert(k, v);
         }
     }
     let mut reach: BTreeMap<u64, u32> = BTreeMap::new();
@@ -1045,6 +1090,25 @@ impl OpTarget for KernelMaps {
 
     fn delete_interpreter_offsets(&mut self, file_id: FileId) -> Result<(), OpFailure> {
         sys::delete_elem(fd(&self.interpreter_offsets), &file_id.0.to_bytes())
+            .map_err(|e| OpFailure::new(Errno(e.errno), 0))
+    }
+
+    fn put_process_mappings(
+        &mut self,
+        pid: u32,
+        mappings: &ProcessMappings,
+    ) -> Result<(), OpFailure> {
+        sys::update_elem(
+            fd(&self.process_mappings),
+            &pid.to_bytes(),
+            &mappings.to_bytes(),
+            sys::BPF_ANY,
+        )
+        .map_err(|e| OpFailure::new(Errno(e.errno), 0))
+    }
+
+    fn delete_process_mappings(&mut self, pid: u32) -> Result<(), OpFailure> {
+        sys::delete_elem(fd(&self.process_mappings), &pid.to_bytes())
             .map_err(|e| OpFailure::new(Errno(e.errno), 0))
     }
 }

@@ -79,7 +79,7 @@ pub fn dump_pinned(dir: &Path) -> Result<Dump, KernelError> {
 }
 
 fn dump_pins(pins: &[Pin]) -> Result<Dump, KernelError> {
-    let [pages, unwind_info, interpreter_offsets, outers @ ..] = pins else {
+    let [pages, unwind_info, interpreter_offsets, outers @ .., process_mappings] = pins else {
         return Err(KernelError::Missing("the pinned maps".into()));
     };
     let source = DumpSource {
@@ -88,6 +88,7 @@ fn dump_pins(pins: &[Pin]) -> Result<Dump, KernelError> {
         unwind_entries: unwind_info.max_entries,
         interpreter_offsets: interpreter_offsets.fd.as_fd(),
         outers: outers.iter().map(|pin| pin.fd.as_fd()).collect(),
+        process_mappings: process_mappings.fd.as_fd(),
     };
     let mut tables = 0;
     let mut dump = dump_from(&source, |class, file_id, id| {

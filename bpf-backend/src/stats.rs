@@ -15,6 +15,8 @@ pub struct MapStats {
     pub unwind_slots: usize,
     /// `interpreter_offsets` entries.
     pub interpreter_offsets: usize,
+    /// `eim_process_mappings` entries (processes).
+    pub processes: usize,
 }
 
 impl MapStats {

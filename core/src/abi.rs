@@ -560,6 +560,36 @@ mod tests {
     }
 
     #[test]
+    fn process_mappings_round_trip_and_are_found_by_bisection() {
+        let m = |start: u64, end: u64, file_id| ProcessMapping {
+            start,
+            end,
+            file_offset: 0x1000,
+            bias: start - 0x1000,
+            file_id,
+        };
+        let list = ProcessMappings {
+            mappings: vec![m(0x1000, 0x2000, 1), m(0x5000, 0x8000, 2)],
+        };
+        let bytes = list.to_bytes();
+        assert_eq!(bytes.len(), 8 + 40 * MAX_PROCESS_MAPPINGS);
+        assert_eq!(&bytes[..4], &2u32.to_le_bytes(), "the count first");
+        assert_eq!(&bytes[8..16], &0x1000u64.to_le_bytes(), "then the mappings");
+        assert_eq!(ProcessMappings::read(&bytes), Some(list.clone()));
+        let mut too_many = bytes.clone();
+        too_many[..4].copy_from_slice(&(MAX_PROCESS_MAPPINGS as u32 + 1).to_le_bytes());
+        assert_eq!(ProcessMappings::read(&too_many), None);
+        assert_eq!(ProcessMappings::read(&bytes[1..]), None);
+        let found = |pc| list.find(pc).map(|m| m.file_id);
+        assert_eq!(found(0xfff), None);
+        assert_eq!(found(0x1000), Some(1));
+        assert_eq!(found(0x1fff), Some(1));
+        assert_eq!(found(0x2000), None, "end is exclusive");
+        assert_eq!(found(0x7fff), Some(2));
+        assert_eq!(found(u64::MAX), None);
+    }
+
+    #[test]
     fn encodings_are_little_endian_in_field_order() {
         let info = UnwindInfo {
             opcode: 0x82,

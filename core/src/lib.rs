@@ -85,6 +85,7 @@ pub mod machine;
 pub mod manager;
 pub mod metrics;
 pub mod ops;
+pub mod process_maps;
 pub mod provider;
 mod sync;
 pub mod text;

@@ -91,6 +91,8 @@ pub enum MapKind {
     UnwindInfo,
     /// `interpreter_offsets`
     InterpreterOffsets,
+    /// `eim_process_mappings`
+    ProcessMappings,
 }
 
 impl fmt::Display for MapKind {
@@ -100,6 +102,7 @@ impl fmt::Display for MapKind {
             Self::DeltaTables(class) => f.write_str(&abi::map_name::outer(*class)),
             Self::UnwindInfo => f.write_str(abi::map_name::UNWIND_INFO),
             Self::InterpreterOffsets => f.write_str(abi::map_name::INTERPRETER_OFFSETS),
+            Self::ProcessMappings => f.write_str(abi::map_name::PROCESS_MAPPINGS),
         }
     }
 }
@@ -133,6 +136,12 @@ pub trait OpTarget {
         range: &OffsetRange,
     ) -> Result<(), OpFailure>;
     fn delete_interpreter_offsets(&mut self, file_id: FileId) -> Result<(), OpFailure>;
+    fn put_process_mappings(
+        &mut self,
+        pid: u32,
+        mappings: &abi::ProcessMappings,
+    ) -> Result<(), OpFailure>;
+    fn delete_process_mappings(&mut self, pid: u32) -> Result<(), OpFailure>;
 }
 
 /// Carries out `op` on `target`: the dispatch every backend shares.
@@ -152,6 +161,8 @@ pub fn apply_to<T: OpTarget + ?Sized>(target: &mut T, op: &MapOp) -> Result<(), 
             target.put_interpreter_offsets(*file_id, range)
         }
         MapOp::DeleteInterpreterOffsets { file_id } => target.delete_interpreter_offsets(*file_id),
+        MapOp::PutProcessMappings { pid, mappings } => target.put_process_mappings(*pid, mappings),
+        MapOp::DeleteProcessMappings { pid } => target.delete_process_mappings(*pid),
     }
 }
 
@@ -227,6 +238,14 @@ pub enum MapOp {
     PutInterpreterOffsets { file_id: FileId, range: OffsetRange },
     /// Delete a file's interpreter ranges.
     DeleteInterpreterOffsets { file_id: FileId },
+    /// Insert or replace a process's executable file mappings (one update:
+    /// readers see the old list or the new one, never a mix).
+    PutProcessMappings {
+        pid: u32,
+        mappings: Arc<abi::ProcessMappings>,
+    },
+    /// Delete a process's mappings.
+    DeleteProcessMappings { pid: u32 },
 }
 
 impl MapOp {
@@ -256,6 +275,8 @@ impl MapOp {
             Self::DeleteDeltaTable { .. } => "delete delta table",
             Self::PutInterpreterOffsets { .. } => "put interpreter offsets",
             Self::DeleteInterpreterOffsets { .. } => "delete interpreter offsets",
+            Self::PutProcessMappings { .. } => "put process mappings",
+            Self::DeleteProcessMappings { .. } => "delete process mappings",
         }
     }
 
@@ -266,6 +287,7 @@ impl MapOp {
             Self::DeletePages(_)
                 | Self::DeleteDeltaTable { .. }
                 | Self::DeleteInterpreterOffsets { .. }
+                | Self::DeleteProcessMappings { .. }
         )
     }
 
@@ -279,6 +301,9 @@ impl MapOp {
             Self::PutPages(_) | Self::DeletePages(_) => MapKind::Pages,
             Self::PutInterpreterOffsets { .. } | Self::DeleteInterpreterOffsets { .. } => {
                 MapKind::InterpreterOffsets
+            }
+            Self::PutProcessMappings { .. } | Self::DeleteProcessMappings { .. } => {
+                MapKind::ProcessMappings
             }
         }
     }
@@ -347,6 +372,14 @@ impl fmt::Debug for MapOp {
             Self::PutInterpreterOffsets { file_id, range } => {
                 write!(f, "PutInterpreterOffsets({file_id}, {range:?})")
             }
+            Self::PutProcessMappings { pid, mappings } => {
+                write!(
+                    f,
+                    "PutProcessMappings({pid}, {} mappings)",
+                    mappings.mappings.len()
+                )
+            }
+            Self::DeleteProcessMappings { pid } => write!(f, "DeleteProcessMappings({pid})"),
             Self::DeleteInterpreterOffsets { file_id } => {
                 write!(f, "DeleteInterpreterOffsets({file_id})")
             }

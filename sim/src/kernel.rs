@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use eim_core::abi::flatten;
 use eim_core::abi::{
-    self, capacity, OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo,
-    Wire, SIZE_CLASS_COUNT, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
+    self, capacity, OffsetRange, ProcessMappings, StackDelta, StackDeltaPageInfo,
+    StackDeltaPageKey, UnwindInfo, Wire, SIZE_CLASS_COUNT, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
 };
 use eim_core::ops::{self, Backend, Errno, MapOp, OpFailure, OpTarget};
 use eim_core::FileId;
@@ -76,6 +76,7 @@ pub struct SimMaps {
     pub(crate) outers: [MapId; SIZE_CLASS_COUNT],
     pub(crate) unwind_info: MapId,
     pub(crate) interpreter_offsets: MapId,
+    pub(crate) process_mappings: MapId,
     pub(crate) faults: FaultPlan,
 }
 
@@ -108,6 +109,15 @@ impl SimMaps {
                 config.interpreter_offsets,
             ),
         )?;
+        // Not a SimConfig field: no simulation varies it.
+        let process_mappings = create(
+            abi::map_name::PROCESS_MAPPINGS.into(),
+            MapSpec::hash(
+                u32::SIZE as u32,
+                ProcessMappings::SIZE as u32,
+                capacity::PROCESSES,
+            ),
+        )?;
         let mut outers = [MapId(0); SIZE_CLASS_COUNT];
         for (slot, class) in outers.iter_mut().zip(SIZE_CLASS_MIN..=SIZE_CLASS_MAX) {
             *slot = create(
@@ -122,6 +132,7 @@ impl SimMaps {
             outers,
             unwind_info,
             interpreter_offsets,
+            process_mappings,
             faults: FaultPlan::default(),
         })
     }
@@ -229,6 +240,7 @@ impl SimMaps {
                 .collect(),
             unwind_infos: self.unwind_infos(),
             interpreter_offsets: self.interpreter_offsets(),
+            process_mappings: self.process_mappings(),
             zeroed_ago: None,
         }
     }
@@ -246,10 +258,25 @@ impl SimMaps {
             .collect()
     }
 
+    /// Every `eim_process_mappings` entry, decoded (an entry that does not
+    /// decode is left out; only a corrupt writer makes one).
+    pub fn process_mappings(&self) -> BTreeMap<u32, ProcessMappings> {
+        decoded::<u32, ProcessMappings>(self.map(self.process_mappings))
+    }
+
+    /// Process `pid`'s mappings, as the unwinder reads them.
+    pub fn process(&self, pid: u32) -> Option<ProcessMappings> {
+        let value = self
+            .reg
+            .lookup(self.process_mappings, &pid.to_bytes())
+            .ok()?;
+        ProcessMappings::read(value)
+    }
+
     /// Inner delta arrays alive (published, or leaked if the count is
     /// higher than the number of published tables).
     pub fn live_inner_maps(&self) -> usize {
-        self.reg.live().saturating_sub(3 + SIZE_CLASS_COUNT)
+        self.reg.live().saturating_sub(4 + SIZE_CLASS_COUNT)
     }
 
     /// Number of published delta tables over all classes.
@@ -452,6 +479,34 @@ impl OpTarget for SimMaps {
         self.reg
             .delete(self.interpreter_offsets, &file_id.0.to_bytes())
             .map_err(|errno| OpFailure::new(errno, 0))
+    }
+
+    fn put_process_mappings(
+        &mut self,
+        pid: u32,
+        mappings: &ProcessMappings,
+    ) -> Result<(), OpFailure> {
+        self.reg
+            .update(
+                self.process_mappings,
+                &pid.to_bytes(),
+                &mappings.to_bytes(),
+                BPF_ANY,
+            )
+            .map_err(|errno| OpFailure::new(errno, 0))
+    }
+
+    fn delete_process_mappings(&mut self, pid: u32) -> Result<(), OpFailure> {
+        self.reg
+            .delete(self.process_mappings, &pid.to_bytes())
+            .map_err(|errno| OpFailure::new(errno, 0))
+    }
+}
+
+/// The unwinder's PC-to-mapping step, over the simulated map.
+impl eim_core::unwind::Mappings for SimMaps {
+    fn find(&self, pid: u32, pc: u64) -> Option<abi::ProcessMapping> {
+        self.process(pid)?.find(pc).copied()
     }
 }
 

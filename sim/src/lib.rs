@@ -88,6 +88,7 @@ pub mod shrink;
 pub mod slot_watch;
 pub mod synth;
 pub mod trace;
+pub mod unwind;
 pub mod watch;
 pub mod workload;
 pub mod world;

@@ -25,6 +25,7 @@ mod lookup;
 mod man;
 mod out;
 mod scan;
+mod stack;
 mod status;
 mod stop;
 mod synth;
@@ -72,6 +73,10 @@ enum Command {
     /// Which file, file id, page and unwind info the unwinder uses at each
     /// address (of a process with --pid, else of an ELF file).
     Lookup(lookup::LookupArgs),
+    /// Print every thread's stack of a process (like pstack), unwound with
+    /// eim's tables: the process's files are loaded, its threads stopped
+    /// for the walk, and the frames symbolized from the files' symbols.
+    Stack(stack::StackArgs),
     /// Print what eim knows about each ELF file: file ids, delta count,
     /// C-library TSD (the oracle's `.tsd` line) and DTV layouts, and the
     /// interpreter loaders that recognise it.
@@ -167,6 +172,7 @@ fn main() -> ExitCode {
         Command::Scan(args) => ("scan", scan::run(args)),
         Command::Watch(args) => ("watch", watch::run(args)),
         Command::Lookup(args) => ("lookup", lookup::run(args)),
+        Command::Stack(args) => ("stack", stack::run(args)),
         Command::Inspect(args) => ("inspect", each(|out| inspect::run(args, out))),
         Command::Loaders(args) => ("loaders", each(|out| loaders::run(args, out))),
         Command::Status(args) => ("status", status::run(args)),

@@ -14,4 +14,5 @@ pub mod mappings;
 pub mod open;
 pub mod procs;
 pub mod scan;
+pub mod segments;
 pub mod watch;

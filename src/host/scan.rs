@@ -32,10 +32,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use eim_core::abi::ProcessMapping;
 use eim_core::elf::fileid::FileId128;
 use eim_core::manager::Config;
 use eim_core::manager::MonotonicClock;
 use eim_core::metrics::{self, MetricId};
+use eim_core::ops::{Backend, MapOp};
+use eim_core::process_maps::ProcessMapTable;
 use eim_core::provider::ExtractErrorKind;
 use eim_core::tracking::Work;
 use eim_core::{Error, ExecutableInfo, ExecutableInfoManager, FileId, Tracers};
@@ -46,6 +49,7 @@ use crate::host::fileids::FileIdCache;
 use crate::host::mappings::{MappingKey, ProcessEntry, ProcessTable, Resolution};
 use crate::host::open::{self, OpenError, OpenStrategy};
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
+use crate::host::segments::{self, LoadSegment};
 use crate::{ElfFileRef, ElfProvider};
 
 mod restart;
@@ -164,6 +168,8 @@ pub struct FileRecord {
     /// Paths seen beyond [`MAX_PATHS`] (not kept).
     pub more_paths: usize,
     pub size: u64,
+    /// Its loadable segments, which give each mapping of it its bias.
+    pub segments: Vec<LoadSegment>,
     /// What the manager reported when it was last loaded.
     pub info: Option<ExecutableInfo>,
 }
@@ -206,6 +212,10 @@ pub struct Counters {
     pub exited: u64,
     /// Files unloaded by the delayed-unload cleanup.
     pub unloaded_after_delay: u64,
+    /// `eim_process_mappings` entries written (put or deleted), and the
+    /// writes the kernel refused (retried at the process's next read).
+    pub process_mappings_written: u64,
+    pub process_mapping_errors: u64,
 }
 
 /// What the last step saw.
@@ -369,6 +379,8 @@ pub struct Host<B: Inspect> {
     metric_totals: BTreeMap<MetricId, u64>,
     /// What the warm restart that started this host did.
     restarted: Option<Reconciled>,
+    /// What `eim_process_mappings` holds for each process.
+    process_maps: ProcessMapTable,
     /// Where the current step's time went so far.
     clock: StepClock,
 }
@@ -409,6 +421,7 @@ impl<B: Inspect> Host<B> {
             metric_totals: BTreeMap::new(),
             clock: StepClock::default(),
             restarted: None,
+            process_maps: ProcessMapTable::new(),
         }
     }
 
@@ -599,6 +612,7 @@ impl<B: Inspect> Host<B> {
                 Scope::Named { .. } => pids.into_iter().filter(|p| !alive.contains(p)).collect(),
             };
             for pid in gone {
+                self.forget_process_mappings(pid);
                 if let Some(entry) = self.processes.remove(pid) {
                     report.exited += 1;
                     self.counters.exited += 1;
@@ -610,6 +624,13 @@ impl<B: Inspect> Host<B> {
                     }
                     releases.extend(entry.held);
                 }
+            }
+        }
+        if matches!(scope, Scope::Host) && !report.interrupted {
+            // Entries found at start (or left unknown by a failure) that
+            // this full pass did not write belong to no followed process.
+            for op in self.process_maps.sweep() {
+                self.apply_process_op(op);
             }
         }
         // After the loads, so a file passing from one process to another
@@ -751,6 +772,10 @@ impl<B: Inspect> Host<B> {
             });
         }
         entry.keep_mappings(&current);
+        let list = self.process_mapping_list(&entry, &mappings.files);
+        if let Some(op) = self.process_maps.set(pid as u32, list) {
+            self.apply_process_op(op);
+        }
         let changes = entry.changes(&mapped);
         for id in changes.release {
             entry.held.remove(&id);
@@ -834,6 +859,9 @@ impl<B: Inspect> Host<B> {
                 paths: Vec::new(),
                 more_paths: 0,
                 size: opened.identity.size,
+                // A file whose headers cannot be read has no bias: its
+                // mappings are left out of the unwinder's table.
+                segments: segments::load_segments(&opened.file).unwrap_or_default(),
                 info: None,
             }
         });
@@ -954,11 +982,70 @@ impl<B: Inspect> Host<B> {
         }
     }
 
+    /// Process `pid`'s executable file mappings as the unwinder needs them:
+    /// those resolved to a file whose segments give their bias.
+    fn process_mapping_list(
+        &self,
+        entry: &ProcessEntry,
+        files: &[ExecMapping],
+    ) -> Vec<ProcessMapping> {
+        files
+            .iter()
+            .filter_map(|m| {
+                let Resolution::File(id) = entry.mappings.get(&MappingKey::of(m))? else {
+                    return None;
+                };
+                let record = self.files.get(id)?;
+                Some(ProcessMapping {
+                    start: m.start,
+                    end: m.end,
+                    file_offset: m.offset,
+                    bias: segments::bias(&record.segments, m.start, m.offset)?,
+                    file_id: id.0,
+                })
+            })
+            .collect()
+    }
+
+    /// Deletes process `pid`'s `eim_process_mappings` entry, if it has one.
+    fn forget_process_mappings(&mut self, pid: i32) {
+        if let Some(op) = self.process_maps.remove(pid as u32) {
+            self.apply_process_op(op);
+        }
+    }
+
+    /// Applies an op of [`ProcessMapTable`]. A refused write is logged and
+    /// counted, and the entry marked unknown: the process's next read
+    /// writes it again, a full pass deletes it if the process is gone. A
+    /// delete of an absent entry is no failure.
+    fn apply_process_op(&mut self, op: MapOp) {
+        let pid = match &op {
+            MapOp::PutProcessMappings { pid, .. } | MapOp::DeleteProcessMappings { pid } => *pid,
+            _ => return,
+        };
+        self.counters.process_mappings_written += 1;
+        match self.manager.with_backend(|b| b.apply(&op)) {
+            Ok(()) => {}
+            Err(f) if op.is_delete() && f.errno.0 == libc::ENOENT => {}
+            Err(f) => {
+                tracing::warn!(pid, map = %op.map(), errno = %f.errno, "{} failed", op.name());
+                self.counters.process_mapping_errors += 1;
+                self.process_maps.failed(pid);
+            }
+        }
+    }
+
+    /// The `eim_process_mappings` entries written, by pid.
+    pub fn process_maps(&self) -> &ProcessMapTable {
+        &self.process_maps
+    }
+
     /// Releases every reference of every process (the maps then hold only
     /// files waiting out a delayed unload, or nothing).
     pub fn release_all(&mut self) {
         let pids: Vec<i32> = self.processes.gone(&HashSet::new());
         for pid in pids {
+            self.forget_process_mappings(pid);
             if let Some(entry) = self.processes.remove(pid) {
                 for id in entry.held {
                     self.release(id);

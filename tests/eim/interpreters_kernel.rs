@@ -488,6 +488,7 @@ impl Maps for SimMaps {
                 .collect(),
             unwind_infos: self.unwind_infos(),
             interpreter_offsets: self.interpreter_offsets(),
+            process_mappings: self.process_mappings(),
             live_inner_maps: self.live_inner_maps(),
         }
     }

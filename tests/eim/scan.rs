@@ -725,3 +725,83 @@ fn kernel_backend_without_privileges_says_what_is_missing() {
     assert!(err.contains("missing CAP_BPF"), "{err}");
     assert!(err.contains("Run as root"), "{err}");
 }
+
+/// The PC of a thread asleep in a syscall (`/proc/PID/syscall`'s last
+/// field), waiting until it is.
+fn pc_in_syscall(pid: i32) -> u64 {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        let fields: Vec<&str> = text.split_whitespace().collect();
+        if fields.len() == 9 {
+            if let Some(pc) = fields[8]
+                .strip_prefix("0x")
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            {
+                return pc;
+            }
+        }
+        assert!(started.elapsed() < DEADLINE, "{pid} never slept: {text:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_process_mapping_table_follows_each_process_and_gives_the_right_bias() {
+    use object::{Object, ObjectSymbol};
+    let sleep = spawn(Command::new("sleep").arg("300"));
+    wait_for_mapping(sleep.pid(), "libc.so.6");
+    let pc = pc_in_syscall(sleep.pid());
+    let mut host = host_of(&[sleep.pid()], None);
+    step(&mut host);
+    let pid = sleep.pid() as u32;
+    let entry = host
+        .with_backend(|m| m.process(pid))
+        .expect("an eim_process_mappings entry for sleep");
+    let held = host
+        .held_by(sleep.pid())
+        .expect("sleep is followed")
+        .clone();
+    let named: BTreeSet<FileId> = entry.mappings.iter().map(|m| FileId(m.file_id)).collect();
+    assert_eq!(named, held, "every file it holds, and only those");
+    assert!(entry.is_well_formed());
+
+    // The PC's ELF address, by the entry's bias, is inside a function of
+    // the file the maps name, by that file's own symbol table.
+    let mapping = entry.find(pc).expect("the PC's mapping");
+    let maps = procs::exec_mappings(sleep.pid()).expect("maps");
+    let path = &maps
+        .files
+        .iter()
+        .find(|m| m.start == mapping.start)
+        .expect("the same mapping in /proc")
+        .path;
+    assert!(path.to_string_lossy().contains("libc.so"), "{path:?}");
+    let bytes = std::fs::read(path).expect("libc");
+    assert_eq!(file_id_of(&bytes).host(), FileId(mapping.file_id));
+    let file = object::File::parse(&*bytes).expect("libc parses");
+    let address = pc - mapping.bias;
+    let inside = file
+        .dynamic_symbols()
+        .chain(file.symbols())
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+        .find(|s| s.address() <= address && address < s.address() + s.size());
+    // sleep(1) sleeps in clock_nanosleep: an address off by a page or a
+    // segment would land in another function.
+    let name = inside.and_then(|s| s.name().ok().map(str::to_string));
+    assert!(
+        name.as_deref().is_some_and(|n| n.contains("nanosleep")),
+        "{address:#x} (pc {pc:#x} - bias {:#x}) is in {name:?} of {path:?}, not the sleep call",
+        mapping.bias
+    );
+
+    sleep.stop();
+    step(&mut host);
+    assert_eq!(
+        host.with_backend(|m| m.process(pid)),
+        None,
+        "deleted at exit"
+    );
+    assert!(host.with_backend(|m| m.process_mappings().is_empty()));
+    assert_eq!(host.counters().process_mapping_errors, 0);
+}

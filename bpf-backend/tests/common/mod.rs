@@ -57,6 +57,7 @@ pub fn sim_dump(s: &SimMaps) -> Dump {
             .collect(),
         unwind_infos: s.unwind_infos(),
         interpreter_offsets: s.interpreter_offsets(),
+        process_mappings: s.process_mappings(),
         live_inner_maps: s.live_inner_maps(),
     }
 }

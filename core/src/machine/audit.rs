@@ -90,6 +90,8 @@ pub enum MapViolation {
         "the class {map_id} table of file {file_id} is published but no page entry leads to it"
     )]
     OrphanTable { file_id: FileId, map_id: u16 },
+    #[error("the eim_process_mappings entry of process {pid} is not sorted by start, has an empty range or overlapping ones: the unwinder's bisection can miss its mappings")]
+    MalformedProcessMappings { pid: u32 },
 }
 
 /// What [`audit`] found.
@@ -230,6 +232,11 @@ pub fn audit(observed: &Observed, unwind_slots: u32) -> MapsAudit {
             }
         }
     }
+    for (pid, mappings) in &observed.process_mappings {
+        if !mappings.is_well_formed() {
+            violations.insert(MapViolation::MalformedProcessMappings { pid: *pid });
+        }
+    }
     MapsAudit {
         files: files.into_values().collect(),
         slots_holding_rules,
@@ -296,6 +303,7 @@ impl MapViolation {
             Self::ZeroSlot { .. } => "zero_slot",
             Self::DuplicateRule { .. } => "duplicate_rule",
             Self::OrphanTable { .. } => "orphan_table",
+            Self::MalformedProcessMappings { .. } => "malformed_process_mappings",
         }
     }
 
@@ -309,7 +317,7 @@ impl MapViolation {
             | Self::SlotOutOfRange { file_id, .. }
             | Self::ZeroSlot { file_id, .. }
             | Self::OrphanTable { file_id, .. } => Some(*file_id),
-            Self::DuplicateRule { .. } => None,
+            Self::DuplicateRule { .. } | Self::MalformedProcessMappings { .. } => None,
         }
     }
 }

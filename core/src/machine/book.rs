@@ -682,9 +682,13 @@ impl KernelBook {
                 MapOp::PutInterpreterOffsets { file_id, .. } => {
                     undo.push(MapOp::DeleteInterpreterOffsets { file_id: *file_id })
                 }
+                // A load plan holds no process mappings (the host writes
+                // them, not the manager); deletes need no undo.
                 MapOp::DeletePages(_)
                 | MapOp::DeleteDeltaTable { .. }
-                | MapOp::DeleteInterpreterOffsets { .. } => {}
+                | MapOp::DeleteInterpreterOffsets { .. }
+                | MapOp::PutProcessMappings { .. }
+                | MapOp::DeleteProcessMappings { .. } => {}
             }
         }
         undo.reverse();

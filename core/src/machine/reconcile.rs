@@ -36,6 +36,10 @@ pub struct Observed {
     /// `unwind_info_array` from slot 0 (zero slots may be left out at the end).
     pub unwind_infos: Vec<UnwindInfo>,
     pub interpreter_offsets: BTreeMap<FileId, OffsetRange>,
+    /// `eim_process_mappings`, by pid. The manager adopts none of it (the
+    /// host writes these, whole, for the processes it follows); a warm
+    /// restart's first pass replaces them and deletes the rest.
+    pub process_mappings: BTreeMap<u32, abi::ProcessMappings>,
     /// How long before the dump a zero was last written into an unwind
     /// slot, as the backend recorded it (`Some(Duration::MAX)`: never).
     /// Only a rollback zeroes slots, right after it unpublished the table

@@ -229,6 +229,12 @@ pub trait Mappings {
     fn find(&self, pid: u32, pc: u64) -> Option<ProcessMapping>;
 }
 
+mod arm64;
+mod walk;
+mod x86;
+
+pub use arm64::normalize_pac;
+pub use walk::{unwind, LOOKUP_ERR_STACK_DELTA_INVALID};
 /// A thread's registers and a copy of its stack memory from `stack_base`
 /// (at most [`CAPTURE_STACK`] bytes): the input of an unwind over captured
 /// memory (`EimCapture`), in the kernel or in the model.

@@ -27,6 +27,7 @@ use std::time::Instant;
 use eim_core::machine::{Observed, ReconcileError};
 use eim_core::manager::{MonotonicClock, RestartRefused};
 use eim_core::ops::MapKind;
+use eim_core::process_maps::ProcessMapTable;
 use eim_core::{ExecutableInfoManager, FileId};
 
 use super::{cause_of, host_elf_ref, Host, Identified, Problem, ProblemKind, StepReport};
@@ -102,6 +103,9 @@ impl<B: Inspect> Host<B> {
     ) -> Result<Self, RestartFailed<B>> {
         let started = Instant::now();
         let mut host = Self::new(backend, config);
+        // Rewritten by the first full step, or deleted by it.
+        let mut process_maps = ProcessMapTable::new();
+        process_maps.adopt(observed.process_mappings.clone());
         let mapped = match host.walk_for_restart(stop) {
             Ok(mapped) => mapped,
             Err(why) => {
@@ -127,6 +131,7 @@ impl<B: Inspect> Host<B> {
             metric_totals,
             restarted: _,
             clock,
+            process_maps: _,
         } = host;
         let (provider, backend) = manager.into_parts();
         let strategy = config.strategy;
@@ -252,6 +257,7 @@ impl<B: Inspect> Host<B> {
             metric_totals,
             restarted: Some(reconciled),
             clock,
+            process_maps,
         })
     }
 

@@ -30,6 +30,7 @@ const CORE_LAYERS: &[(&str, &[&str])] = &[
             "deltas",
             "encode",
             "ops",
+            "process_maps",
             "machine",
             "driver",
             "text",

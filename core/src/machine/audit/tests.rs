@@ -238,3 +238,35 @@ fn reached_indices_cover_each_index_once_and_the_zero_tail_once() {
     assert_eq!(reached_indices(&mut [(12, 20), (15, 30)], 10), [12]);
     assert_eq!(reached_indices(&mut [(3, 3)], 10), Vec::<u32>::new());
 }
+
+#[test]
+fn process_mappings_the_bisection_could_miss_are_reported() {
+    let m = |start, end| abi::ProcessMapping {
+        start,
+        end,
+        file_offset: 0,
+        bias: start,
+        file_id: 7,
+    };
+    let mut o = consistent();
+    o.process_mappings.insert(
+        10,
+        abi::ProcessMappings {
+            mappings: vec![m(0x1000, 0x2000), m(0x2000, 0x3000)],
+        },
+    );
+    assert!(audit(&o, 16).is_consistent(), "adjacent ranges are fine");
+    for bad in [
+        vec![m(0x2000, 0x3000), m(0x1000, 0x2000)],
+        vec![m(0x1000, 0x2800), m(0x2000, 0x3000)],
+        vec![m(0x1000, 0x1000)],
+    ] {
+        let mut o = consistent();
+        o.process_mappings
+            .insert(11, abi::ProcessMappings { mappings: bad });
+        assert_eq!(
+            only(&o, 16),
+            MapViolation::MalformedProcessMappings { pid: 11 }
+        );
+    }
+}

@@ -1,0 +1,279 @@
+//! The simulated kernel as the native unwinder's world: [`SimReader`] as
+//! its [`Rules`] (the same `get_stack_delta` the BPF side runs, answering
+//! with `lookup.h`'s codes), the target's memory as a core [`Capture`] of a thread's
+//! registers and stack, and [`ProcessTable`] as its [`Mappings`].
+//!
+//! With these, `eim_core::unwind::unwind` walks a stack over the simulated
+//! maps exactly as the BPF unwinder walks it over the kernel's.
+
+use std::collections::HashMap;
+
+use eim_core::abi::{ProcessMapping, ProcessMappings};
+use eim_core::unwind::{Mappings, Rule, Rules};
+use eim_core::FileId;
+
+use crate::reader::{LookupError, Resolved, SimReader};
+
+/// `EIM_LOOKUP_ERR_*` (`bpf/lookup.h`): the code the BPF lookup reports
+/// for each [`LookupError`].
+pub mod lookup_code {
+    pub const TEXT_SECTION: u32 = 1;
+    pub const OUTER_MAP: u32 = 2;
+    pub const INNER_MAP: u32 = 3;
+    pub const ITERATIONS: u32 = 4;
+    pub const RANGE: u32 = 5;
+    pub const STACK_DELTA_INVALID: u32 = 6;
+    pub const BAD_UNWIND_INFO_INDEX: u32 = 7;
+
+    /// The `ERR_NATIVE_*` name of a code (what [`super::LookupError::code`]
+    /// says for the error with that code).
+    pub fn name(code: u32) -> Option<&'static str> {
+        Some(match code {
+            TEXT_SECTION => "ERR_NATIVE_LOOKUP_TEXT_SECTION",
+            OUTER_MAP => "ERR_NATIVE_LOOKUP_STACK_DELTA_OUTER_MAP",
+            INNER_MAP => "ERR_NATIVE_LOOKUP_STACK_DELTA_INNER_MAP",
+            ITERATIONS => "ERR_NATIVE_EXCEEDED_DELTA_LOOKUP_ITERATIONS",
+            RANGE => "ERR_NATIVE_LOOKUP_RANGE",
+            STACK_DELTA_INVALID => "ERR_NATIVE_STACK_DELTA_INVALID",
+            BAD_UNWIND_INFO_INDEX => "ERR_NATIVE_BAD_UNWIND_INFO_INDEX",
+            _ => return None,
+        })
+    }
+}
+
+impl LookupError {
+    /// The `EIM_LOOKUP_ERR_*` number of this error.
+    pub fn lookup_code(&self) -> u32 {
+        match self {
+            Self::TextSection { .. } => lookup_code::TEXT_SECTION,
+            Self::OuterMap { .. } => lookup_code::OUTER_MAP,
+            Self::InnerMap { .. } => lookup_code::INNER_MAP,
+            Self::Iterations { .. } => lookup_code::ITERATIONS,
+            Self::Range { .. } => lookup_code::RANGE,
+            Self::StackDeltaInvalid { .. } => lookup_code::STACK_DELTA_INVALID,
+            Self::BadUnwindInfoIndex { .. } => lookup_code::BAD_UNWIND_INFO_INDEX,
+        }
+    }
+}
+
+impl Rules for SimReader<'_> {
+    fn rule(&self, file_id: u64, address: u64) -> Result<Rule, u32> {
+        match self.lookup(FileId(file_id), address) {
+            Ok(Resolved::Stop) => Ok(Rule::Stop),
+            Ok(Resolved::Command(command)) => Ok(Rule::Command(command)),
+            Ok(Resolved::Rule { info, .. }) => Ok(Rule::Info(info)),
+            Err(e) => Err(e.lookup_code()),
+        }
+    }
+}
+
+/// Processes' executable file mappings in memory (what
+/// `eim_process_mappings` holds in the kernel).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessTable {
+    processes: HashMap<u32, ProcessMappings>,
+}
+
+impl ProcessTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets `pid`'s mappings, sorted by start as the unwinder expects.
+    pub fn insert(&mut self, pid: u32, mut mappings: Vec<ProcessMapping>) {
+        mappings.sort_by_key(|m| m.start);
+        self.processes.insert(pid, ProcessMappings { mappings });
+    }
+
+    pub fn get(&self, pid: u32) -> Option<&ProcessMappings> {
+        self.processes.get(&pid)
+    }
+}
+
+impl Mappings for ProcessTable {
+    fn find(&self, pid: u32, pc: u64) -> Option<ProcessMapping> {
+        self.processes.get(&pid)?.find(pc).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use eim_core::abi::{opcode, UnwindInfo};
+    use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+    use eim_core::provider::MemoryProvider;
+    use eim_core::unwind::{frame_flag, unwind, Arch, Capture, Frame, Memory, Regs, StopReason};
+    use eim_core::{ExecutableInfoManager, Tracers};
+
+    use super::*;
+    use crate::kernel::{SimConfig, SimMaps};
+
+    const FILE: u64 = 0x77;
+    const BIAS: u64 = 0x5555_0000_0000;
+    const PID: u32 = 100;
+
+    /// A file with `main` (0x1000: STOP), `f` (0x1100: CFA = sp + 16, with
+    /// a merged `ret` tail) and its INVALID end, loaded into simulated maps
+    /// by the manager, as the host side loads files.
+    fn maps() -> SimMaps {
+        let mut deltas = IntervalData::new();
+        deltas.add(StackDelta::new(0x1000, hint::KEEP, info::STOP));
+        deltas.add(StackDelta::new(0x1100, hint::KEEP, info::sp(16)));
+        deltas.add(StackDelta::new(0x1120, hint::KEEP, info::sp(8)));
+        deltas.add(StackDelta::new(0x1121, hint::KEEP, info::sp(16)));
+        deltas.add(StackDelta::new(0x1140, hint::GAP, info::INVALID));
+        let provider = MemoryProvider::new();
+        provider.insert(FileId(FILE), deltas);
+        let sim = SimMaps::new(SimConfig::default()).expect("default config");
+        let manager = ExecutableInfoManager::new(provider, sim, Tracers::none());
+        manager
+            .add_or_inc_ref(FileId(FILE), &FileId(FILE))
+            .expect("loads");
+        manager.with_backend(|sim| sim.clone())
+    }
+
+    fn table() -> ProcessTable {
+        let mut table = ProcessTable::new();
+        table.insert(
+            PID,
+            vec![ProcessMapping {
+                start: BIAS + 0x1000,
+                end: BIAS + 0x2000,
+                file_offset: 0x1000,
+                bias: BIAS,
+                file_id: FILE,
+            }],
+        );
+        table
+    }
+
+    fn capture(pc: u64, words: &[u64]) -> Capture {
+        Capture {
+            pid: PID,
+            tid: PID + 1,
+            regs: Regs {
+                pc,
+                sp: 0x7ff0_0000,
+                ..Regs::zero(Arch::X86_64)
+            },
+            stack_base: 0x7ff0_0000,
+            stack: words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_twin_walks_a_captured_stack_over_simulated_maps() {
+        let sim = maps();
+        let reader = SimReader::new(&sim);
+        // f at 0x1110 (CFA = sp + 16), called from main at 0x1010.
+        let c = capture(BIAS + 0x1110, &[0xdead, BIAS + 0x1010]);
+        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &table());
+        assert_eq!(stack.stop, StopReason::End);
+        let frame = |address, flags| Frame {
+            pc: BIAS + address,
+            file_id: FILE,
+            address,
+            flags,
+        };
+        assert_eq!(
+            stack.frames,
+            vec![frame(0x1110, 0), frame(0x1010, frame_flag::RETURN_ADDRESS)]
+        );
+        // At the `ret` (0x1120, sp + 8) the return address is the first word.
+        let c = capture(BIAS + 0x1120, &[BIAS + 0x1010]);
+        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &table());
+        assert_eq!(stack.stop, StopReason::End);
+        assert_eq!(stack.frames.len(), 2);
+    }
+
+    #[test]
+    fn lookup_errors_arrive_with_their_codes() {
+        let sim = maps();
+        let reader = SimReader::new(&sim);
+        assert_eq!(
+            reader.rule(FILE, 0x1150),
+            Err(lookup_code::STACK_DELTA_INVALID)
+        );
+        assert_eq!(
+            reader.rule(FILE + 1, 0x1150),
+            Err(lookup_code::TEXT_SECTION)
+        );
+        assert_eq!(reader.rule(FILE, 0x1000), Ok(Rule::Stop));
+        assert_eq!(
+            reader.rule(FILE, 0x1130),
+            Ok(Rule::Info(UnwindInfo::new(opcode::BASE_SP, 16, 0, 0)))
+        );
+        // The walk reports an INVALID delta as its own reason.
+        let c = capture(BIAS + 0x1150, &[]);
+        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &table());
+        assert_eq!(stack.stop, StopReason::Invalid);
+        // A read past the capture fails: CFA = sp + 16 needs 16 bytes.
+        let c = capture(BIAS + 0x1110, &[0]);
+        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &table());
+        assert_eq!(stack.stop, StopReason::ReadError);
+    }
+
+    #[test]
+    fn code_names_agree_with_the_errors() {
+        let file_id = FileId(1);
+        let errors = [
+            LookupError::TextSection { file_id, page: 0 },
+            LookupError::OuterMap {
+                file_id,
+                page: 0,
+                map_id: 0,
+            },
+            LookupError::InnerMap {
+                file_id,
+                page: 0,
+                map_id: 0,
+            },
+            LookupError::Iterations {
+                file_id,
+                page: 0,
+                first_delta: 0,
+                num_deltas: 0,
+            },
+            LookupError::Range {
+                file_id,
+                page: 0,
+                index: 0,
+            },
+            LookupError::StackDeltaInvalid {
+                file_id,
+                address: 0,
+                index: 0,
+            },
+            LookupError::BadUnwindInfoIndex {
+                file_id,
+                index: 0,
+                slot: 0,
+            },
+        ];
+        let mut codes: Vec<u32> = errors.iter().map(|e| e.lookup_code()).collect();
+        for e in &errors {
+            assert_eq!(lookup_code::name(e.lookup_code()), Some(e.code()));
+        }
+        codes.dedup();
+        assert_eq!(codes, (1..=7).collect::<Vec<_>>());
+        assert_eq!(lookup_code::name(0), None);
+        assert_eq!(lookup_code::name(8), None);
+    }
+
+    #[test]
+    fn capture_reads_only_inside_its_copy() {
+        let c = capture(0, &[1, 2]);
+        assert_eq!(c.read_u64(c.stack_base), Some(1));
+        assert_eq!(c.read_u64(c.stack_base + 8), Some(2));
+        assert_eq!(c.read_u64(c.stack_base + 9), None);
+        assert_eq!(c.read_u64(c.stack_base - 1), None);
+        assert_eq!(c.read_u64(u64::MAX), None);
+    }
+
+    #[test]
+    fn process_table_finds_by_pid_and_range() {
+        let t = table();
+        assert_eq!(t.find(PID, BIAS + 0x1000).map(|m| m.file_id), Some(FILE));
+        assert_eq!(t.find(PID, BIAS + 0x2000), None);
+        assert_eq!(t.find(PID + 1, BIAS + 0x1000), None);
+    }
+}

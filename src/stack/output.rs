@@ -1,0 +1,141 @@
+//! What `eim stack` prints: per thread its name, its frames with file and
+//! symbol, and why the walk stopped; as text (pstack's layout) or JSON.
+
+use std::fmt::Write as _;
+
+use eim_core::unwind::{frame_flag, Frame, Stack, StopReason};
+use eim_sim::unwind::lookup_code;
+use serde::Serialize;
+
+use super::mapping_of;
+use super::symbols::Symbolizer;
+use crate::host::procs::ExecMapping;
+
+/// One process's stacks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProcessStacks {
+    pub pid: i32,
+    pub backend: &'static str,
+    pub threads: Vec<ThreadStack>,
+}
+
+/// One thread's stack.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ThreadStack {
+    pub tid: u32,
+    pub comm: String,
+    /// [`StopReason::name`].
+    pub stop: &'static str,
+    /// For `no-delta`: the lookup's `ERR_NATIVE_*` name.
+    pub stop_detail: Option<&'static str>,
+    pub frames: Vec<StackFrame>,
+}
+
+/// One frame.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StackFrame {
+    pub pc: u64,
+    /// The mapped file's path (as the process sees it).
+    pub file: Option<String>,
+    /// The host file id the unwinder found, 16 hex digits.
+    pub file_id: Option<String>,
+    /// The ELF address the unwinder computed.
+    pub address: Option<u64>,
+    pub symbol: Option<String>,
+    pub symbol_offset: Option<u64>,
+}
+
+fn comm(pid: i32, tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .map(|s| s.trim_end_matches('\n').to_owned())
+        .unwrap_or_default()
+}
+
+pub(super) fn thread_stack(
+    pid: i32,
+    stack: &Stack,
+    mappings: &[ExecMapping],
+    symbolizer: &mut Symbolizer,
+) -> ThreadStack {
+    ThreadStack {
+        tid: stack.tid,
+        comm: comm(pid, stack.tid),
+        stop: stack.stop.name(),
+        stop_detail: match stack.stop {
+            StopReason::NoDelta(code) => Some(lookup_code::name(code).unwrap_or("ERR_UNKNOWN")),
+            _ => None,
+        },
+        frames: stack
+            .frames
+            .iter()
+            .map(|f| frame(pid, f, mappings, symbolizer))
+            .collect(),
+    }
+}
+
+fn frame(pid: i32, f: &Frame, mappings: &[ExecMapping], symbolizer: &mut Symbolizer) -> StackFrame {
+    let known = f.file_id != 0;
+    let mut out = StackFrame {
+        pc: f.pc,
+        file: None,
+        file_id: known.then(|| format!("{:016x}", f.file_id)),
+        address: known.then_some(f.address),
+        symbol: None,
+        symbol_offset: None,
+    };
+    let Some(m) = mapping_of(mappings, f.pc) else {
+        return out;
+    };
+    out.file = Some(m.path.to_string_lossy().into_owned());
+    let symbols = match symbolizer.file(pid, m) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!("{e}");
+            return out;
+        }
+    };
+    // The ELF address from the file itself (also for a frame the unwinder
+    // found in no mapping it knew).
+    let Some(address) = symbols.elf_address(m, f.pc) else {
+        return out;
+    };
+    // A return address may be the first byte after a call that ends its
+    // function: its function is the one of the byte before.
+    let probe = if f.flags & frame_flag::RETURN_ADDRESS != 0 {
+        address.saturating_sub(1)
+    } else {
+        address
+    };
+    if let Some((name, offset)) = symbols.symbol_at(probe) {
+        out.symbol = Some(name.to_owned());
+        out.symbol_offset = Some(offset + (address - probe));
+    }
+    out
+}
+
+/// pstack's layout: a header per thread, one line per frame, then why the
+/// walk stopped.
+pub fn render_text(stacks: &ProcessStacks) -> String {
+    let mut s = String::new();
+    for t in &stacks.threads {
+        let _ = writeln!(s, "Thread {} ({}):", t.tid, t.comm);
+        for (i, f) in t.frames.iter().enumerate() {
+            let _ = write!(s, "#{i:<3} {:#018x}", f.pc);
+            match (&f.symbol, f.symbol_offset) {
+                (Some(name), Some(off)) => {
+                    let _ = write!(s, " {name}+{off:#x}");
+                }
+                _ => s.push_str(" ??"),
+            }
+            if let Some(file) = &f.file {
+                let _ = write!(s, " ({file})");
+            }
+            s.push('\n');
+        }
+        let _ = match t.stop_detail {
+            Some(detail) => writeln!(s, "stopped: {}: {detail}", t.stop),
+            None => writeln!(s, "stopped: {}", t.stop),
+        };
+    }
+    s
+}

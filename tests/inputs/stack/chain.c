@@ -1,0 +1,161 @@
+/*
+ * A native program that stops at known points for tests/eim/stack: gdb's
+ * backtrace of it is the ground truth `eim stack` is compared with.
+ *
+ * Built by the test with `cc -O2 -fomit-frame-pointer` and no -g: only
+ * the CFI (.eh_frame, on by default) describes the frames, as on a
+ * production host. noinline and the asm barriers keep every function a
+ * frame of its own (no inlining, no tail call, no recursion turned into a
+ * loop).
+ *
+ * argv[1] is the scenario:
+ *   chain    main -> a -> b -> qsort (a PLT call into libc) -> cmp -> c,
+ *            which parks;
+ *   recurse  main -> recurse x DEPTH, the deepest parks;
+ *   signal   main -> raise_usr1 -> raise(SIGUSR1); the handler (installed
+ *            with sigaction) parks.
+ * Every scenario also starts a second thread blocked in read() on a pipe
+ * nobody writes. Each stopped thread writes "ready <what>\n" to stdout
+ * right before it blocks; the test waits for "ready thread" and
+ * "ready <scenario>", then for every thread to sleep.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEPTH 200
+#define BARRIER() __asm__ volatile("" ::: "memory")
+
+static int idle_pipe[2];
+/* Never set: the parked loops could end, so no function is noreturn and
+ * the compiler keeps every caller's frame (a call to a noreturn function
+ * lets it drop the caller's frame or turn the recursion into a loop). */
+static volatile int released;
+
+static void announce(const char *what)
+{
+	char line[64] = "ready ";
+	size_t len = strlen(line);
+	size_t n = strlen(what);
+	if (n > sizeof line - len - 2)
+		n = sizeof line - len - 2;
+	memcpy(line + len, what, n);
+	len += n;
+	line[len++] = '\n';
+	if (write(1, line, len) != (ssize_t)len)
+		_exit(3);
+}
+
+/* The known point of the main thread: blocked in pause() forever. */
+__attribute__((noinline)) static void park(const char *what)
+{
+	announce(what);
+	while (!released)
+		pause();
+}
+
+__attribute__((noinline)) int c(void)
+{
+	park("chain");
+	BARRIER();
+	return 1;
+}
+
+__attribute__((noinline)) static int cmp(const void *x, const void *y)
+{
+	int r = c();
+	BARRIER();
+	return r + (*(const int *)x - *(const int *)y);
+}
+
+__attribute__((noinline)) int b(int *values, size_t n)
+{
+	qsort(values, n, sizeof *values, cmp);
+	BARRIER();
+	return values[0];
+}
+
+__attribute__((noinline)) int a(void)
+{
+	int values[2] = { 2, 1 };
+	int r = b(values, 2);
+	BARRIER();
+	return r + 1;
+}
+
+__attribute__((noinline)) int recurse(int n)
+{
+	/* A local live across the call: the frame cannot be reused. */
+	volatile int here = n;
+	if (n == 0) {
+		park("recurse");
+		return 0;
+	}
+	int r = recurse(n - 1);
+	/* `here` escapes: the frame lives until the call returns. */
+	__asm__ volatile("" ::"r"(&here) : "memory");
+	return r + here;
+}
+
+__attribute__((noinline)) static void on_usr1(int sig)
+{
+	(void)sig;
+	park("signal");
+	BARRIER();
+}
+
+__attribute__((noinline)) int raise_usr1(void)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_usr1;
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGUSR1, &sa, NULL) != 0)
+		_exit(4);
+	int r = raise(SIGUSR1);
+	BARRIER();
+	return r;
+}
+
+/* The known point of the second thread: blocked in read(). */
+__attribute__((noinline)) ssize_t blocked_in_read(void)
+{
+	char byte;
+	announce("thread");
+	ssize_t r = read(idle_pipe[0], &byte, 1);
+	BARRIER();
+	return r;
+}
+
+__attribute__((noinline)) static void *reader(void *arg)
+{
+	(void)arg;
+	while (!released)
+		blocked_in_read();
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	pthread_t thread;
+	if (argc != 2)
+		return 2;
+	/* The write end stays open: read() blocks instead of seeing EOF. */
+	if (pipe(idle_pipe) != 0)
+		return 5;
+	if (pthread_create(&thread, NULL, reader, NULL) != 0)
+		return 6;
+	int r;
+	if (strcmp(argv[1], "chain") == 0)
+		r = a();
+	else if (strcmp(argv[1], "recurse") == 0)
+		r = recurse(DEPTH);
+	else if (strcmp(argv[1], "signal") == 0)
+		r = raise_usr1();
+	else
+		return 2;
+	BARRIER();
+	return r;
+}
