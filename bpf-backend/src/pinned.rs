@@ -132,13 +132,6 @@ impl PinnedReader {
             loader.map_max_entries(&pin.name, pin.max_entries);
             loader.map_pin_path(&pin.name, dir.join(&pin.name));
         }
-        // The unwinder's process mappings, where the owner pins them; an
-        // owner that does not leaves the reader an empty map of its own
-        // (every PC then stops the walk as UNKNOWN_MAPPING).
-        let mappings = dir.join(eim_core::abi::map_name::PROCESS_MAPPINGS);
-        if mappings.exists() {
-            loader.map_pin_path(eim_core::abi::map_name::PROCESS_MAPPINGS, mappings);
-        }
         let mut ebpf = loader.load(LOOKUP_OBJECT)?;
         let program: &mut aya::programs::RawTracePoint = ebpf
             .program_mut(PROGRAM)

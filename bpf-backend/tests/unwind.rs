@@ -57,6 +57,13 @@ fn merged(mut info: UnwindInfo, merge: u8) -> UnwindInfo {
 
 /// KernelMaps holding the table above for FILE, and PID mapping it.
 fn kernel() -> KernelMaps {
+    let mut k = KernelMaps::new().expect("KernelMaps");
+    load_table(&mut k);
+    k
+}
+
+/// Writes the table above for FILE, and PID mapping it, into `k`.
+fn load_table(k: &mut KernelMaps) {
     let rules: [(u64, Result<UnwindInfo, u16>); 13] = [
         (A_SP16, Ok(UnwindInfo::new(opcode::BASE_SP, 16, 0, 0))),
         (
@@ -108,7 +115,6 @@ fn kernel() -> KernelMaps {
             unwind_info,
         });
     }
-    let mut k = KernelMaps::new().expect("KernelMaps");
     let ops = [
         MapOp::PutUnwindInfos(infos),
         MapOp::PutDeltaTable {
@@ -128,9 +134,6 @@ fn kernel() -> KernelMaps {
             },
         )]),
     ];
-    for op in &ops {
-        assert_eq!(k.apply(op), Ok(()), "{op:?}");
-    }
     let mappings = ProcessMappings {
         mappings: vec![
             // A neighbour below, so the bisection has more than one to search.
@@ -150,9 +153,13 @@ fn kernel() -> KernelMaps {
             },
         ],
     };
-    k.put_process_mappings(PID, &mappings)
-        .expect("eim_process_mappings");
-    k
+    let put = MapOp::PutProcessMappings {
+        pid: PID,
+        mappings: mappings.into(),
+    };
+    for op in ops.iter().chain([&put]) {
+        assert_eq!(k.apply(op), Ok(()), "{op:?}");
+    }
 }
 
 /// Stack memory under construction: u64s planted at addresses.
@@ -531,18 +538,19 @@ fn the_task_iterator_walks_each_thread_from_its_own_registers() {
     // with no deltas, to see the mapping found in the kernel.
     let (pc0, _) = syscall_pc_sp(tids[0]);
     let (start, end) = own_mapping(pc0);
-    k.put_process_mappings(
-        me,
-        &ProcessMappings {
-            mappings: vec![ProcessMapping {
-                start,
-                end,
-                file_offset: 0,
-                bias: start,
-                file_id: 99,
-            }],
-        },
-    )
+    let own = ProcessMappings {
+        mappings: vec![ProcessMapping {
+            start,
+            end,
+            file_offset: 0,
+            bias: start,
+            file_id: 99,
+        }],
+    };
+    k.apply(&MapOp::PutProcessMappings {
+        pid: me,
+        mappings: own.into(),
+    })
     .unwrap();
 
     let stacks = k.task_stacks(me).expect("task_stacks");
@@ -702,20 +710,22 @@ fn a_pinned_reader_runs_the_unwinder_over_the_pins() {
     }
     let dir = root.join(format!("eim-test-{}-unwind", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let owner = KernelMaps::with_config(KernelConfig {
+    let mut owner = KernelMaps::with_config(KernelConfig {
         pin_dir: Some(dir.clone()),
         ..KernelConfig::default()
     })
     .expect("pinned maps");
+    load_table(&mut owner);
     let mut reader = PinnedReader::open(&dir).expect("reader");
-    let m = Memory::new(0x100);
-    // The owner does not pin process mappings (yet): the reader's own map
-    // is empty, so the walk stops at the first PC.
-    let stack = reader
-        .unwind_capture(&m.capture(regs(Arch::X86_64, pc(STOP), STACK_BASE, 0)))
-        .expect("unwind_capture");
-    assert_eq!(stack.stop, StopReason::UnknownMapping);
-    assert_eq!(pcs(&stack), [pc(STOP)]);
+    // The owner's table and process mappings, read through the pins.
+    let s = STACK_BASE + 0x100;
+    let mut m = Memory::new(0x200);
+    m.put(s + 8, pc(STOP) + 1);
+    let capture = m.capture(regs(Arch::X86_64, pc(A_SP16) + 4, s, 0));
+    let stack = reader.unwind_capture(&capture).expect("unwind_capture");
+    assert_eq!(stack.stop, StopReason::End, "{stack:#x?}");
+    assert_eq!(pcs(&stack), [pc(A_SP16) + 4, pc(STOP) + 1]);
+    assert_eq!(stack, owner.unwind_capture(&capture).unwrap());
     let kthreadd = reader.task_stacks(2).expect("task_stacks");
     assert_eq!(kthreadd.len(), 1);
     assert_eq!(kthreadd[0].stop, StopReason::NoRegs);
