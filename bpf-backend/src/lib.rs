@@ -53,6 +53,9 @@
 //! * [`pinned`]: the pinned maps read without owning them (dumped, and
 //!   looked up by the lookup program over the pins: [`PinnedReader`]).
 //! * [`lookup`]: the lookup program's codes and result record.
+//! * [`unwind`]: the native unwinder's records, run over captured memory
+//!   and over a process's threads (task iterator); [`profile`]: the same
+//!   unwinder sampling user stacks on every CPU.
 //! * [`events`]: host events from the kernel (exec, fork, exit, new
 //!   executable mappings) through the events program's ring buffer, and
 //!   [`tracefs`], which its tracepoints need.
@@ -71,6 +74,7 @@ pub mod maps;
 pub mod pin;
 pub mod pinned;
 pub mod probe;
+pub mod profile;
 pub mod stats;
 pub mod sys;
 pub mod tracefs;

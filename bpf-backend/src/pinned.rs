@@ -138,6 +138,7 @@ impl PinnedReader {
             .ok_or_else(|| KernelError::Missing(format!("program {PROGRAM}")))?
             .try_into()?;
         program.load()?;
+        crate::unwind::load_capture(&mut ebpf)?;
         let result = take(&mut ebpf, RESULT_MAP)?;
         Ok(Self {
             dir,
@@ -171,5 +172,20 @@ impl PinnedReader {
     /// Runs the lookup program over the pins for `address` of `file_id`.
     pub fn lookup(&self, file_id: FileId, address: u64) -> Result<LookupResult, KernelError> {
         run_lookup(&self.ebpf, &self.result, file_id, address)
+    }
+
+    /// Runs the unwinder over the pins and `capture`
+    /// ([`KernelMaps::unwind_capture`](crate::KernelMaps::unwind_capture)).
+    pub fn unwind_capture(
+        &self,
+        capture: &eim_core::unwind::Capture,
+    ) -> Result<eim_core::unwind::Stack, KernelError> {
+        crate::unwind::run_capture(&self.ebpf, capture)
+    }
+
+    /// The stack of every thread of `pid`, walked over the pins
+    /// ([`KernelMaps::task_stacks`](crate::KernelMaps::task_stacks)).
+    pub fn task_stacks(&mut self, pid: u32) -> Result<Vec<eim_core::unwind::Stack>, KernelError> {
+        crate::unwind::task_stacks(&mut self.ebpf, pid)
     }
 }

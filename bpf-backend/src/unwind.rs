@@ -12,7 +12,6 @@ use std::os::fd::{AsFd, BorrowedFd};
 use aya::maps::Map;
 use aya::programs::{Iter, RawTracePoint, RawTracePointRunOptions, TestRun};
 use aya::{Btf, Ebpf};
-use eim_core::abi::{ProcessMappings, Wire};
 use eim_core::error::Causes;
 use eim_core::unwind::{Capture, Frame, Regs, Stack, StopReason, CAPTURE_STACK, MAX_FRAMES};
 
@@ -265,18 +264,6 @@ pub(crate) fn task_stacks(ebpf: &mut Ebpf, pid: u32) -> Result<Vec<Stack>, Kerne
     Ok(decode_stacks(&bytes, usize::MAX)?)
 }
 
-/// Writes the mappings of process `pid` into `eim_process_mappings` of
-/// `ebpf` (one update: readers see the old value or the new one).
-pub(crate) fn put_process_mappings(
-    ebpf: &Ebpf,
-    pid: u32,
-    mappings: &ProcessMappings,
-) -> Result<(), KernelError> {
-    let fd = map_fd(ebpf, eim_core::abi::map_name::PROCESS_MAPPINGS)?;
-    sys::update_elem(fd, &pid.to_le_bytes(), &mappings.to_bytes(), sys::BPF_ANY)?;
-    Ok(())
-}
-
 impl KernelMaps {
     /// Runs the unwinder over `capture` in the kernel (the capture program,
     /// `BPF_PROG_TEST_RUN`): the stack it walks over these maps, reading
@@ -293,16 +280,6 @@ impl KernelMaps {
     /// that start or end meanwhile may be missing or present.
     pub fn task_stacks(&mut self, pid: u32) -> Result<Vec<Stack>, KernelError> {
         task_stacks(self.ebpf_mut(), pid)
-    }
-
-    /// Sets the executable mappings of process `pid` that the unwinder
-    /// reads (`eim_process_mappings`), replacing any earlier ones.
-    pub fn put_process_mappings(
-        &self,
-        pid: u32,
-        mappings: &ProcessMappings,
-    ) -> Result<(), KernelError> {
-        put_process_mappings(self.ebpf(), pid, mappings)
     }
 }
 

@@ -57,6 +57,13 @@ fn merged(mut info: UnwindInfo, merge: u8) -> UnwindInfo {
 
 /// KernelMaps holding the table above for FILE, and PID mapping it.
 fn kernel() -> KernelMaps {
+    let mut k = KernelMaps::new().expect("KernelMaps");
+    load_table(&mut k);
+    k
+}
+
+/// Writes the table above for FILE, and PID mapping it, into `k`.
+fn load_table(k: &mut KernelMaps) {
     let rules: [(u64, Result<UnwindInfo, u16>); 13] = [
         (A_SP16, Ok(UnwindInfo::new(opcode::BASE_SP, 16, 0, 0))),
         (
@@ -108,7 +115,6 @@ fn kernel() -> KernelMaps {
             unwind_info,
         });
     }
-    let mut k = KernelMaps::new().expect("KernelMaps");
     let ops = [
         MapOp::PutUnwindInfos(infos),
         MapOp::PutDeltaTable {
@@ -128,9 +134,6 @@ fn kernel() -> KernelMaps {
             },
         )]),
     ];
-    for op in &ops {
-        assert_eq!(k.apply(op), Ok(()), "{op:?}");
-    }
     let mappings = ProcessMappings {
         mappings: vec![
             // A neighbour below, so the bisection has more than one to search.
@@ -150,9 +153,13 @@ fn kernel() -> KernelMaps {
             },
         ],
     };
-    k.put_process_mappings(PID, &mappings)
-        .expect("eim_process_mappings");
-    k
+    let put = MapOp::PutProcessMappings {
+        pid: PID,
+        mappings: mappings.into(),
+    };
+    for op in ops.iter().chain([&put]) {
+        assert_eq!(k.apply(op), Ok(()), "{op:?}");
+    }
 }
 
 /// Stack memory under construction: u64s planted at addresses.
@@ -531,18 +538,19 @@ fn the_task_iterator_walks_each_thread_from_its_own_registers() {
     // with no deltas, to see the mapping found in the kernel.
     let (pc0, _) = syscall_pc_sp(tids[0]);
     let (start, end) = own_mapping(pc0);
-    k.put_process_mappings(
-        me,
-        &ProcessMappings {
-            mappings: vec![ProcessMapping {
-                start,
-                end,
-                file_offset: 0,
-                bias: start,
-                file_id: 99,
-            }],
-        },
-    )
+    let own = ProcessMappings {
+        mappings: vec![ProcessMapping {
+            start,
+            end,
+            file_offset: 0,
+            bias: start,
+            file_id: 99,
+        }],
+    };
+    k.apply(&MapOp::PutProcessMappings {
+        pid: me,
+        mappings: own.into(),
+    })
     .unwrap();
 
     let stacks = k.task_stacks(me).expect("task_stacks");
@@ -592,4 +600,139 @@ fn gettid() -> u32 {
         .ok()
         .and_then(|p| p.file_name()?.to_str()?.parse().ok())
         .expect("/proc/thread-self")
+}
+
+/// The executable mappings of process `pid` (/proc/PID/maps, `r-xp`).
+fn executable_ranges(pid: u32) -> Vec<(u64, u64)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    maps.lines()
+        .filter(|line| line.split_whitespace().nth(1) == Some("r-xp"))
+        .filter_map(|line| {
+            let (start, end) = line.split_once(' ')?.0.split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Stacks sampled for `for_ms` milliseconds.
+fn sample(profiler: &mut eim_bpf::profile::Profiler, for_ms: u64) -> Vec<Stack> {
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(for_ms);
+    let mut stacks = Vec::new();
+    while std::time::Instant::now() < until {
+        stacks.extend(
+            profiler
+                .poll(std::time::Duration::from_millis(50), 100_000)
+                .unwrap(),
+        );
+    }
+    stacks
+}
+
+#[test]
+fn the_profiler_samples_a_busy_process() {
+    use eim_bpf::profile::{ProfileTarget, Profiler};
+    if !require_bpf("unwind: profiler") {
+        return;
+    }
+    let mut k = kernel();
+    let child = Child(
+        std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let code = executable_ranges(pid);
+
+    let mut all = Profiler::start(&mut k, &ProfileTarget::All, 999).expect("profiler");
+    let stacks = sample(&mut all, 1000);
+    assert_eq!(all.lost().unwrap(), 0);
+    assert_eq!(all.undecoded(), 0);
+    all.stop();
+    let busy: Vec<&Stack> = stacks.iter().filter(|s| s.pid == pid).collect();
+    // A CPU-bound process at 999 Hz for a second: hundreds of samples.
+    assert!(
+        busy.len() >= 100,
+        "{} samples of {pid} among {}",
+        busy.len(),
+        stacks.len()
+    );
+    for stack in &busy {
+        assert_eq!(stack.tid, pid);
+        // No mappings are followed for it: the first PC, its own, stops it.
+        assert_eq!(stack.stop, StopReason::UnknownMapping);
+        assert_eq!(stack.frames.len(), 1);
+        let pc = stack.frames[0].pc;
+        assert!(
+            code.iter().any(|(s, e)| (*s..*e).contains(&pc)),
+            "{pc:#x} is not in an executable mapping of {pid}"
+        );
+    }
+
+    // Only the named process.
+    let mut one = Profiler::start(&mut k, &ProfileTarget::Pids(vec![pid]), 999).unwrap();
+    let stacks = sample(&mut one, 500);
+    drop(one);
+    assert!(stacks.len() >= 50, "{} samples", stacks.len());
+    assert!(stacks.iter().all(|s| s.pid == pid));
+
+    // Detached: nothing more arrives.
+    let mut again = Profiler::start(&mut k, &ProfileTarget::Pids(vec![u32::MAX - 1]), 999).unwrap();
+    assert!(sample(&mut again, 300).is_empty());
+}
+
+/// A child process killed when the test ends, passed or failed (a busy
+/// loop left behind would take a CPU from everything else).
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_pinned_reader_runs_the_unwinder_over_the_pins() {
+    use eim_bpf::{KernelConfig, PinnedReader};
+    if !require_bpf("unwind: pinned reader") {
+        return;
+    }
+    let root = std::path::Path::new("/sys/fs/bpf");
+    if !eim_bpf::bpffs::is_bpffs(root).unwrap_or(false) {
+        eim_bpf::bpffs::mount_bpffs(root, true)
+            .expect("mounting a bpffs on /sys/fs/bpf")
+            .keep();
+    }
+    let dir = root.join(format!("eim-test-{}-unwind", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut owner = KernelMaps::with_config(KernelConfig {
+        pin_dir: Some(dir.clone()),
+        ..KernelConfig::default()
+    })
+    .expect("pinned maps");
+    load_table(&mut owner);
+    let mut reader = PinnedReader::open(&dir).expect("reader");
+    // The owner's table and process mappings, read through the pins.
+    let s = STACK_BASE + 0x100;
+    let mut m = Memory::new(0x200);
+    m.put(s + 8, pc(STOP) + 1);
+    let capture = m.capture(regs(Arch::X86_64, pc(A_SP16) + 4, s, 0));
+    let stack = reader.unwind_capture(&capture).expect("unwind_capture");
+    assert_eq!(stack.stop, StopReason::End, "{stack:#x?}");
+    assert_eq!(pcs(&stack), [pc(A_SP16) + 4, pc(STOP) + 1]);
+    assert_eq!(stack, owner.unwind_capture(&capture).unwrap());
+    let kthreadd = reader.task_stacks(2).expect("task_stacks");
+    assert_eq!(kthreadd.len(), 1);
+    assert_eq!(kthreadd[0].stop, StopReason::NoRegs);
+    drop(reader);
+    drop(owner);
+    if let Ok(lock) = eim_bpf::lock::lock_file_of(&dir) {
+        let _ = std::fs::remove_file(lock);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
