@@ -469,7 +469,6 @@ impl KernelMaps {
             .ok_or_else(|| KernelError::Missing(format!("program {PROGRAM}")))?
             .try_into()?;
         program.load()?;
-        crate::unwind::load_capture(&mut ebpf)?;
         let pages = take(&mut ebpf, abi::map_name::PAGES)?;
         let unwind_info = take(&mut ebpf, abi::map_name::UNWIND_INFO)?;
         let interpreter_offsets = take(&mut ebpf, abi::map_name::INTERPRETER_OFFSETS)?;

@@ -138,7 +138,6 @@ impl PinnedReader {
             .ok_or_else(|| KernelError::Missing(format!("program {PROGRAM}")))?
             .try_into()?;
         program.load()?;
-        crate::unwind::load_capture(&mut ebpf)?;
         let result = take(&mut ebpf, RESULT_MAP)?;
         Ok(Self {
             dir,
@@ -177,10 +176,10 @@ impl PinnedReader {
     /// Runs the unwinder over the pins and `capture`
     /// ([`KernelMaps::unwind_capture`](crate::KernelMaps::unwind_capture)).
     pub fn unwind_capture(
-        &self,
+        &mut self,
         capture: &eim_core::unwind::Capture,
     ) -> Result<eim_core::unwind::Stack, KernelError> {
-        crate::unwind::run_capture(&self.ebpf, capture)
+        crate::unwind::run_capture(&mut self.ebpf, capture)
     }
 
     /// The stack of every thread of `pid`, walked over the pins

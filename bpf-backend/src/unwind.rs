@@ -190,12 +190,17 @@ pub(crate) fn load_capture(ebpf: &mut Ebpf) -> Result<(), KernelError> {
         .program_mut(CAPTURE_PROGRAM)
         .ok_or_else(|| KernelError::Missing(format!("program {CAPTURE_PROGRAM}")))?
         .try_into()?;
-    program.load()?;
+    // On first use only: verifying it costs a start about a second.
+    if program.fd().is_err() {
+        program.load()?;
+    }
     Ok(())
 }
 
 /// Runs the capture program of `ebpf` over `capture` (`BPF_PROG_TEST_RUN`).
-pub(crate) fn run_capture(ebpf: &Ebpf, capture: &Capture) -> Result<Stack, KernelError> {
+pub(crate) fn run_capture(ebpf: &mut Ebpf, capture: &Capture) -> Result<Stack, KernelError> {
+    load_capture(ebpf)?;
+    let ebpf = &*ebpf;
     let input = encode_capture(capture)?;
     sys::update_elem(
         map_fd(ebpf, CAPTURE_IN)?,
@@ -268,8 +273,8 @@ impl KernelMaps {
     /// Runs the unwinder over `capture` in the kernel (the capture program,
     /// `BPF_PROG_TEST_RUN`): the stack it walks over these maps, reading
     /// memory from the capture only.
-    pub fn unwind_capture(&self, capture: &Capture) -> Result<Stack, KernelError> {
-        run_capture(self.ebpf(), capture)
+    pub fn unwind_capture(&mut self, capture: &Capture) -> Result<Stack, KernelError> {
+        run_capture(self.ebpf_mut(), capture)
     }
 
     /// The user stack of every thread of process `pid`, walked in the

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -104,7 +104,9 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         }
     }
     // What is still in the ring was sampled within the duration.
-    let pending = profiler.poll(Duration::ZERO, usize::MAX / 2).unwrap_or_default();
+    let pending = profiler
+        .poll(Duration::ZERO, usize::MAX / 2)
+        .unwrap_or_default();
     for stack in pending {
         aggregate.add(&stack, &mut names);
     }

@@ -150,7 +150,8 @@ fn check(program: Program, test: &str) {
         for input in &inputs {
             let twin = walk_twin(&sim_maps, input);
             let bpf = kernel
-                .with_backend(|k| k.unwind_capture(input))
+                .manager()
+                .with_backend(|timed| timed.inner.unwind_capture(input))
                 .expect("capture program");
             assert_eq!(
                 twin,
