@@ -204,7 +204,7 @@ fn regs(arch: Arch, pc: u64, sp: u64, fp: u64) -> Regs {
     }
 }
 
-fn unwind(k: &KernelMaps, capture: &Capture) -> Stack {
+fn unwind(k: &mut KernelMaps, capture: &Capture) -> Stack {
     let stack = k.unwind_capture(capture).expect("unwind_capture");
     assert_eq!((stack.pid, stack.tid), (capture.pid, capture.tid));
     stack
@@ -219,7 +219,7 @@ fn x86_rules_chain_through_every_kind_of_cfa_to_the_stop() {
     if !require_bpf("unwind: x86 rule chain") {
         return;
     }
-    let k = kernel();
+    let mut k = kernel();
     let s = STACK_BASE + 0x100;
     let f = STACK_BASE + 0x200; // B's frame: fp points here
     let f2 = STACK_BASE + 0x400; // the frame-pointer command's pair
@@ -233,7 +233,10 @@ fn x86_rules_chain_through_every_kind_of_cfa_to_the_stop() {
         .put(p, pc(FRAME_POINTER) + 0x10)
         .put(f2, 0x1234) // FRAME_POINTER: fp = [fp], pc = [fp + 8]
         .put(f2 + 8, pc(STOP) + 0x10);
-    let stack = unwind(&k, &m.capture(regs(Arch::X86_64, pc(A_SP16) + 0x10, s, f)));
+    let stack = unwind(
+        &mut k,
+        &m.capture(regs(Arch::X86_64, pc(A_SP16) + 0x10, s, f)),
+    );
     assert_eq!(stack.stop, StopReason::End, "{stack:#x?}");
     assert_eq!(
         pcs(&stack),
@@ -263,16 +266,22 @@ fn merge_adjustment_applies_from_its_distance_on() {
     if !require_bpf("unwind: merge opcode") {
         return;
     }
-    let k = kernel();
+    let mut k = kernel();
     let s = STACK_BASE + 0x100;
     let mut m = Memory::new(0x200);
     // Below the distance the CFA is SP + 8 (return address at s), from it
     // on SP + 16 (at s + 8); the other slot holds 0, a ZERO_PC stop.
     m.put(s, pc(STOP) + 1);
-    let near = unwind(&k, &m.capture(regs(Arch::X86_64, pc(M_MERGED) + 3, s, 0)));
+    let near = unwind(
+        &mut k,
+        &m.capture(regs(Arch::X86_64, pc(M_MERGED) + 3, s, 0)),
+    );
     assert_eq!(near.stop, StopReason::End, "{near:#x?}");
     assert_eq!(pcs(&near), [pc(M_MERGED) + 3, pc(STOP) + 1]);
-    let far = unwind(&k, &m.capture(regs(Arch::X86_64, pc(M_MERGED) + 4, s, 0)));
+    let far = unwind(
+        &mut k,
+        &m.capture(regs(Arch::X86_64, pc(M_MERGED) + 4, s, 0)),
+    );
     assert_eq!(far.stop, StopReason::ZeroPc, "{far:#x?}");
     assert_eq!(pcs(&far), [pc(M_MERGED) + 4]);
 }
@@ -282,17 +291,20 @@ fn plt_cfa_depends_on_where_in_the_stub() {
     if !require_bpf("unwind: PLT") {
         return;
     }
-    let k = kernel();
+    let mut k = kernel();
     let s = STACK_BASE + 0x100;
     let mut m = Memory::new(0x200);
     m.put(s, pc(STOP) + 1).put(s + 8, pc(STOP) + 2);
     for (offset, next) in [(4, pc(STOP) + 1), (10, pc(STOP) + 1), (11, pc(STOP) + 2)] {
-        let stack = unwind(&k, &m.capture(regs(Arch::X86_64, pc(PLT) + offset, s, 0)));
+        let stack = unwind(
+            &mut k,
+            &m.capture(regs(Arch::X86_64, pc(PLT) + offset, s, 0)),
+        );
         assert_eq!(stack.stop, StopReason::End, "{stack:#x?}");
         assert_eq!(pcs(&stack), [pc(PLT) + offset, next], "pc & 15 = {offset}");
     }
     // arm64 has no PLT rule.
-    let arm = unwind(&k, &m.capture(regs(Arch::Arm64, pc(PLT) + 4, s, 0)));
+    let arm = unwind(&mut k, &m.capture(regs(Arch::Arm64, pc(PLT) + 4, s, 0)));
     assert_eq!(arm.stop, StopReason::Unsupported);
     assert_eq!(pcs(&arm), [pc(PLT) + 4]);
 }
@@ -302,7 +314,7 @@ fn x86_signal_frame_restores_registers_and_the_next_lookup_is_exact() {
     if !require_bpf("unwind: x86 signal frame") {
         return;
     }
-    let k = kernel();
+    let mut k = kernel();
     let s = STACK_BASE + 0x100;
     let s2 = STACK_BASE + 0x400;
     let mctx = s + 40;
@@ -312,7 +324,10 @@ fn x86_signal_frame_restores_registers_and_the_next_lookup_is_exact() {
     m.put(mctx + 16 * 8, pc(A_SP16))
         .put(mctx + 15 * 8, s2)
         .put(s2 + 8, pc(STOP) + 8);
-    let stack = unwind(&k, &m.capture(regs(Arch::X86_64, pc(SIGNAL) + 0x10, s, 0)));
+    let stack = unwind(
+        &mut k,
+        &m.capture(regs(Arch::X86_64, pc(SIGNAL) + 0x10, s, 0)),
+    );
     assert_eq!(stack.stop, StopReason::End, "{stack:#x?}");
     assert_eq!(pcs(&stack), [pc(SIGNAL) + 0x10, pc(A_SP16), pc(STOP) + 8]);
     let flags: Vec<u32> = stack.frames.iter().map(|f| f.flags).collect();
@@ -324,14 +339,17 @@ fn arm64_signal_frame_then_leaf_lr_rule_with_pac_bits_cleared() {
     if !require_bpf("unwind: arm64 signal frame") {
         return;
     }
-    let k = kernel();
+    let mut k = kernel();
     let s = STACK_BASE + 0x100;
     let sigctx = s + 312;
     let mut m = Memory::new(0x800);
     m.put(sigctx + 32 * 8, pc(L_LEAF) + 0x10)
         .put(sigctx + 31 * 8, STACK_BASE + 0x700)
         .put(sigctx + 30 * 8, 0x007f_0000_0000_0000 | (pc(STOP) + 4));
-    let stack = unwind(&k, &m.capture(regs(Arch::Arm64, pc(SIGNAL) + 0x10, s, 0)));
+    let stack = unwind(
+        &mut k,
+        &m.capture(regs(Arch::Arm64, pc(SIGNAL) + 0x10, s, 0)),
+    );
     assert_eq!(stack.stop, StopReason::End, "{stack:#x?}");
     assert_eq!(
         pcs(&stack),
@@ -345,7 +363,7 @@ fn arm64_lr_rule_past_the_first_frame_stops() {
     if !require_bpf("unwind: arm64 LR mid-trace") {
         return;
     }
-    let k = kernel();
+    let mut k = kernel();
     let s = STACK_BASE + 0x100;
     let mut m = Memory::new(0x200);
     // C: CFA = s + 16, return address at CFA - 8, into the LR-rule region.
@@ -354,14 +372,14 @@ fn arm64_lr_rule_past_the_first_frame_stops() {
     // (A return address is looked up one byte before: STOP's first byte
     // would be in the frame-pointer region.)
     r.lr = pc(STOP) + 1;
-    let stack = unwind(&k, &m.capture(r));
+    let stack = unwind(&mut k, &m.capture(r));
     assert_eq!(stack.stop, StopReason::LrMidTrace, "{stack:#x?}");
     assert_eq!(pcs(&stack), [pc(C_ARM) + 0x10, pc(L_LEAF) + 0x20]);
     // In the first frame the same rule takes LR (an LR of 0 names no
     // return address: a read error, as upstream's ERR_NATIVE_PC_READ).
-    let leaf = unwind(&k, &m.capture(regs(Arch::Arm64, pc(L_LEAF), s, 0)));
+    let leaf = unwind(&mut k, &m.capture(regs(Arch::Arm64, pc(L_LEAF), s, 0)));
     assert_eq!(leaf.stop, StopReason::ReadError, "{leaf:#x?}");
-    let leaf = unwind(&k, &m.capture(r_with_pc(r, pc(L_LEAF))));
+    let leaf = unwind(&mut k, &m.capture(r_with_pc(r, pc(L_LEAF))));
     assert_eq!(pcs(&leaf), [pc(L_LEAF), pc(STOP) + 1]);
     assert_eq!(leaf.stop, StopReason::End);
 }
@@ -375,18 +393,18 @@ fn stops_invalid_unknown_mapping_no_delta_and_zero_pc() {
     if !require_bpf("unwind: stop reasons") {
         return;
     }
-    let k = kernel();
+    let mut k = kernel();
     let s = STACK_BASE + 0x100;
     let m = Memory::new(0x200);
     let x86 = |pc| m.capture(regs(Arch::X86_64, pc, s, 0));
 
-    let invalid = unwind(&k, &x86(pc(INVALID) + 1));
+    let invalid = unwind(&mut k, &x86(pc(INVALID) + 1));
     assert_eq!(
         (invalid.stop, pcs(&invalid)),
         (StopReason::Invalid, vec![pc(INVALID) + 1])
     );
 
-    let unknown = unwind(&k, &x86(0x90_0000));
+    let unknown = unwind(&mut k, &x86(0x90_0000));
     assert_eq!(unknown.stop, StopReason::UnknownMapping);
     assert_eq!(
         (
@@ -398,10 +416,10 @@ fn stops_invalid_unknown_mapping_no_delta_and_zero_pc() {
     );
     let mut other_pid = x86(pc(STOP));
     other_pid.pid = PID + 100;
-    assert_eq!(unwind(&k, &other_pid).stop, StopReason::UnknownMapping);
+    assert_eq!(unwind(&mut k, &other_pid).stop, StopReason::UnknownMapping);
 
     // The neighbour mapping's file has no deltas at all.
-    let no_page = unwind(&k, &x86(0x1800));
+    let no_page = unwind(&mut k, &x86(0x1800));
     assert_eq!(no_page.stop, StopReason::NoDelta(1), "{no_page:#x?}");
     assert_eq!(
         (no_page.frames[0].file_id, no_page.frames[0].address),
@@ -412,11 +430,11 @@ fn stops_invalid_unknown_mapping_no_delta_and_zero_pc() {
     // looked up one byte before it, where no delta is in force.
     let mut before = x86(pc(A_SP16));
     before.regs.return_address = true;
-    let stack = unwind(&k, &before);
+    let stack = unwind(&mut k, &before);
     assert_eq!(stack.stop, StopReason::NoDelta(4), "{stack:#x?}");
     assert_eq!(stack.frames[0].flags, frame_flag::RETURN_ADDRESS);
 
-    let zero = unwind(&k, &x86(0));
+    let zero = unwind(&mut k, &x86(0));
     assert_eq!((zero.stop, zero.frames.len()), (StopReason::ZeroPc, 0));
 }
 
@@ -425,30 +443,30 @@ fn reads_outside_the_capture_fail() {
     if !require_bpf("unwind: read error") {
         return;
     }
-    let k = kernel();
+    let mut k = kernel();
     let m = Memory::new(0x100);
     // A's CFA is sp + 16: the return address at sp + 8 is past the copy.
     let past = unwind(
-        &k,
+        &mut k,
         &m.capture(regs(Arch::X86_64, pc(A_SP16) + 1, STACK_BASE + 0xf8, 0)),
     );
     assert_eq!(past.stop, StopReason::ReadError, "{past:#x?}");
     assert_eq!(pcs(&past), [pc(A_SP16) + 1]);
     // The same read inside the copy succeeds.
     let inside = unwind(
-        &k,
+        &mut k,
         &m.capture(regs(Arch::X86_64, pc(A_SP16) + 1, STACK_BASE + 0xf0, 0)),
     );
     assert_eq!(inside.stop, StopReason::ZeroPc, "{inside:#x?}");
     // Below the copy too.
     let below = unwind(
-        &k,
+        &mut k,
         &m.capture(regs(Arch::X86_64, pc(A_SP16) + 1, STACK_BASE - 0x10, 0)),
     );
     assert_eq!(below.stop, StopReason::ReadError);
     // The frame-pointer command reading at fp outside.
     let fp = unwind(
-        &k,
+        &mut k,
         &m.capture(regs(Arch::X86_64, pc(FRAME_POINTER), STACK_BASE, 0x10)),
     );
     assert_eq!(fp.stop, StopReason::ReadError);
@@ -459,13 +477,16 @@ fn a_self_loop_ends_at_the_frame_budget() {
     if !require_bpf("unwind: budget") {
         return;
     }
-    let k = kernel();
+    let mut k = kernel();
     let s = STACK_BASE;
     let mut m = Memory::new(0x1000);
     for i in 0..0x200 {
         m.put(s + 8 * i, pc(R_SP8) + 0x10);
     }
-    let stack = unwind(&k, &m.capture(regs(Arch::X86_64, pc(R_SP8) + 0x10, s, 0)));
+    let stack = unwind(
+        &mut k,
+        &m.capture(regs(Arch::X86_64, pc(R_SP8) + 0x10, s, 0)),
+    );
     assert_eq!(stack.stop, StopReason::Budget);
     assert_eq!(stack.frames.len(), MAX_FRAMES);
     assert!(stack.frames.iter().all(|f| f.pc == pc(R_SP8) + 0x10));
@@ -475,7 +496,7 @@ fn a_self_loop_ends_at_the_frame_budget() {
         short.put(s + 8 * i, pc(R_SP8) + 0x10);
     }
     let stack = unwind(
-        &k,
+        &mut k,
         &short.capture(regs(Arch::X86_64, pc(R_SP8) + 0x10, s, 0)),
     );
     assert_eq!(stack.stop, StopReason::ReadError);

@@ -62,7 +62,6 @@ pub fn profile(aggregate: &Aggregate, hz: u64, duration_ns: i64) -> Profile {
                     line: vec![Line {
                         function_id: next,
                         line: 0,
-                        ..Line::default()
                     }],
                     ..Location::default()
                 });

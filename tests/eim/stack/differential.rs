@@ -101,7 +101,7 @@ fn damaged(c: &Capture, code: &[u64], rng: &mut Seeded) -> Capture {
         };
         out.stack[at..at + 8].copy_from_slice(&value.to_le_bytes());
     }
-    if rng.next() % 4 == 0 {
+    if rng.next().is_multiple_of(4) {
         let keep = (rng.next() % (words as u64 + 1)) as usize * 8;
         out.stack.truncate(keep);
     }
