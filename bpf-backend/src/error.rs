@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use eim_core::error::Causes;
+use eim_core::unwind::{CAPTURE_STACK, MAX_FRAMES};
 use eim_core::FileId;
 
 use crate::bpffs::MountError;
@@ -43,7 +44,7 @@ pub enum KernelError {
         len: usize,
     },
     #[error(transparent)]
-    Record(#[from] crate::unwind::RecordError),
+    Record(#[from] RecordError),
     #[error("the stack iterator for process {pid}: {what}: {why}")]
     StackIterator {
         pid: u32,
@@ -102,4 +103,21 @@ fn mismatch_message(dir: &Path, maps: &[(String, String)]) -> String {
         dir.display(),
         each.join("; ")
     )
+}
+
+/// Why an unwinder record could not be decoded or a capture encoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("an EimStack record of {len} bytes is shorter than its {need} bytes")]
+    Short { len: usize, need: usize },
+    #[error(
+        "an EimStack record says {count} frames, more than the {MAX_FRAMES} an EimStack holds"
+    )]
+    TooManyFrames { count: u32 },
+    #[error("an EimStack record has the unknown stop code {stop} (detail {detail})")]
+    UnknownStop { stop: u32, detail: u32 },
+    #[error(
+        "a capture of {len} bytes of stack is more than the {CAPTURE_STACK} an EimCapture holds"
+    )]
+    CaptureTooLarge { len: usize },
 }

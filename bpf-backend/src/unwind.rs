@@ -15,7 +15,7 @@ use aya::{Btf, Ebpf};
 use eim_core::error::Causes;
 use eim_core::unwind::{Capture, Frame, Regs, Stack, StopReason, CAPTURE_STACK, MAX_FRAMES};
 
-use crate::error::KernelError;
+use crate::error::{KernelError, RecordError};
 use crate::maps::KernelMaps;
 use crate::sys;
 
@@ -41,23 +41,6 @@ pub(crate) const STACK_TARGET: &str = "eim_stack_target";
 /// The most bytes one iteration's output is read to: a process of 16,000
 /// threads with every frame slot used. More is refused, not truncated.
 pub const MAX_ITER_BYTES: u64 = 16_000 * STACK_SIZE as u64;
-
-/// Why an unwinder record could not be decoded or a capture encoded.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum RecordError {
-    #[error("an EimStack record of {len} bytes is shorter than its {need} bytes")]
-    Short { len: usize, need: usize },
-    #[error(
-        "an EimStack record says {count} frames, more than the {MAX_FRAMES} an EimStack holds"
-    )]
-    TooManyFrames { count: u32 },
-    #[error("an EimStack record has the unknown stop code {stop} (detail {detail})")]
-    UnknownStop { stop: u32, detail: u32 },
-    #[error(
-        "a capture of {len} bytes of stack is more than the {CAPTURE_STACK} an EimCapture holds"
-    )]
-    CaptureTooLarge { len: usize },
-}
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
     let mut w = [0; 4];

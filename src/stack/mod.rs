@@ -17,7 +17,7 @@ pub mod symbols;
 
 use eim_core::unwind::{unwind, Mappings, Rules, Stack, StopReason};
 
-use crate::host::procs::{self, ExecMapping, ProcessError};
+use crate::host::procs::{self, ProcessError};
 
 pub use output::{ProcessStacks, StackFrame, ThreadStack};
 
@@ -103,9 +103,4 @@ pub fn stacks(pid: i32, source: &dyn StackSource) -> Result<ProcessStacks, Stack
         backend: source.name(),
         threads,
     })
-}
-
-/// The mapping of `mappings` containing `pc`.
-fn mapping_of(mappings: &[ExecMapping], pc: u64) -> Option<&ExecMapping> {
-    mappings.iter().find(|m| m.contains(pc))
 }

@@ -7,7 +7,6 @@ use eim_core::unwind::{frame_flag, Frame, Stack, StopReason};
 use eim_sim::unwind::lookup_code;
 use serde::Serialize;
 
-use super::mapping_of;
 use super::symbols::Symbolizer;
 use crate::host::procs::ExecMapping;
 
@@ -138,4 +137,9 @@ pub fn render_text(stacks: &ProcessStacks) -> String {
         };
     }
     s
+}
+
+/// The mapping of `mappings` containing `pc`.
+fn mapping_of(mappings: &[ExecMapping], pc: u64) -> Option<&ExecMapping> {
+    mappings.iter().find(|m| m.contains(pc))
 }

@@ -230,6 +230,7 @@ pub trait Mappings {
 }
 
 mod arm64;
+mod step;
 mod walk;
 mod x86;
 

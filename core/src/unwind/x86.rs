@@ -12,7 +12,7 @@
 
 use crate::abi::{command, opcode};
 
-use super::walk::{common_base, frame_pointer, offset_from, read_words, Cursor, Unwound};
+use super::step::{common_base, frame_pointer, offset_from, read_words, Cursor, Unwound};
 use super::{Memory, Rule, StopReason};
 
 /// Words of `uc_mcontext` the SIGNAL rule reads, and where they start
