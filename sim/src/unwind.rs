@@ -1,6 +1,6 @@
 //! The simulated kernel as the native unwinder's world: [`SimReader`] as
 //! its [`Rules`] (the same `get_stack_delta` the BPF side runs, answering
-//! with `lookup.h`'s codes), the target's memory as a core [`Capture`] of a thread's
+//! with `lookup.h`'s codes), the target's memory as a core [`Capture`](eim_core::unwind::Capture) of a thread's
 //! registers and stack, and [`ProcessTable`] as its [`Mappings`].
 //!
 //! With these, `eim_core::unwind::unwind` walks a stack over the simulated
