@@ -108,6 +108,10 @@ pub struct Status {
     /// Of those, the ones some page's deltas name (the rest are cooling or
     /// free after an unload: slots are zeroed only by a rollback).
     pub unwind_slots_referenced: usize,
+    /// `eim_process_mappings`: the processes with an entry, and the
+    /// mappings their entries hold in all.
+    pub processes: usize,
+    pub process_mappings: usize,
     pub memory: Memory,
     /// How many times the maps were read (more than one only when an owner
     /// runs and a read found violations).
@@ -167,6 +171,12 @@ fn status_of(
         unwind_slots_capacity: unwind_slots,
         unwind_slots_in_use: last.slots_holding_rules,
         unwind_slots_referenced: last.slots_referenced,
+        processes: observed.process_mappings.len(),
+        process_mappings: observed
+            .process_mappings
+            .values()
+            .map(|p| p.mappings.len())
+            .sum(),
         memory: Memory {
             delta_tables,
             page_entries,
@@ -259,6 +269,11 @@ pub fn render_text(s: &Status) -> String {
         grouped(s.unwind_slots_referenced as u64),
     ));
     out.push_str(&format!(
+        "eim_process_mappings: {} processes, {} executable file mappings\n",
+        grouped(s.processes as u64),
+        grouped(s.process_mappings as u64),
+    ));
+    out.push_str(&format!(
         "memory: {} bytes (delta tables {} as 8-byte kernel array slots per 4-byte delta, page entries {} at 24 bytes, unwind infos {} at 16 bytes; map overhead not counted)\n",
         grouped(s.memory.total),
         grouped(s.memory.delta_tables),
@@ -266,7 +281,7 @@ pub fn render_text(s: &Status) -> String {
         grouped(s.memory.unwind_infos),
     ));
     if s.violations.is_empty() {
-        out.push_str("consistent: every page leads to a published table of its class, every slice is inside its table, every named slot holds a rule, no orphan table\n");
+        out.push_str("consistent: every page leads to a published table of its class, every slice is inside its table, every named slot holds a rule, no orphan table, every process's mappings sorted and disjoint\n");
     } else {
         out.push_str(&format!(
             "INCONSISTENT: {} violations{}\n",

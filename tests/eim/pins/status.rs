@@ -174,6 +174,29 @@ fn status_lists_the_scanned_files_and_reports_each_corruption_of_real_maps() {
         sys::delete_elem(pages.as_fd(), &k).expect("page delete");
     }
     reported(&dir, "orphan_table", Some(&host_id(file)));
+
+    // The process's mappings, out of order: the unwinder's bisection could
+    // miss them.
+    let dir = scanned(&mut scratch, "processes", pid);
+    let s = status(&dir).ok().json();
+    assert_eq!(s["processes"], 1, "the scanned sleep: {s:#}");
+    let dump = pinned::dump_pinned(&dir).expect("dump");
+    let mut entry = dump
+        .process_mappings
+        .get(&(pid as u32))
+        .expect("the sleep's mappings")
+        .clone();
+    assert!(entry.mappings.len() >= 3, "{entry:?}");
+    assert_eq!(s["process_mappings"], entry.mappings.len());
+    entry.mappings.reverse();
+    sys::update_elem(
+        pin(&dir, eim::abi::map_name::PROCESS_MAPPINGS).as_fd(),
+        &(pid as u32).to_le_bytes(),
+        &eim::abi::Wire::to_bytes(&entry),
+        0,
+    )
+    .expect("process mappings write");
+    reported(&dir, "malformed_process_mappings", None);
 }
 
 #[test]
