@@ -9,7 +9,7 @@
 //! not fit in the ring is counted by the kernel side ([`HostEvents::lost`]):
 //! the caller then resyncs from `/proc`.
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::time::Duration;
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
@@ -180,23 +180,7 @@ impl HostEvents {
     /// Waits up to `timeout` for events to read; `false` on timeout. An
     /// interrupted wait (a signal) is `true`: the caller looks again.
     pub fn wait(&self, timeout: Duration) -> std::io::Result<bool> {
-        let mut fds = [libc::pollfd {
-            fd: self.ring.as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: one valid pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
-            return if e.kind() == std::io::ErrorKind::Interrupted {
-                Ok(true)
-            } else {
-                Err(e)
-            };
-        }
-        Ok(rc > 0)
+        crate::sys::wait_readable(self.ring.as_fd(), timeout)
     }
 
     /// Reads at most `max` records into `out`; returns how many records were

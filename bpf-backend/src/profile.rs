@@ -10,7 +10,7 @@
 //! once started: the owner keeps applying map ops (new processes, new
 //! files) while it samples. Dropped (or [`Profiler::stop`]), it detaches.
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::time::Duration;
 
 use aya::maps::{Map, MapData, PerCpuArray, RingBuf};
@@ -195,20 +195,7 @@ impl Profiler {
     /// Waits up to `timeout` for stacks, then returns those in the ring (at
     /// most `max`). Empty on timeout.
     pub fn poll(&mut self, timeout: Duration, max: usize) -> Result<Vec<Stack>, ProfileError> {
-        let mut fds = [libc::pollfd {
-            fd: self.ring.as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: one valid pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(ProfileError::Wait(e));
-            }
-        }
+        crate::sys::wait_readable(self.ring.as_fd(), timeout).map_err(ProfileError::Wait)?;
         let mut stacks = Vec::new();
         while stacks.len() < max {
             let Some(item) = self.ring.next() else { break };

@@ -625,6 +625,29 @@ pub fn write_mapped(fd: BorrowedFd<'_>, values: &[u8]) -> Result<(), i32> {
     Ok(())
 }
 
+/// Waits up to `timeout` for `fd` (a ring buffer) to have something to
+/// read; `false` on timeout. An interrupted wait (a signal) is `true`: the
+/// caller looks, finds nothing or something, and comes back.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: std::time::Duration) -> std::io::Result<bool> {
+    let mut fds = [libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd for the duration of the call.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::Interrupted {
+            Ok(true)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(rc > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd;

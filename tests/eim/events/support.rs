@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -27,19 +27,7 @@ pub fn eim_bin() -> &'static str {
     env!("CARGO_BIN_EXE_eim")
 }
 
-/// Polls `ok` every 20 ms for at most `limit`.
-pub fn wait_for(limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
-    let started = Instant::now();
-    loop {
-        if ok() {
-            return true;
-        }
-        if started.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+pub use eim_test_support::wait_for;
 
 /// A copy of `from` at `dir/name`, made unique by bytes appended after its
 /// end (which no loader reads): its file id is its own.

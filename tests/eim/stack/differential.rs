@@ -20,6 +20,7 @@ use eim::sim::{SimConfig, SimMaps, SimReader};
 use eim::stack::freeze::Frozen;
 use eim::stack::regs::thread_regs;
 use eim::unwind::{unwind, Arch, Capture, Stack, CAPTURE_STACK};
+use eim_test_support::rng::XorShift;
 
 use crate::programs::{Program, Running};
 
@@ -69,21 +70,8 @@ fn read_some(file: &std::fs::File, buf: &mut [u8], at: u64) -> usize {
     done
 }
 
-/// SplitMix64: a seeded stream, the same on every run.
-struct Seeded(u64);
-
-impl Seeded {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 /// A copy of `c` with some stack words replaced and maybe cut short.
-fn damaged(c: &Capture, code: &[u64], rng: &mut Seeded) -> Capture {
+fn damaged(c: &Capture, code: &[u64], rng: &mut XorShift) -> Capture {
     let mut out = c.clone();
     let words = out.stack.len() / 8;
     if words == 0 {
@@ -91,18 +79,18 @@ fn damaged(c: &Capture, code: &[u64], rng: &mut Seeded) -> Capture {
     }
     // Mostly in the first frames, where the walk reads.
     let span = words.min(512) as u64;
-    for _ in 0..1 + rng.next() % 6 {
-        let at = (rng.next() % span) as usize * 8;
-        let value = match rng.next() % 4 {
-            0 => code[(rng.next() % code.len() as u64) as usize] + rng.next() % 64,
-            1 => c.stack_base + (rng.next() % (span * 8)),
+    for _ in 0..1 + rng.next_u64() % 6 {
+        let at = (rng.next_u64() % span) as usize * 8;
+        let value = match rng.next_u64() % 4 {
+            0 => code[(rng.next_u64() % code.len() as u64) as usize] + rng.next_u64() % 64,
+            1 => c.stack_base + (rng.next_u64() % (span * 8)),
             2 => 0,
-            _ => rng.next(),
+            _ => rng.next_u64(),
         };
         out.stack[at..at + 8].copy_from_slice(&value.to_le_bytes());
     }
-    if rng.next().is_multiple_of(4) {
-        let keep = (rng.next() % (words as u64 + 1)) as usize * 8;
+    if rng.next_u64().is_multiple_of(4) {
+        let keep = (rng.next_u64() % (words as u64 + 1)) as usize * 8;
         out.stack.truncate(keep);
     }
     out
@@ -137,7 +125,7 @@ fn check(program: Program, test: &str) {
     let code: Vec<u64> = entry.mappings.iter().map(|m| m.start).collect();
     let captures = captures(pid);
     assert!(!captures.is_empty(), "threads of {pid}");
-    let mut rng = Seeded(u64::from(pid) ^ 0x5eed);
+    let mut rng = XorShift::new(u64::from(pid) ^ 0x5eed);
     let mut compared = 0;
     let mut stops = std::collections::BTreeSet::new();
     for c in &captures {

@@ -281,16 +281,4 @@ fn all_asleep(pid: u32) -> bool {
         })
 }
 
-/// Polls `ok` every 20 ms for at most `limit`.
-pub fn wait_for(limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
-    let started = Instant::now();
-    loop {
-        if ok() {
-            return true;
-        }
-        if started.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+pub use eim_test_support::wait_for;

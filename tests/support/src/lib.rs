@@ -31,3 +31,17 @@ pub mod tools;
 
 pub use data::{read, read_xz, testdata};
 pub use skip::{present, skip_or_fail};
+
+/// Polls `ok` every 20 ms for at most `limit`; whether it held.
+pub fn wait_for(limit: std::time::Duration, mut ok: impl FnMut() -> bool) -> bool {
+    let started = std::time::Instant::now();
+    loop {
+        if ok() {
+            return true;
+        }
+        if started.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
