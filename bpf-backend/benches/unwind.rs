@@ -234,7 +234,10 @@ mod synth {
                 range: f..f + 4,
                 rule: FrameRule::ArmLeaf,
             });
-            deltas.extend([entry(f, info::LR), delta(f + 4, pair(opcode::BASE_SP, n as i32))]);
+            deltas.extend([
+                entry(f, info::LR),
+                delta(f + 4, pair(opcode::BASE_SP, n as i32)),
+            ]);
             let site = if i % 2 == 0 {
                 deltas.push(delta(f + 8, pair(opcode::BASE_FP, n as i32)));
                 Site {
@@ -474,8 +477,8 @@ mod kernel {
     use std::time::Duration;
 
     use aya::programs::loaded_programs;
-    use aya::{Btf, Ebpf};
     use aya::programs::Program;
+    use aya::{Btf, Ebpf};
     use eim_bpf::{sys, KernelMaps, LOOKUP_OBJECT};
 
     /// `bpf/lookup.bpf.c`'s capture program.
