@@ -606,6 +606,10 @@ fn bench(c: &mut Criterion) {
     for (name, file) in [("x86_64", &x86), ("arm64", &arm)] {
         for depth in DEPTHS {
             let input = synth::input(file, depth);
+            eprintln!(
+                "unwind bench: {name}, {depth} frames, {} bytes of stack",
+                input.capture.stack.len()
+            );
             let walked = twin(&sim, &input.capture);
             assert_eq!(walked, input.expected, "twin, {name}, {depth} frames");
             inputs.push((
