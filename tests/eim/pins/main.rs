@@ -506,6 +506,24 @@ fn a_watch_owns_its_pin_directory_until_it_exits_and_lookups_and_status_neither_
         std::thread::sleep(Duration::from_millis(5));
     }
     let pages_id = map_info(&dir.join(PAGES)).id;
+    // Pinned is not loaded: the readers below compare answers, so they
+    // wait for the first step to have loaded every file of the sleep
+    // (its mappings entry names them, and each has pages).
+    let loaded = eim_test_support::wait_for(LIMIT, || {
+        let Ok(dump) = pinned::dump_pinned(&dir) else {
+            return false;
+        };
+        dump.process_mappings
+            .get(&(sleep.pid() as u32))
+            .is_some_and(|entry| {
+                !entry.mappings.is_empty()
+                    && entry
+                        .mappings
+                        .iter()
+                        .all(|m| dump.pages.keys().any(|k| k.file_id == m.file_id))
+            })
+    });
+    assert!(loaded, "the watch never loaded the sleep's files");
 
     let second = scan(&dir, sleep.pid(), &["--mount-bpffs"]).refused();
     assert!(
