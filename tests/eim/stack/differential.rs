@@ -25,7 +25,7 @@ use eim_test_support::rng::XorShift;
 use crate::programs::{Program, Running};
 
 /// Damaged copies of each capture.
-const VARIANTS: u64 = 24;
+const VARIANTS: u64 = 48;
 
 fn host_config(pid: u32) -> HostConfig {
     HostConfig {
@@ -125,7 +125,9 @@ fn check(program: Program, test: &str) {
     let code: Vec<u64> = entry.mappings.iter().map(|m| m.start).collect();
     let captures = captures(pid);
     assert!(!captures.is_empty(), "threads of {pid}");
-    let mut rng = XorShift::new(u64::from(pid) ^ 0x5eed);
+    // A fixed seed: the same damage every run (a pid-derived one made the
+    // error paths reached vary from run to run).
+    let mut rng = XorShift::new(0x5eed_0f_d1ff_e4e7);
     let mut compared = 0;
     let mut stops = std::collections::BTreeSet::new();
     for c in &captures {
