@@ -6,17 +6,8 @@
 
 use eim_core::abi::{OffsetRange, StackDelta, StackDeltaPageInfo, UnwindInfo, Wire};
 
-/// `EIM_LOOKUP_*` return codes.
-pub mod code {
-    pub const OK: u32 = 0;
-    pub const ERR_TEXT_SECTION: u32 = 1;
-    pub const ERR_OUTER_MAP: u32 = 2;
-    pub const ERR_INNER_MAP: u32 = 3;
-    pub const ERR_ITERATIONS: u32 = 4;
-    pub const ERR_RANGE: u32 = 5;
-    pub const ERR_STACK_DELTA_INVALID: u32 = 6;
-    pub const ERR_BAD_UNWIND_INFO_INDEX: u32 = 7;
-}
+/// `EIM_LOOKUP_*` return codes (defined once, in `eim_core::unwind`).
+pub use eim_core::unwind::lookup_code as code;
 
 /// `EIM_LOOKUP_KIND_*`.
 pub mod kind {
@@ -39,18 +30,7 @@ pub const RESULT_SIZE: usize = 112;
 
 /// The upstream name of a return code (as `eim_sim::LookupError::code`
 /// spells it); `None` for OK and unknown codes.
-pub fn error_name(code: u32) -> Option<&'static str> {
-    Some(match code {
-        code::ERR_TEXT_SECTION => "ERR_NATIVE_LOOKUP_TEXT_SECTION",
-        code::ERR_OUTER_MAP => "ERR_NATIVE_LOOKUP_STACK_DELTA_OUTER_MAP",
-        code::ERR_INNER_MAP => "ERR_NATIVE_LOOKUP_STACK_DELTA_INNER_MAP",
-        code::ERR_ITERATIONS => "ERR_NATIVE_EXCEEDED_DELTA_LOOKUP_ITERATIONS",
-        code::ERR_RANGE => "ERR_NATIVE_LOOKUP_RANGE",
-        code::ERR_STACK_DELTA_INVALID => "ERR_NATIVE_STACK_DELTA_INVALID",
-        code::ERR_BAD_UNWIND_INFO_INDEX => "ERR_NATIVE_BAD_UNWIND_INFO_INDEX",
-        _ => return None,
-    })
-}
+pub use eim_core::unwind::lookup_code::name as error_name;
 
 /// What the kernel resolved, in the shape of `eim_sim::Resolved`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

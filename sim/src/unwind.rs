@@ -1,57 +1,31 @@
 //! The simulated kernel as the native unwinder's world: [`SimReader`] as
 //! its [`Rules`] (the same `get_stack_delta` the BPF side runs, answering
-//! with `lookup.h`'s codes), the target's memory as a core [`Capture`](eim_core::unwind::Capture) of a thread's
-//! registers and stack, and [`ProcessTable`] as its [`Mappings`].
+//! with `lookup.h`'s codes); `SimMaps` is its `Mappings` (its copy of
+//! `eim_process_mappings`) and a core [`Capture`](eim_core::unwind::Capture)
+//! of a thread's registers and stack its memory.
 //!
 //! With these, `eim_core::unwind::unwind` walks a stack over the simulated
 //! maps exactly as the BPF unwinder walks it over the kernel's.
 
-use std::collections::HashMap;
-
-use eim_core::abi::{ProcessMapping, ProcessMappings};
-use eim_core::unwind::{Mappings, Rule, Rules};
+use eim_core::unwind::{Rule, Rules};
 use eim_core::FileId;
 
 use crate::reader::{LookupError, Resolved, SimReader};
 
-/// `EIM_LOOKUP_ERR_*` (`bpf/lookup.h`): the code the BPF lookup reports
-/// for each [`LookupError`].
-pub mod lookup_code {
-    pub const TEXT_SECTION: u32 = 1;
-    pub const OUTER_MAP: u32 = 2;
-    pub const INNER_MAP: u32 = 3;
-    pub const ITERATIONS: u32 = 4;
-    pub const RANGE: u32 = 5;
-    pub const STACK_DELTA_INVALID: u32 = 6;
-    pub const BAD_UNWIND_INFO_INDEX: u32 = 7;
-
-    /// The `ERR_NATIVE_*` name of a code (what [`super::LookupError::code`]
-    /// says for the error with that code).
-    pub fn name(code: u32) -> Option<&'static str> {
-        Some(match code {
-            TEXT_SECTION => "ERR_NATIVE_LOOKUP_TEXT_SECTION",
-            OUTER_MAP => "ERR_NATIVE_LOOKUP_STACK_DELTA_OUTER_MAP",
-            INNER_MAP => "ERR_NATIVE_LOOKUP_STACK_DELTA_INNER_MAP",
-            ITERATIONS => "ERR_NATIVE_EXCEEDED_DELTA_LOOKUP_ITERATIONS",
-            RANGE => "ERR_NATIVE_LOOKUP_RANGE",
-            STACK_DELTA_INVALID => "ERR_NATIVE_STACK_DELTA_INVALID",
-            BAD_UNWIND_INFO_INDEX => "ERR_NATIVE_BAD_UNWIND_INFO_INDEX",
-            _ => return None,
-        })
-    }
-}
+/// `EIM_LOOKUP_ERR_*` (`bpf/lookup.h`), as the core defines them.
+pub use eim_core::unwind::lookup_code;
 
 impl LookupError {
     /// The `EIM_LOOKUP_ERR_*` number of this error.
     pub fn lookup_code(&self) -> u32 {
         match self {
-            Self::TextSection { .. } => lookup_code::TEXT_SECTION,
-            Self::OuterMap { .. } => lookup_code::OUTER_MAP,
-            Self::InnerMap { .. } => lookup_code::INNER_MAP,
-            Self::Iterations { .. } => lookup_code::ITERATIONS,
-            Self::Range { .. } => lookup_code::RANGE,
-            Self::StackDeltaInvalid { .. } => lookup_code::STACK_DELTA_INVALID,
-            Self::BadUnwindInfoIndex { .. } => lookup_code::BAD_UNWIND_INFO_INDEX,
+            Self::TextSection { .. } => lookup_code::ERR_TEXT_SECTION,
+            Self::OuterMap { .. } => lookup_code::ERR_OUTER_MAP,
+            Self::InnerMap { .. } => lookup_code::ERR_INNER_MAP,
+            Self::Iterations { .. } => lookup_code::ERR_ITERATIONS,
+            Self::Range { .. } => lookup_code::ERR_RANGE,
+            Self::StackDeltaInvalid { .. } => lookup_code::ERR_STACK_DELTA_INVALID,
+            Self::BadUnwindInfoIndex { .. } => lookup_code::ERR_BAD_UNWIND_INFO_INDEX,
         }
     }
 }
@@ -67,40 +41,15 @@ impl Rules for SimReader<'_> {
     }
 }
 
-/// Processes' executable file mappings in memory (what
-/// `eim_process_mappings` holds in the kernel).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProcessTable {
-    processes: HashMap<u32, ProcessMappings>,
-}
-
-impl ProcessTable {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Sets `pid`'s mappings, sorted by start as the unwinder expects.
-    pub fn insert(&mut self, pid: u32, mut mappings: Vec<ProcessMapping>) {
-        mappings.sort_by_key(|m| m.start);
-        self.processes.insert(pid, ProcessMappings { mappings });
-    }
-
-    pub fn get(&self, pid: u32) -> Option<&ProcessMappings> {
-        self.processes.get(&pid)
-    }
-}
-
-impl Mappings for ProcessTable {
-    fn find(&self, pid: u32, pc: u64) -> Option<ProcessMapping> {
-        self.processes.get(&pid)?.find(pc).copied()
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use eim_core::abi::{opcode, UnwindInfo};
+    use std::sync::Arc;
+
+    use eim_core::abi::{opcode, ProcessMapping, ProcessMappings, UnwindInfo};
     use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+    use eim_core::ops::{Backend, MapOp};
     use eim_core::provider::MemoryProvider;
+    use eim_core::unwind::Mappings;
     use eim_core::unwind::{frame_flag, unwind, Arch, Capture, Frame, Memory, Regs, StopReason};
     use eim_core::{ExecutableInfoManager, Tracers};
 
@@ -113,7 +62,8 @@ mod tests {
 
     /// A file with `main` (0x1000: STOP), `f` (0x1100: CFA = sp + 16, with
     /// a merged `ret` tail) and its INVALID end, loaded into simulated maps
-    /// by the manager, as the host side loads files.
+    /// by the manager, as the host side loads files, and process `PID`
+    /// mapping it at `BIAS`.
     fn maps() -> SimMaps {
         let mut deltas = IntervalData::new();
         deltas.add(StackDelta::new(0x1000, hint::KEEP, info::STOP));
@@ -128,22 +78,21 @@ mod tests {
         manager
             .add_or_inc_ref(FileId(FILE), &FileId(FILE))
             .expect("loads");
-        manager.with_backend(|sim| sim.clone())
-    }
-
-    fn table() -> ProcessTable {
-        let mut table = ProcessTable::new();
-        table.insert(
-            PID,
-            vec![ProcessMapping {
-                start: BIAS + 0x1000,
-                end: BIAS + 0x2000,
-                file_offset: 0x1000,
-                bias: BIAS,
-                file_id: FILE,
-            }],
-        );
-        table
+        let mut sim = manager.with_backend(|sim| sim.clone());
+        sim.apply(&MapOp::PutProcessMappings {
+            pid: PID,
+            mappings: Arc::new(ProcessMappings {
+                mappings: vec![ProcessMapping {
+                    start: BIAS + 0x1000,
+                    end: BIAS + 0x2000,
+                    file_offset: 0x1000,
+                    bias: BIAS,
+                    file_id: FILE,
+                }],
+            }),
+        })
+        .expect("the process's mappings");
+        sim
     }
 
     fn capture(pc: u64, words: &[u64]) -> Capture {
@@ -166,7 +115,7 @@ mod tests {
         let reader = SimReader::new(&sim);
         // f at 0x1110 (CFA = sp + 16), called from main at 0x1010.
         let c = capture(BIAS + 0x1110, &[0xdead, BIAS + 0x1010]);
-        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &table());
+        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &sim);
         assert_eq!(stack.stop, StopReason::End);
         let frame = |address, flags| Frame {
             pc: BIAS + address,
@@ -180,7 +129,7 @@ mod tests {
         );
         // At the `ret` (0x1120, sp + 8) the return address is the first word.
         let c = capture(BIAS + 0x1120, &[BIAS + 0x1010]);
-        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &table());
+        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &sim);
         assert_eq!(stack.stop, StopReason::End);
         assert_eq!(stack.frames.len(), 2);
     }
@@ -191,11 +140,11 @@ mod tests {
         let reader = SimReader::new(&sim);
         assert_eq!(
             reader.rule(FILE, 0x1150),
-            Err(lookup_code::STACK_DELTA_INVALID)
+            Err(lookup_code::ERR_STACK_DELTA_INVALID)
         );
         assert_eq!(
             reader.rule(FILE + 1, 0x1150),
-            Err(lookup_code::TEXT_SECTION)
+            Err(lookup_code::ERR_TEXT_SECTION)
         );
         assert_eq!(reader.rule(FILE, 0x1000), Ok(Rule::Stop));
         assert_eq!(
@@ -204,11 +153,11 @@ mod tests {
         );
         // The walk reports an INVALID delta as its own reason.
         let c = capture(BIAS + 0x1150, &[]);
-        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &table());
+        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &sim);
         assert_eq!(stack.stop, StopReason::Invalid);
         // A read past the capture fails: CFA = sp + 16 needs 16 bytes.
         let c = capture(BIAS + 0x1110, &[0]);
-        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &table());
+        let stack = unwind(c.pid, c.tid, c.regs, &reader, &c, &sim);
         assert_eq!(stack.stop, StopReason::ReadError);
     }
 
@@ -270,8 +219,8 @@ mod tests {
     }
 
     #[test]
-    fn process_table_finds_by_pid_and_range() {
-        let t = table();
+    fn the_simulated_mappings_are_found_by_pid_and_range() {
+        let t = maps();
         assert_eq!(t.find(PID, BIAS + 0x1000).map(|m| m.file_id), Some(FILE));
         assert_eq!(t.find(PID, BIAS + 0x2000), None);
         assert_eq!(t.find(PID + 1, BIAS + 0x1000), None);

@@ -15,6 +15,37 @@ pub const MAX_FRAMES: usize = 128;
 /// Bytes of target memory one capture holds (`EIM_CAPTURE_STACK`).
 pub const CAPTURE_STACK: usize = 32768;
 
+/// `EIM_LOOKUP_*` (`bpf/lookup.h`): how the delta lookup ends, as the BPF
+/// lookup and unwinder report it and `NoDelta` carries it. The one Rust
+/// definition (the kernel backend checks it against the header; the
+/// simulated reader maps its errors onto it).
+pub mod lookup_code {
+    pub const OK: u32 = 0;
+    pub const ERR_TEXT_SECTION: u32 = 1;
+    pub const ERR_OUTER_MAP: u32 = 2;
+    pub const ERR_INNER_MAP: u32 = 3;
+    pub const ERR_ITERATIONS: u32 = 4;
+    pub const ERR_RANGE: u32 = 5;
+    /// The delta in force is INVALID: the unwinder's own stop reason.
+    pub const ERR_STACK_DELTA_INVALID: u32 = 6;
+    pub const ERR_BAD_UNWIND_INFO_INDEX: u32 = 7;
+
+    /// The upstream `ERR_NATIVE_*` name of an error code; `None` for OK and
+    /// unknown codes.
+    pub fn name(code: u32) -> Option<&'static str> {
+        Some(match code {
+            ERR_TEXT_SECTION => "ERR_NATIVE_LOOKUP_TEXT_SECTION",
+            ERR_OUTER_MAP => "ERR_NATIVE_LOOKUP_STACK_DELTA_OUTER_MAP",
+            ERR_INNER_MAP => "ERR_NATIVE_LOOKUP_STACK_DELTA_INNER_MAP",
+            ERR_ITERATIONS => "ERR_NATIVE_EXCEEDED_DELTA_LOOKUP_ITERATIONS",
+            ERR_RANGE => "ERR_NATIVE_LOOKUP_RANGE",
+            ERR_STACK_DELTA_INVALID => "ERR_NATIVE_STACK_DELTA_INVALID",
+            ERR_BAD_UNWIND_INFO_INDEX => "ERR_NATIVE_BAD_UNWIND_INFO_INDEX",
+            _ => return None,
+        })
+    }
+}
+
 /// Which architecture's rules apply (`EIM_ARCH_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Arch {
@@ -235,7 +266,7 @@ mod walk;
 mod x86;
 
 pub use arm64::normalize_pac;
-pub use walk::{unwind, LOOKUP_ERR_STACK_DELTA_INVALID};
+pub use walk::unwind;
 /// A thread's registers and a copy of its stack memory from `stack_base`
 /// (at most [`CAPTURE_STACK`] bytes): the input of an unwind over captured
 /// memory (`EimCapture`), in the kernel or in the model.

@@ -20,13 +20,9 @@
 
 use super::step::{Cursor, Unwound};
 use super::{
-    arm64, frame_flag, x86, Arch, Frame, Mappings, Memory, Regs, Rule, Rules, Stack, StopReason,
-    MAX_FRAMES,
+    arm64, frame_flag, lookup_code, x86, Arch, Frame, Mappings, Memory, Regs, Rule, Rules, Stack,
+    StopReason, MAX_FRAMES,
 };
-
-/// `EIM_LOOKUP_ERR_STACK_DELTA_INVALID` (`bpf/lookup.h`): the delta in force
-/// is INVALID, which the unwinder reports as its own stop reason.
-pub const LOOKUP_ERR_STACK_DELTA_INVALID: u32 = 6;
 
 /// Walks the stack of thread `tid` of process `pid` from `regs`.
 ///
@@ -102,7 +98,7 @@ fn walk(
         let rule = match rules.rule(mapping.file_id, lookup_at) {
             Ok(Rule::Stop) => return StopReason::End,
             Ok(rule) => rule,
-            Err(LOOKUP_ERR_STACK_DELTA_INVALID) => return StopReason::Invalid,
+            Err(lookup_code::ERR_STACK_DELTA_INVALID) => return StopReason::Invalid,
             Err(code) => return StopReason::NoDelta(code),
         };
         let step = match cursor.regs.arch {
