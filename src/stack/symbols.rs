@@ -4,12 +4,11 @@
 //!
 //! A file is read once, opened as `/proc/PID/map_files/START-END` (the
 //! very file the process maps, even when its path was replaced or is in
-//! another mount namespace), read with `pread` up to [`MAX_FILE_BYTES`],
+//! another mount namespace), read into memory (never mapped) up to [`MAX_FILE_BYTES`],
 //! and cached by (device, inode) for every later frame and thread.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use object::read::elf::{ElfFile64, ProgramHeader as _};
@@ -114,7 +113,8 @@ impl FileSymbols {
     }
 }
 
-/// Reads a whole file with `pread`, refusing one larger than the limit.
+/// Reads a whole file (`files::regular::read_bounded`), refusing one
+/// larger than the limit by its size first.
 fn read_bounded(file: &File, path: &str) -> Result<Vec<u8>, SymbolsError> {
     let read_error = |e: std::io::Error| SymbolsError::Read {
         path: path.into(),
@@ -127,19 +127,7 @@ fn read_bounded(file: &File, path: &str) -> Result<Vec<u8>, SymbolsError> {
             size,
         });
     }
-    let mut data = vec![0u8; size as usize];
-    let mut done = 0usize;
-    while done < data.len() {
-        match file.read_at(&mut data[done..], done as u64) {
-            // The file shrank: parse what there is.
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(read_error(e)),
-        }
-    }
-    data.truncate(done);
-    Ok(data)
+    crate::files::regular::read_bounded(file, MAX_FILE_BYTES, path).map_err(read_error)
 }
 
 /// A file as the kernel identifies it: device (major, minor) and inode.
