@@ -25,8 +25,8 @@ pub const MAX_THREADS: usize = 16_384;
 /// Why a process's threads could not be stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum FreezeError {
-    #[error("process {pid}: cannot list /proc/{pid}/task: {source}")]
-    ListTasks { pid: i32, source: std::io::Error },
+    #[error("process {pid}: cannot list /proc/{pid}/task: {cause}")]
+    ListTasks { pid: i32, cause: std::io::Error },
     #[error("process {pid} has no thread left (it exited)")]
     Gone { pid: i32 },
     #[error("thread {tid} of process {pid}: PTRACE_SEIZE failed: {errno} (it needs CAP_SYS_PTRACE, or the same user and a ptrace_scope that allows it; a process already traced cannot be seized)")]
@@ -113,13 +113,13 @@ impl Drop for Frozen {
 
 fn list_tasks(pid: i32) -> Result<BTreeSet<i32>, FreezeError> {
     let dir = format!("/proc/{pid}/task");
-    let entries = std::fs::read_dir(&dir).map_err(|source| match source.kind() {
+    let entries = std::fs::read_dir(&dir).map_err(|cause| match cause.kind() {
         std::io::ErrorKind::NotFound => FreezeError::Gone { pid },
-        _ => FreezeError::ListTasks { pid, source },
+        _ => FreezeError::ListTasks { pid, cause },
     })?;
     let mut tids = BTreeSet::new();
     for entry in entries {
-        let entry = entry.map_err(|source| FreezeError::ListTasks { pid, source })?;
+        let entry = entry.map_err(|cause| FreezeError::ListTasks { pid, cause })?;
         if let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) {
             tids.insert(tid);
             if tids.len() > MAX_THREADS {

@@ -9,10 +9,10 @@ use eim_core::unwind::Memory;
 
 /// `/proc/PID/mem` could not be opened.
 #[derive(Debug, thiserror::Error)]
-#[error("process {pid}: cannot open /proc/{pid}/mem: {source}")]
+#[error("process {pid}: cannot open /proc/{pid}/mem: {cause}")]
 pub struct MemoryError {
     pub pid: i32,
-    pub source: std::io::Error,
+    pub cause: std::io::Error,
 }
 
 /// The memory of one process (readable while it is ptrace-stopped by us,
@@ -25,7 +25,7 @@ pub struct ProcMemory {
 impl ProcMemory {
     pub fn open(pid: i32) -> Result<Self, MemoryError> {
         let file =
-            File::open(format!("/proc/{pid}/mem")).map_err(|source| MemoryError { pid, source })?;
+            File::open(format!("/proc/{pid}/mem")).map_err(|cause| MemoryError { pid, cause })?;
         Ok(Self { file })
     }
 }

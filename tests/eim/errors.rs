@@ -93,3 +93,25 @@ fn a_pin_directory_eim_cannot_use_is_reported_with_its_errno_once() {
     assert_eq!(line.matches("(os error 2)").count(), 1, "{line}");
     assert_eq!(repeated_segment(line), None, "{line}");
 }
+
+#[test]
+fn every_stack_error_says_its_cause_once() {
+    use eim::stack::freeze::FreezeError;
+    use eim::stack::memory::ProcMemory;
+    use eim::stack::StackError;
+
+    // A pid above pid_max never exists.
+    let memory = ProcMemory::open(i32::MAX).expect_err("no such process");
+    check(&memory);
+    check(&StackError::from(memory));
+    let list = FreezeError::ListTasks {
+        pid: 42,
+        cause: io::Error::from_raw_os_error(libc::EACCES),
+    };
+    check(&list);
+    assert_eq!(
+        cli_text(&list),
+        "process 42: cannot list /proc/42/task: Permission denied (os error 13)"
+    );
+    check(&StackError::from(list));
+}
