@@ -50,6 +50,9 @@ pub struct ProfileArgs {
     pub no_map_files: bool,
 }
 
+/// How often `/proc` is walked when the kernel gives no host events.
+const POLL_EVERY: Duration = Duration::from_secs(1);
+
 /// Stacks taken from the ring per poll at most.
 const POLL_BATCH: usize = 4096;
 
@@ -71,16 +74,18 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
     } else {
         ProfileTarget::Pids(args.pid.iter().map(|p| *p as u32).collect())
     };
-    let mut events: Box<dyn EventSource> = match HostEvents::attach() {
-        Ok(events) => Box::new(events),
+    // With host events, the loop's usual safety-net resync; without them,
+    // the resync is the only way new processes are found: every second.
+    let (mut events, config): (Box<dyn EventSource>, _) = match HostEvents::attach() {
+        Ok(events) => (Box::new(events), EventsConfig::default()),
         Err(e) => {
             tracing::warn!("host events unavailable ({e}): polling /proc every second");
-            Box::new(Polling)
+            let polling = EventsConfig {
+                resync_every: POLL_EVERY,
+                ..EventsConfig::default()
+            };
+            (Box::new(Polling), polling)
         }
-    };
-    let config = EventsConfig {
-        resync_every: Duration::from_secs(1).min(args.duration.max(Duration::from_millis(100))),
-        ..EventsConfig::default()
     };
     let mut lp = EventLoop::new(&mut host, events.as_mut(), config, None);
     lp.start(&stop, &mut Quiet)
