@@ -20,7 +20,7 @@ use eim::host::watch::{EventLoop, EventsConfig};
 use eim::profile::{folded, pprof, Aggregate, Names};
 
 use crate::backend::{files_per_batch, host_config, kernel_maps, BackendArgs, BackendKind};
-use crate::out;
+use crate::out::{self, note};
 use crate::stop::{self, Maps};
 
 /// Options of `eim profile`.
@@ -136,7 +136,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         std::fs::write(path, pprof::encode(&profile))
             .with_context(|| format!("writing the pprof profile to {}", path.display()))?;
     }
-    eprintln!(
+    note!(
         "eim: {} samples in {:.1} s ({} stacks; lost {lost}; stops {:?})",
         aggregate.samples,
         elapsed.as_secs_f64(),
