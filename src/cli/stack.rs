@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::Context as _;
 
+use eim::backends::inspect::Inspect;
 use eim::host::scan::{Host, Quiet};
 use eim::sim::SimReader;
 use eim::stack::{self, kernel::KernelStacks, output, SimStacks};
@@ -42,27 +43,33 @@ fn print(stacks: &stack::ProcessStacks, json: bool) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
-fn stack_sim(args: &StackArgs) -> anyhow::Result<ExitCode> {
+/// A host over `maps` that has loaded the files and the mappings of the
+/// process `args` names (a step of that process only).
+fn loaded<B: Inspect>(maps: B, args: &StackArgs) -> anyhow::Result<Host<B>> {
     let pid = args.pid;
-    let mut host = Host::new(sim_maps()?, host_config(&args.backend, &[pid]));
+    let mut host = Host::new(maps, host_config(&args.backend, &[pid]));
     host.step(&AtomicBool::new(false), &mut Quiet)
         .with_context(|| format!("loading the files of process {pid}"))?;
+    Ok(host)
+}
+
+fn stack_sim(args: &StackArgs) -> anyhow::Result<ExitCode> {
+    let host = loaded(sim_maps()?, args)?;
     // The host wrote the process's eim_process_mappings entry with its
     // files: the simulated kernel's maps are all the twin reads.
-    let maps = host.manager().with_backend(|timed| timed.inner.clone());
-    let reader = SimReader::new(&maps);
-    let stacks = stack::stacks(pid, &SimStacks::new(&reader, &maps))?;
+    let stacks = host.with_backend(|maps| {
+        stack::stacks(args.pid, &SimStacks::new(&SimReader::new(maps), maps))
+    })?;
     print(&stacks, args.json)
 }
 
 fn stack_kernel(args: &StackArgs) -> anyhow::Result<ExitCode> {
-    let pid = args.pid;
     // Private maps: never the pinned ones a running watch owns.
-    let maps = kernel_maps(&args.backend, false, false, files_per_batch())?;
-    let mut host = Host::new(maps, host_config(&args.backend, &[pid]));
-    host.step(&AtomicBool::new(false), &mut Quiet)
-        .with_context(|| format!("loading the files of process {pid}"))?;
-    let stacks = stack::stacks(pid, &KernelStacks::new(host.manager()))?;
+    let host = loaded(
+        kernel_maps(&args.backend, false, false, files_per_batch())?,
+        args,
+    )?;
+    let stacks = stack::stacks(args.pid, &KernelStacks::new(host.manager()))?;
     print(&stacks, args.json)
 }
 
