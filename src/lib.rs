@@ -70,6 +70,7 @@ pub mod host;
 pub mod metrics_http;
 pub mod profile;
 pub mod report;
+pub mod sandbox;
 pub mod stack;
 
 pub use files::elf_file::ElfFileRef;

@@ -49,7 +49,12 @@ pub fn on_signals(maps: Maps) -> Arc<AtomicBool> {
     let flag = stop.clone();
     let spawned = std::thread::Builder::new()
         .name("eim-signals".into())
-        .spawn(move || listen(signals, &flag, maps));
+        .spawn(move || {
+            // Listening needs no privilege, and a thread's capabilities
+            // are its own (eim::sandbox).
+            eim::sandbox::drop_all_in_this_thread();
+            listen(signals, &flag, maps)
+        });
     if let Err(e) = spawned {
         tracing::warn!("cannot start the signal thread: {e}");
     }

@@ -104,7 +104,11 @@ fn watch_on<B: Inspect>(
         interval: args.interval,
         steps: args.steps,
     };
-    let summary = match host_events(args) {
+    let events = host_events(args);
+    // Everything that needed more than a step needs is done: the maps are
+    // open, the socket bound, the events program attached.
+    confine(args.backend.backend == BackendKind::Kernel);
+    let summary = match events {
         Some(mut source) => {
             let (summary, stats) = watch::watch_events(
                 &mut host,
@@ -144,6 +148,21 @@ fn watch_on<B: Inspect>(
         args.json,
         args.files,
     )
+}
+
+/// Gives up what steady state does not need (eim::sandbox). A kernel that
+/// refuses is said at the default level, and the watch goes on: it still
+/// does its work, with the privileges it started with.
+fn confine(kernel_maps: bool) {
+    match eim::sandbox::confine(&eim::sandbox::steady_capabilities(kernel_maps)) {
+        Ok(done) => tracing::info!(
+            kept = ?done.kept,
+            dropped_from_bounding = done.dropped_from_bounding,
+            refused_syscalls = done.refused_syscalls,
+            "confined: no new privileges, capabilities cut, seccomp filter on every thread"
+        ),
+        Err(e) => note!("eim: running unconfined: {e}"),
+    }
 }
 
 /// The kernel's host events, unless `--no-events` or they cannot be had

@@ -113,6 +113,9 @@ impl MetricsServer {
         let thread = std::thread::Builder::new()
             .name("eim-metrics".into())
             .spawn(move || {
+                // Serving needs no privilege (the socket is bound), and a
+                // thread's capabilities are its own (crate::sandbox).
+                crate::sandbox::drop_all_in_this_thread();
                 // Returns when the server is dropped; dropping the runtime
                 // then closes every connection.
                 let _ = rt.block_on(stopped);

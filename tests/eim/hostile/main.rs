@@ -11,5 +11,6 @@ mod support;
 mod files;
 mod http;
 mod output;
+mod sandbox;
 mod signals;
 mod truncation;
