@@ -16,6 +16,8 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use super::refusal::{Facts, Refusal};
+
 /// Listings of `/proc/PID/task` before giving up on a stable thread set.
 const MAX_ROUNDS: usize = 16;
 /// Threads one process may have (the kernel's default `threads-max` is far
@@ -29,8 +31,13 @@ pub enum FreezeError {
     ListTasks { pid: i32, cause: std::io::Error },
     #[error("process {pid} has no thread left (it exited)")]
     Gone { pid: i32 },
-    #[error("thread {tid} of process {pid}: PTRACE_SEIZE failed: {errno} (it needs CAP_SYS_PTRACE, or the same user and a ptrace_scope that allows it; a process already traced cannot be seized)")]
-    Seize { pid: i32, tid: i32, errno: Errno },
+    #[error("thread {tid} of process {pid}: PTRACE_SEIZE failed: {errno}: {why}")]
+    Seize {
+        pid: i32,
+        tid: i32,
+        errno: Errno,
+        why: Refusal,
+    },
     #[error("thread {tid} of process {pid}: {what} failed: {errno}")]
     Stop {
         pid: i32,
@@ -137,7 +144,14 @@ fn stop_thread(pid: i32, tid: i32) -> Result<Option<Held>, FreezeError> {
     match ptrace::seize(t, ptrace::Options::empty()) {
         Ok(()) => {}
         Err(Errno::ESRCH) => return Ok(None),
-        Err(errno) => return Err(FreezeError::Seize { pid, tid, errno }),
+        Err(errno) => {
+            return Err(FreezeError::Seize {
+                pid,
+                tid,
+                errno,
+                why: Refusal::of(&Facts::read(pid)),
+            })
+        }
     }
     // From here the thread is ours: a failure below must detach it.
     let detach_on_error = |errno, what| {

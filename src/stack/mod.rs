@@ -12,6 +12,7 @@ pub mod freeze;
 pub mod kernel;
 pub mod memory;
 pub mod output;
+pub mod refusal;
 pub mod regs;
 pub mod symbols;
 

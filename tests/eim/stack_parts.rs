@@ -256,3 +256,41 @@ fn eim_stack_shows_the_call_chain_of_each_thread() {
     assert!(text.contains(" inner+0x"), "{text}");
     assert_eq!(text.matches("stopped: ").count(), 2, "{text}");
 }
+
+/// `eim stack` of what has no user stack, as root: the real reason, never
+/// a capability root has (issue 28: a zombie, pid 2, said "it needs
+/// CAP_SYS_PTRACE").
+#[test]
+fn eim_stack_names_why_a_process_cannot_be_stopped() {
+    if !root_or_skip() {
+        return;
+    }
+    let stack_of = |pid: u32| {
+        let out = Command::new(env!("CARGO_BIN_EXE_eim"))
+            .args(["stack", "--pid", &pid.to_string()])
+            .output()
+            .expect("run eim stack");
+        assert!(!out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // kthreadd, where the kernel's threads are visible.
+    if std::fs::read_to_string("/proc/2/comm").is_ok_and(|c| c.trim() == "kthreadd") {
+        let err = stack_of(2);
+        assert!(err.contains("kernel thread"), "{err}");
+        assert!(!err.contains("needs CAP_SYS_PTRACE"), "{err}");
+    }
+    let mut child = Command::new("true").spawn().expect("true");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read_to_string(format!("/proc/{}/stat", child.id())).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'))
+    }) {
+        assert!(std::time::Instant::now() < until, "true never exited");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let err = stack_of(child.id());
+    child.wait().expect("reaped");
+    assert!(err.contains("it is a zombie"), "{err}");
+    assert!(!err.contains("needs CAP_SYS_PTRACE"), "{err}");
+}
