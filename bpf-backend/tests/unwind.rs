@@ -553,7 +553,18 @@ fn the_task_iterator_walks_each_thread_from_its_own_registers() {
         })
         .collect();
     let tids: Vec<u32> = (0..3).map(|_| tid_rx.recv().unwrap()).collect();
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // Until each thread waits in futex (a fixed pause could end first on a
+    // loaded machine).
+    let in_futex = |tid: u32| {
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
+            .is_ok_and(|s| s.split_whitespace().next() == Some(&libc::SYS_futex.to_string()))
+    };
+    assert!(
+        eim_test_support::wait_for(std::time::Duration::from_secs(30), || tids
+            .iter()
+            .all(|&t| in_futex(t))),
+        "the threads never all waited in futex"
+    );
 
     // The first thread's PC is in some mapping: name it a followed file
     // with no deltas, to see the mapping found in the kernel.

@@ -120,7 +120,26 @@ fn start() -> Target {
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    std::thread::sleep(std::time::Duration::from_millis(100));
+    // Until both sleep in their syscalls (read, and the worker's sleep): a
+    // fixed pause could end first on a loaded machine.
+    let asleep = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                let tids: Vec<i32> = tasks
+                    .filter_map(|t| t.ok()?.file_name().to_str()?.parse().ok())
+                    .collect();
+                tids.len() == 2 && tids.iter().all(|&t| state(pid as i32, t) == 'S')
+            })
+            .unwrap_or(false)
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !asleep() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the threads never settled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     Target {
         child,
         magic_address: hex(words[1]),

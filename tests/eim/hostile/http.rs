@@ -501,8 +501,20 @@ fn out_of_descriptors(mode: &'static [&'static str]) {
     let idle: Vec<TcpStream> = (0..100)
         .filter_map(|_| TcpStream::connect_timeout(&watch.addr, Duration::from_secs(2)).ok())
         .collect();
-    // Give the accept loop time to hit EMFILE a few times.
-    std::thread::sleep(Duration::from_millis(500));
+    let failed = |watch: &Watch| {
+        watch
+            .stderr
+            .try_iter()
+            .filter(|l| l.contains("step failed") && l.contains("trying again"))
+            .count()
+    };
+    // Until a step meets EMFILE (a fixed pause could end first on a loaded
+    // machine).
+    let mut failures = 0;
+    let met = eim_test_support::wait_for(Duration::from_secs(30), || {
+        failures += failed(&watch);
+        failures > 0
+    });
     watch.assert_running();
     let fds = std::fs::read_dir(format!("/proc/{}/fd", watch.pid()))
         .expect("fd list")
@@ -512,14 +524,7 @@ fn out_of_descriptors(mode: &'static [&'static str]) {
         "only {fds} descriptors open: EMFILE was not reached"
     );
     // The steps failed meanwhile, and the watch went on.
-    let failed = |watch: &Watch| {
-        watch
-            .stderr
-            .try_iter()
-            .filter(|l| l.contains("step failed") && l.contains("trying again"))
-            .count()
-    };
-    assert!(failed(&watch) > 0, "no step met EMFILE");
+    assert!(met, "no step met EMFILE");
     drop(idle);
     watch.assert_serves(loaded);
     // Descriptors are back: steps succeed again (none fails for a second).
