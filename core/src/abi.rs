@@ -40,6 +40,26 @@ pub mod opcode {
     pub const BASE_REG: u8 = 5;
     /// Flag: dereference the computed address.
     pub const FLAG_DEREF: u8 = 0x80;
+
+    /// The opcode in words: its base (`cfa`, `sp`, `fp`, `lr`, `reg`, or
+    /// `command`), with `deref` when the flag is set; an unknown base is
+    /// its number.
+    pub fn name(op: u8) -> String {
+        let base = match op & !FLAG_DEREF {
+            COMMAND => "command".to_string(),
+            BASE_CFA => "cfa".to_string(),
+            BASE_SP => "sp".to_string(),
+            BASE_FP => "fp".to_string(),
+            BASE_LR => "lr".to_string(),
+            BASE_REG => "reg".to_string(),
+            other => format!("opcode {other:#x}"),
+        };
+        if op & FLAG_DEREF != 0 {
+            format!("deref {base}")
+        } else {
+            base
+        }
+    }
 }
 
 /// Unwind commands, stored in `param` when the opcode is [`opcode::COMMAND`].
@@ -49,6 +69,19 @@ pub mod command {
     pub const PLT: i32 = 2;
     pub const SIGNAL: i32 = 3;
     pub const FRAME_POINTER: i32 = 4;
+
+    /// The command's name, as the unwinder's stop reasons and `eim lookup`
+    /// print it; an unknown one is its number.
+    pub fn name(command: i32) -> String {
+        match command {
+            INVALID => "INVALID".into(),
+            STOP => "STOP".into(),
+            PLT => "PLT".into(),
+            SIGNAL => "SIGNAL".into(),
+            FRAME_POINTER => "FRAME_POINTER".into(),
+            other => format!("command {other}"),
+        }
+    }
 }
 
 /// Kernel delta values for commands encoded directly (no array slot).
@@ -73,6 +106,40 @@ pub mod program {
     pub const V8: u16 = 7;
     pub const DOTNET: u16 = 8;
     pub const GO_LABELS: u16 = 9;
+
+    /// The program's name (its loader's, or `native`/`stop`); an unknown
+    /// index is its number.
+    pub fn name(program: u16) -> String {
+        match program {
+            STOP => "stop".into(),
+            NATIVE => "native".into(),
+            HOTSPOT => "hotspot".into(),
+            PERL => "perl".into(),
+            PYTHON => "python".into(),
+            PHP => "php".into(),
+            RUBY => "ruby".into(),
+            V8 => "v8".into(),
+            DOTNET => "dotnet".into(),
+            GO_LABELS => "golabels".into(),
+            other => format!("program {other}"),
+        }
+    }
+}
+
+/// An inclusive address range as eim prints every one (`0x10..=0x1f`): the
+/// kernel compares the bounds of `interpreter_offsets` inclusively.
+pub fn inclusive_range(lower: u64, upper: u64) -> String {
+    format!("{lower:#x}..={upper:#x}")
+}
+
+/// One `interpreter_offsets` range and the program it dispatches to, as
+/// every report writes it: `0xfab70..=0x1054c1 (python)`.
+pub fn interpreter_range(lower: u64, upper: u64, program: u16) -> String {
+    format!(
+        "{} ({})",
+        inclusive_range(lower, upper),
+        program::name(program)
+    )
 }
 
 /// Map names, as the BPF object declares them.
@@ -495,6 +562,22 @@ pub fn class_entries(class: u16) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn codes_have_names_and_unknown_ones_their_numbers() {
+        assert_eq!(command::name(command::PLT), "PLT");
+        assert_eq!(command::name(9), "command 9");
+        assert_eq!(opcode::name(opcode::BASE_SP), "sp");
+        assert_eq!(
+            opcode::name(opcode::BASE_FP | opcode::FLAG_DEREF),
+            "deref fp"
+        );
+        assert_eq!(opcode::name(0x17), "opcode 0x17");
+        assert_eq!(program::name(program::PYTHON), "python");
+        assert_eq!(program::name(program::GO_LABELS), "golabels");
+        assert_eq!(program::name(42), "program 42");
+        assert_eq!(inclusive_range(0xfab70, 0x1054c1), "0xfab70..=0x1054c1");
+    }
 
     #[test]
     fn flatten_lays_the_elements_end_to_end() {

@@ -349,7 +349,10 @@ pub fn render_line(a: &AddressAnswer) -> String {
         }
         match ans.outcome {
             Outcome::Stop => line.push_str(": STOP"),
-            Outcome::Command { command } => line.push_str(&format!(": command {command}")),
+            Outcome::Command { command } => line.push_str(&format!(
+                ": {}",
+                eim_core::abi::command::name(i32::from(command))
+            )),
             Outcome::Rule {
                 slot,
                 opcode,
@@ -357,7 +360,9 @@ pub fn render_line(a: &AddressAnswer) -> String {
                 fp_opcode,
                 fp_param,
             } => line.push_str(&format!(
-                ": unwind info {slot} (opcode {opcode:#x} param {param}, fp opcode {fp_opcode:#x} fp param {fp_param})"
+                ": unwind info {slot} (cfa {} {param}, fp {} {fp_param})",
+                eim_core::abi::opcode::name(opcode),
+                eim_core::abi::opcode::name(fp_opcode)
             )),
             Outcome::Error { code } => line.push_str(&format!(": {code}")),
         }

@@ -243,10 +243,12 @@ pub fn render_text(s: &Status) -> String {
     for f in &s.files {
         let classes: Vec<String> = f.classes.iter().map(u16::to_string).collect();
         let interp = f.interpreter_offsets.map_or(String::new(), |o| {
-            format!(
-                "program {} {:#x}..={:#x} {:#x}..={:#x}",
-                o.program, o.ranges[0].0, o.ranges[0].1, o.ranges[1].0, o.ranges[1].1
-            )
+            o.ranges
+                .iter()
+                .filter(|r| **r != (0, 0))
+                .map(|r| eim_core::abi::interpreter_range(r.0, r.1, o.program))
+                .collect::<Vec<_>>()
+                .join(" ")
         });
         t.row([
             f.host_file_id.clone(),

@@ -124,6 +124,7 @@ pub(crate) fn files_per_batch() -> usize {
 }
 
 pub(crate) fn host_config(args: &BackendArgs, pids: &[i32]) -> HostConfig {
+    note_unprivileged(pids);
     HostConfig {
         batch_files: files_per_batch(),
         only: (!pids.is_empty()).then(|| pids.iter().copied().collect()),
@@ -133,6 +134,25 @@ pub(crate) fn host_config(args: &BackendArgs, pids: &[i32]) -> HostConfig {
             OpenStrategy::MapFilesThenRoot
         },
         ..HostConfig::default()
+    }
+}
+
+/// Says once, at the start, that eim runs without the privilege to read
+/// other users' processes (they are then counted and named as not
+/// readable, not silently missed). Quiet when only given pids are read.
+fn note_unprivileged(pids: &[i32]) {
+    let ptrace = caps::has_cap(
+        None,
+        caps::CapSet::Effective,
+        caps::Capability::CAP_SYS_PTRACE,
+    );
+    if pids.is_empty() && !ptrace.unwrap_or(true) {
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        note!(
+            "eim: running unprivileged (uid {uid}, without CAP_SYS_PTRACE): only this user's \
+             processes can be read; run as root to see the whole host"
+        );
     }
 }
 

@@ -103,55 +103,125 @@ pub struct OffsetRange {
     pub upper: u64,
 }
 
+/// One thing a loader found, for a person.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Fact {
+    pub name: &'static str,
+    pub value: String,
+}
+
 /// An interpreter loader that recognised the file (or that claims it by
-/// name and refused it: then `data` is its error).
+/// name and refused it: then `error` says why and there are no facts).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LoaderMatch {
     pub loader: String,
-    /// The loader's data, as its `Debug` form, or `error: ...`.
-    pub data: String,
-    /// The BPF program the ranges dispatch to, if it writes any.
-    pub program: Option<u16>,
+    /// The name the loader recognised: the path as given, or, when no
+    /// loader claims that name, the path with its symbolic links resolved.
+    pub name: String,
+    /// The interpreter's version, if the loader read one.
+    pub version: Option<String>,
+    /// What it found (addresses in hex, tables by their size).
+    pub facts: Vec<Fact>,
+    pub error: Option<String>,
+    /// The BPF program the ranges dispatch to, if it writes any, by name.
+    pub program: Option<String>,
     pub interpreter_offsets: Vec<OffsetRange>,
+    /// The ranges as every report writes them (`0x10..=0x1f (python)`).
+    pub ranges: Vec<String>,
+}
+
+impl LoaderMatch {
+    /// One line: `python 3.11.2 (tss key 0x..., ...) interpreter_offsets
+    /// python 0x..=0x.. 0x..=0x..`.
+    pub fn line(&self) -> String {
+        let mut line = self.loader.clone();
+        if let Some(v) = &self.version {
+            line.push_str(&format!(" {v}"));
+        }
+        let facts: Vec<String> = self
+            .facts
+            .iter()
+            .filter(|f| f.name != "version")
+            .map(|f| format!("{} {}", f.name, f.value))
+            .collect();
+        if !facts.is_empty() {
+            line.push_str(&format!(" ({})", facts.join(", ")));
+        }
+        if let Some(e) = &self.error {
+            line.push_str(&format!(": error: {e}"));
+        }
+        if !self.ranges.is_empty() {
+            line.push_str(&format!(" interpreter_offsets {}", self.ranges.join(" ")));
+        }
+        if self.name.is_empty() {
+            line
+        } else {
+            format!("{line} [as {}]", self.name)
+        }
+    }
 }
 
 /// Every enabled loader's answer for the file at `path` (all tracers;
-/// the gaps come from `deltas`, empty when extraction failed).
+/// the gaps come from `deltas`, empty when extraction failed). Loaders
+/// that go by name see the path as given first; when none claims it, the
+/// path with its symbolic links resolved (`/usr/bin/python3` is
+/// `python3.11`), which `name` then records.
 pub fn loaders(
     file_id: FileId,
     path: &Path,
     elf: &Elf<'_>,
     deltas: &IntervalData,
 ) -> Vec<LoaderMatch> {
-    let name = path.to_string_lossy();
-    eim::files::loaders::detect(
-        file_id,
-        &name,
-        elf,
-        deltas,
-        eim::files::loaders::ALL_TRACERS,
-    )
-    .into_iter()
-    .map(|m| {
-        let (data, offsets) = match &m.outcome {
-            Ok(loaded) => (format!("{:?}", loaded.data), loaded.offsets.clone()),
-            Err(e) => (format!("error: {e}"), None),
-        };
-        LoaderMatch {
-            loader: m.loader.to_string(),
-            data,
-            program: offsets.as_ref().map(|o| o.program),
-            interpreter_offsets: offsets
-                .iter()
-                .flat_map(|o| std::iter::once(o.first.clone()).chain(o.second.clone()))
-                .map(|r| OffsetRange {
-                    lower: r.start,
-                    upper: r.end,
-                })
-                .collect(),
+    let detect = |name: &str| {
+        eim::files::loaders::detect(file_id, name, elf, deltas, eim::files::loaders::ALL_TRACERS)
+    };
+    let given = path.to_string_lossy();
+    let mut matches = detect(&given);
+    let mut as_name = String::new();
+    if matches.is_empty() {
+        if let Some(resolved) = resolved_name(path) {
+            matches = detect(&resolved);
+            as_name = resolved;
         }
-    })
-    .collect()
+    }
+    matches
+        .into_iter()
+        .map(|m| {
+            let (version, facts, error, offsets) = match &m.outcome {
+                Ok(loaded) => (
+                    Some(loaded.data.version()).filter(|v| !v.is_empty()),
+                    loaded
+                        .data
+                        .facts()
+                        .into_iter()
+                        .map(|(name, value)| Fact { name, value })
+                        .collect(),
+                    None,
+                    loaded.offsets.clone(),
+                ),
+                Err(e) => (None, Vec::new(), Some(e.to_string()), None),
+            };
+            LoaderMatch {
+                loader: m.loader.to_string(),
+                name: as_name.clone(),
+                version,
+                facts,
+                error,
+                program: offsets
+                    .as_ref()
+                    .map(|o| eim_core::abi::program::name(o.program)),
+                interpreter_offsets: offsets
+                    .iter()
+                    .flat_map(|o| std::iter::once(o.first.clone()).chain(o.second.clone()))
+                    .map(|r| OffsetRange {
+                        lower: r.start,
+                        upper: r.end,
+                    })
+                    .collect(),
+                ranges: offsets.iter().flat_map(|o| o.described()).collect(),
+            }
+        })
+        .collect()
 }
 
 /// Everything `eim inspect` says about one file.
@@ -184,20 +254,17 @@ impl Report {
             self.dtv.line()
         );
         for m in &self.loaders {
-            let ranges: Vec<String> = m
-                .interpreter_offsets
-                .iter()
-                .map(|r| format!("{:x}-{:x}", r.lower, r.upper))
-                .collect();
-            out.push_str(&format!(
-                "  {} data={} interpreter_offsets=[{}]\n",
-                m.loader,
-                m.data,
-                ranges.join(" ")
-            ));
+            out.push_str(&format!("  {}\n", m.line()));
         }
         out
     }
+}
+
+/// `path` with its symbolic links resolved, if that differs from `path`
+/// (the operator's path: following its links is what they asked for).
+fn resolved_name(path: &Path) -> Option<String> {
+    let resolved = std::fs::canonicalize(path).ok()?;
+    (resolved != path).then(|| resolved.to_string_lossy().into_owned())
 }
 
 /// Inspects the file at `path`.

@@ -25,8 +25,9 @@ pub struct LookupArgs {
     /// an ELF file and the addresses are its virtual addresses).
     #[arg(long)]
     pub pid: Option<i32>,
-    /// `ADDR...` with `--pid`, else `FILE ADDR...`; addresses in hex (0x...) or decimal.
-    /// (A file name need not be UTF-8.)
+    /// `ADDR...` with `--pid`, else `FILE ADDR...`; addresses in hex, with
+    /// or without 0x (as eim prints every address, and as addr2line reads
+    /// them). (A file name need not be UTF-8.)
     #[arg(required = true)]
     pub args: Vec<OsString>,
     /// Print the answers as one JSON document.
@@ -39,15 +40,17 @@ pub struct LookupArgs {
     pub pinned: bool,
 }
 
+/// An address in hex, `0x` or not: a bare `27234` is 0x27234, never
+/// decimal, like every address eim prints.
 fn parse_address(arg: &OsStr) -> anyhow::Result<u64> {
     let s = arg
         .to_str()
         .with_context(|| format!("not an address: {arg:?}"))?;
-    let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => s.parse(),
-    };
-    parsed.with_context(|| format!("not an address: {s:?}"))
+    let hex = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    u64::from_str_radix(hex, 16).with_context(|| format!("not a hexadecimal address: {s:?}"))
 }
 
 fn addresses(args: &[OsString]) -> anyhow::Result<Vec<u64>> {
@@ -126,5 +129,22 @@ pub fn run(args: &LookupArgs) -> anyhow::Result<ExitCode> {
             kernel_maps(&args.backend, false, false, files_per_batch())?,
             args,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_hex_with_or_without_0x() {
+        let parse = |s: &str| parse_address(OsStr::new(s)).ok();
+        assert_eq!(parse("27234"), Some(0x27234));
+        assert_eq!(parse("0x27234"), Some(0x27234));
+        assert_eq!(parse("0X7f12"), Some(0x7f12));
+        assert_eq!(parse("7fabc0"), Some(0x7f_abc0));
+        assert_eq!(parse("0x"), None);
+        assert_eq!(parse("12z"), None);
+        assert_eq!(parse("-1"), None);
     }
 }

@@ -362,6 +362,9 @@ struct Batch {
     files: HashMap<FileId, HostFile>,
 }
 
+/// Processes not readable that the summary names, at most.
+pub const NOT_READABLE_KEPT: usize = 32;
+
 /// The host's executables, kept loaded through an [`ExecutableInfoManager`].
 pub struct Host<B: Inspect> {
     manager: HostManager<B>,
@@ -373,6 +376,9 @@ pub struct Host<B: Inspect> {
     problems: BTreeMap<FileId, Problem>,
     /// Mappings that could not be opened, by path (no file id to key them).
     unopenable: BTreeMap<PathBuf, Problem>,
+    /// Processes whose mappings eim may not read, with their names (the
+    /// first [`NOT_READABLE_KEPT`] seen): the summary names them.
+    not_readable: BTreeMap<i32, String>,
     counters: Counters,
     last: StepReport,
     /// Upstream's counters are reset by every read; these are their totals.
@@ -416,6 +422,7 @@ impl<B: Inspect> Host<B> {
             files: BTreeMap::new(),
             problems: BTreeMap::new(),
             unopenable: BTreeMap::new(),
+            not_readable: BTreeMap::new(),
             counters: Counters::default(),
             last: StepReport::default(),
             metric_totals: BTreeMap::new(),
@@ -435,6 +442,24 @@ impl<B: Inspect> Host<B> {
 
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// Processes seen whose mappings eim may not read, by pid, with their
+    /// names (at most [`NOT_READABLE_KEPT`]).
+    pub fn not_readable(&self) -> &BTreeMap<i32, String> {
+        &self.not_readable
+    }
+
+    /// Counts a process eim may not read and keeps its name for the
+    /// summary (`/proc/PID/comm` is readable without privileges).
+    pub(crate) fn note_not_readable(&mut self, pid: i32) {
+        self.counters.permission_denied += 1;
+        if self.not_readable.len() < NOT_READABLE_KEPT {
+            let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|c| c.trim_end().to_string())
+                .unwrap_or_default();
+            self.not_readable.insert(pid, name);
+        }
     }
 
     pub fn last_step(&self) -> &StepReport {
@@ -589,7 +614,7 @@ impl<B: Inspect> Host<B> {
                 Err(ProcessError::Vanished { .. }) => self.counters.vanished += 1,
                 Err(e @ ProcessError::PermissionDenied { .. }) => {
                     tracing::debug!("{e}");
-                    self.counters.permission_denied += 1;
+                    self.note_not_readable(pid);
                     // Known before (privileges do not come and go): keep it.
                     alive.insert(pid);
                 }

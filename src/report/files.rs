@@ -160,17 +160,7 @@ fn interpreters(info: &ExecutableInfo) -> Vec<Interpreter> {
             Ok(loaded) => Interpreter {
                 loader: m.loader.to_string(),
                 version: Some(loaded.data.version()),
-                ranges: loaded
-                    .offsets
-                    .iter()
-                    .flat_map(|o| {
-                        std::iter::once(&o.first)
-                            .chain(o.second.as_ref())
-                            .map(move |r| {
-                                format!("{:#x}..{:#x} (program {})", r.start, r.end, o.program)
-                            })
-                    })
-                    .collect(),
+                ranges: loaded.offsets.iter().flat_map(|o| o.described()).collect(),
                 error: None,
             },
             Err(e) => Interpreter {

@@ -155,6 +155,17 @@ pub struct Processes {
     pub with_files: usize,
     /// Processes holding references now.
     pub tracked: usize,
+    /// Processes whose mappings eim may not read (the first
+    /// `host::scan::NOT_READABLE_KEPT` seen; `counters.permission_denied`
+    /// counts them all).
+    pub not_readable: Vec<NamedProcess>,
+}
+
+/// A process by pid and name (`/proc/PID/comm`).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct NamedProcess {
+    pub pid: i32,
+    pub name: String,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -405,6 +416,14 @@ impl Summary {
                 listed: step.processes,
                 with_files: step.with_files,
                 tracked: host.processes().len(),
+                not_readable: host
+                    .not_readable()
+                    .iter()
+                    .map(|(&pid, name)| NamedProcess {
+                        pid,
+                        name: name.clone(),
+                    })
+                    .collect(),
             },
             mappings: Mappings {
                 file_mappings: step.file_mappings,
@@ -513,6 +532,23 @@ impl Summary {
             grouped(self.counters.permission_denied),
         ]);
         out.push_str(&t.render());
+        if !self.processes.not_readable.is_empty() {
+            // A few by name in the text (the JSON has them all, up to
+            // NOT_READABLE_KEPT); the count is the table's.
+            const SHOWN: usize = 8;
+            let all = &self.processes.not_readable;
+            let mut named: Vec<String> = all
+                .iter()
+                .take(SHOWN)
+                .map(|p| format!("{} ({})", p.pid, p.name))
+                .collect();
+            if all.len() >= crate::host::scan::NOT_READABLE_KEPT {
+                named.push("and more".into());
+            } else if all.len() > SHOWN {
+                named.push(format!("and {} more", all.len() - SHOWN));
+            }
+            out.push_str(&format!("processes not readable: {}\n", named.join(", ")));
+        }
         out.push('\n');
 
         let e = &self.extraction;
@@ -682,17 +718,7 @@ fn found<'a>(files: impl Iterator<Item = &'a FileRecord>) -> Vec<Found> {
         }
         for m in info.interpreters.iter() {
             let Ok(loaded) = &m.outcome else { continue };
-            let ranges = loaded
-                .offsets
-                .iter()
-                .flat_map(|o| {
-                    std::iter::once(&o.first)
-                        .chain(o.second.as_ref())
-                        .map(move |r| {
-                            format!("{:#x}..{:#x} (program {})", r.start, r.end, o.program)
-                        })
-                })
-                .collect();
+            let ranges = loaded.offsets.iter().flat_map(|o| o.described()).collect();
             out.push(Found {
                 path: file.path.clone(),
                 kind: m.loader.to_string(),

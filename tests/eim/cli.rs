@@ -733,7 +733,7 @@ fn inspect_prints_the_oracles_tsd_line_for_every_input() {
         };
         assert_eq!(loaders, want, "{}", input.path);
         for loader in loaders {
-            assert!(text.contains(&format!("\n  {loader} data=")), "{text}");
+            assert!(text.contains(&format!("\n  {loader} ")), "{text}");
         }
         compared += 1;
     }
@@ -786,4 +786,112 @@ fn inspect_reports_a_file_it_cannot_read_and_goes_on() {
         .failure()
         .stderr(predicate::str::contains("/nonexistent/eim/libc.so.6"))
         .stdout(predicate::str::contains("# file: ").and(predicate::str::contains("volname")));
+}
+
+/// One vocabulary (issue 29): an interpreter's `interpreter_offsets`
+/// ranges read the same in `inspect`, `scan` and (over real pins, as root)
+/// `status`; and `inspect` of a symbolic link with a name no loader knows
+/// finds the interpreter under the name the link resolves to.
+#[test]
+fn one_range_vocabulary_and_interpreters_found_through_links() {
+    let python = std::path::Path::new("/usr/bin/python3.11");
+    if !eim_test_support::present(python) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let link = dir.path().join("some-tool");
+    std::os::unix::fs::symlink(python, &link).expect("symlink");
+    let report: Value =
+        serde_json::from_str(&stdout_of(eim().arg("inspect").arg("--json").arg(&link)))
+            .expect("inspect JSON");
+    let found = report["loaders"]
+        .as_array()
+        .expect("loaders")
+        .iter()
+        .find(|m| m["loader"] == "python")
+        .unwrap_or_else(|| panic!("no python loader through the link: {report}"))
+        .clone();
+    assert_eq!(found["name"], python.to_str().expect("UTF-8"), "{found}");
+    assert!(
+        found["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3.11")),
+        "{found}"
+    );
+    assert!(
+        found["facts"].as_array().is_some_and(|f| !f.is_empty()),
+        "{found}"
+    );
+    let ranges: Vec<String> = found["ranges"]
+        .as_array()
+        .expect("ranges")
+        .iter()
+        .map(|r| r.as_str().expect("range text").to_string())
+        .collect();
+    assert!(!ranges.is_empty(), "{found}");
+    for r in &ranges {
+        assert!(
+            r.starts_with("0x") && r.contains("..=0x") && r.ends_with(" (python)"),
+            "{r}"
+        );
+    }
+    // The text says the same, never a Debug dump.
+    let text = stdout_of(eim().arg("inspect").arg(&link));
+    assert!(text.contains(&ranges.join(" ")), "{text}");
+    assert!(
+        !text.contains("PythonData") && !text.contains("Some("),
+        "{text}"
+    );
+
+    // A scan of a process running it.
+    let mut running = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import time; print('ready', flush=True); time.sleep(60)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(running.stdout.as_mut().expect("stdout")),
+        &mut line,
+    )
+    .expect("ready");
+    let pid = running.id().to_string();
+    let scan: Value =
+        serde_json::from_str(&stdout_of(eim().args(["scan", "--json", "--pid", &pid])))
+            .expect("scan JSON");
+    let in_scan: Vec<String> = scan["found"]
+        .as_array()
+        .expect("found")
+        .iter()
+        .filter(|f| f["kind"] == "python")
+        .flat_map(|f| f["ranges"].as_array().cloned().unwrap_or_default())
+        .filter_map(|r| r.as_str().map(str::to_string))
+        .collect();
+    assert_eq!(in_scan, ranges, "{scan}");
+    let scan_text = stdout_of(eim().args(["scan", "--pid", &pid]));
+    assert!(scan_text.contains(&ranges.join(" ")), "{scan_text}");
+
+    // And `status` over real pins.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 && eim::bpf::probe::require_bpf("status ranges") {
+        let pins = format!("/sys/fs/bpf/eim-cli-vocabulary-{}", std::process::id());
+        stdout_of(eim().args([
+            "scan",
+            "--backend",
+            "kernel",
+            "--pin-dir",
+            &pins,
+            "--pid",
+            &pid,
+        ]));
+        let status = eim().args(["status", "--pin-dir", &pins]).output();
+        let _ = std::fs::remove_dir_all(&pins);
+        let status = String::from_utf8(status.expect("status").stdout).expect("UTF-8");
+        assert!(status.contains(&ranges.join(" ")), "{status}");
+    }
+    let _ = running.kill();
+    let _ = running.wait();
 }

@@ -31,6 +31,14 @@ impl InterpreterData for ApmData {
     fn version(&self) -> String {
         format!("v1 ({})", self.flavour)
     }
+
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("version", self.version()),
+            ("process storage", super::hex(self.process_storage)),
+            ("TLS offset", super::hex(self.tls_offset)),
+        ]
+    }
 }
 
 pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {

@@ -25,6 +25,13 @@ impl InterpreterData for DotnetData {
     fn version(&self) -> String {
         self.version.to_string()
     }
+
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("version", self.version()),
+            ("DAC table", super::hex(self.dac_table)),
+        ]
+    }
 }
 
 pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {

@@ -47,6 +47,14 @@ impl InterpreterData for GoData {
     fn version(&self) -> String {
         self.go_version.clone()
     }
+
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("version", self.version()),
+            ("functions", self.functions.to_string()),
+            ("pclntab bytes", self.pclntab_bytes.to_string()),
+        ]
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +72,13 @@ impl InterpreterData for GoLabelsData {
 
     fn version(&self) -> String {
         self.go_version.clone()
+    }
+
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("version", self.version()),
+            ("TLS g offset", self.tls_g_offset.to_string()),
+        ]
     }
 }
 

@@ -54,6 +54,14 @@ impl InterpreterData for HotspotData {
         }
         format!("{v}+{}", self.build)
     }
+
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("version", self.version()),
+            ("vmStructs fields", self.fields.len().to_string()),
+            ("vmStructs types", self.types.len().to_string()),
+        ]
+    }
 }
 
 /// What every name this loader looks up starts with (libjvm has 58k

@@ -64,6 +64,24 @@ pub trait InterpreterData: std::any::Any + Send + Sync + fmt::Debug {
     fn version(&self) -> String {
         String::new()
     }
+
+    /// What the loader found, for a person: (name, value) pairs, addresses
+    /// in hex, large tables by their size. `eim inspect` prints these,
+    /// never the `Debug` form.
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        vec![("version", self.version())]
+    }
+}
+
+/// An address as every fact writes it.
+pub fn hex(address: u64) -> String {
+    format!("{address:#x}")
+}
+
+/// A symbol's address (or TLS offset) and size, as facts write it.
+pub fn symbol_fact(symbol: &access::Symbol) -> String {
+    let tls = if symbol.tls { " (TLS offset)" } else { "" };
+    format!("{:#x}{tls}, {} bytes", symbol.address, symbol.size)
 }
 
 /// What a loader sees of a file.
@@ -181,6 +199,15 @@ pub struct InterpreterOffsets {
 }
 
 impl InterpreterOffsets {
+    /// Each range as every report writes it
+    /// ([`crate::abi::interpreter_range`]).
+    pub fn described(&self) -> Vec<String> {
+        std::iter::once(&self.first)
+            .chain(self.second.as_ref())
+            .map(|r| crate::abi::interpreter_range(r.start, r.end, self.program))
+            .collect()
+    }
+
     pub fn one(program: u16, range: Range<u64>) -> Self {
         Self {
             program,

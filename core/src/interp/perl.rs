@@ -38,6 +38,13 @@ impl InterpreterData for PerlData {
     fn version(&self) -> String {
         self.version.to_string()
     }
+
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("version", self.version()),
+            ("runops", super::symbol_fact(&self.runops)),
+        ]
+    }
 }
 
 /// Whether the name is a perl file: the library, or the executable unless

@@ -76,6 +76,14 @@ impl InterpreterData for PhpData {
     fn version(&self) -> String {
         self.version.to_string()
     }
+
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("version", self.version()),
+            ("executor globals", super::hex(self.executor_globals)),
+            ("execute_ex", super::symbol_fact(&self.execute_ex)),
+        ]
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,6 +102,13 @@ impl InterpreterData for OpcacheData {
 
     fn version(&self) -> String {
         self.version.to_string()
+    }
+
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("version", self.version()),
+            ("extension entry", super::hex(self.extension_entry)),
+        ]
     }
 }
 

@@ -65,6 +65,22 @@ impl InterpreterData for PythonData {
     fn version(&self) -> String {
         self.version.to_string()
     }
+
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![
+            ("version", self.version()),
+            ("tss key", super::hex(self.tss_key)),
+            ("eval loop", super::symbol_fact(&self.eval_loop)),
+            ("type layouts", self.types.len().to_string()),
+        ];
+        if let Some(r) = self.runtime {
+            out.push(("runtime", super::hex(r)));
+        }
+        if let Some(c) = &self.cold {
+            out.push(("cold code", crate::abi::inclusive_range(c.start, c.end)));
+        }
+        out
+    }
 }
 
 /// The version in the name, if the file is a python file.

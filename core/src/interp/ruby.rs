@@ -29,6 +29,14 @@ impl InterpreterData for RubyData {
     fn version(&self) -> String {
         self.version.to_string()
     }
+
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("version", self.version()),
+            ("context", super::hex(self.context)),
+            ("vm_exec", super::symbol_fact(&self.vm_exec)),
+        ]
+    }
 }
 
 pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {

@@ -62,6 +62,17 @@ impl InterpreterData for V8Data {
             None => format!("{}.{}.{}", self.major, self.minor, self.build),
         }
     }
+
+    fn facts(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![
+            ("version", self.version()),
+            ("introspection values", self.introspection.len().to_string()),
+        ];
+        if let Some(s) = &self.snapshot {
+            out.push(("snapshot", crate::abi::inclusive_range(s.start, s.end)));
+        }
+        out
+    }
 }
 
 pub fn load(info: &LoaderInfo<'_, '_>) -> Result<Option<Loaded>, LoaderError> {

@@ -126,6 +126,7 @@ impl<B: Inspect> Host<B> {
             mut files,
             mut problems,
             unopenable,
+            not_readable,
             mut counters,
             last,
             metric_totals,
@@ -252,6 +253,7 @@ impl<B: Inspect> Host<B> {
             files,
             problems,
             unopenable,
+            not_readable,
             counters,
             last,
             metric_totals,
@@ -289,7 +291,7 @@ impl<B: Inspect> Host<B> {
                 Err(ProcessError::Vanished { .. }) => self.counters.vanished += 1,
                 Err(e @ ProcessError::PermissionDenied { .. }) => {
                     tracing::debug!("{e}");
-                    self.counters.permission_denied += 1;
+                    self.note_not_readable(pid);
                 }
                 Err(e @ ProcessError::Io { .. }) => {
                     tracing::warn!("{e}");
