@@ -21,8 +21,8 @@
 //!   mapped (or read through a `LazyFile`), parsed and extracted per
 //!   iteration, page cache warm: what reading on demand costs against a map.
 //!
-//! Test data: `$EIM_TESTDATA`, else `../../shared/testdata` from this
-//! crate. `EIM_BENCH_USR=0` skips the `/usr` walk.
+//! Test data: `$EIM_TESTDATA`, else the repository's `tests/data`.
+//! `EIM_BENCH_USR=0` skips the `/usr` walk.
 
 use std::fs::File;
 use std::hint::black_box;

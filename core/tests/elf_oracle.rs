@@ -1,10 +1,10 @@
-//! Extraction against upstream's own output (`shared/testdata/oracle` and
-//! `shared/testdata/upstream`), line for line, and upstream's extraction
-//! test vectors (spec 5.8 and 10).
+//! Extraction against upstream's own output (`tests/data/oracle` and
+//! `tests/data/upstream`), line for line, and upstream's extraction test
+//! vectors (spec 5.8 and 10).
 //!
-//! Test data: `$EIM_TESTDATA`, else `../../shared/testdata` from this
-//! crate. Inputs from the stock machine (absolute paths in the manifest)
-//! are checked against their recorded sha256 first.
+//! Test data: the repository's `tests/data`, or `$EIM_TESTDATA`. Inputs
+//! from the stock machine (absolute paths in the manifest) are checked
+//! against their recorded sha256 first: another version is a loud skip.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;

@@ -1,5 +1,5 @@
 //! The `.gopclntab` stage against upstream's output for the Go corpus
-//! (`shared/testdata/oracle`, rows `gocorpus-*`).
+//! (`tests/data/oracle`, rows `gocorpus-*`).
 //!
 //! The oracle lists are whole-file results: Go deltas plus whatever the
 //! later stages add outside the Go range, sorted and de-duplicated. So the

@@ -14,12 +14,12 @@ use libfuzzer_sys::fuzz_target;
 mod on_demand;
 
 const FILES: &[&[u8]] = &[
-    include_bytes!("../../../shared/testdata/upstream/volname"),
-    include_bytes!("../../../shared/testdata/oracle/bin/ccorpus-x86_64-O2"),
-    include_bytes!("../../../shared/testdata/oracle/bin/ccorpus-x86_64-O2-debugframe"),
-    include_bytes!("../../../shared/testdata/oracle/bin/ccorpus-aarch64-O2"),
-    include_bytes!("../../../shared/testdata/oracle/bin/aarch64-libpthread.so.0"),
-    include_bytes!("../../../shared/testdata/oracle/bin/gocorpus-go1.23-amd64"),
+    include_bytes!("../../tests/data/upstream/volname"),
+    include_bytes!("../../tests/data/oracle/bin/ccorpus-x86_64-O2"),
+    include_bytes!("../../tests/data/oracle/bin/ccorpus-x86_64-O2-debugframe"),
+    include_bytes!("../../tests/data/oracle/bin/ccorpus-aarch64-O2"),
+    include_bytes!("../../tests/data/oracle/bin/aarch64-libpthread.so.0"),
+    include_bytes!("../../tests/data/oracle/bin/gocorpus-go1.23-amd64"),
 ];
 
 #[derive(Arbitrary, Debug)]

@@ -1,4 +1,4 @@
-//! The real ELF files of the shared test data, extracted once.
+//! The real ELF files of the test data (`tests/data`), extracted once.
 //!
 //! The simulator maps real files next to synthetic ones, so that the tables
 //! it loads have the shapes real compilers produce (Go binaries, C
@@ -14,7 +14,9 @@ use eim_core::elf::{extract, vdso, Elf};
 /// Why the corpus could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum CorpusError {
-    #[error("test data not found at {0} (set EIM_TESTDATA or pass --testdata)")]
+    #[error(
+        "test data not found at {0} (the repository's tests/data; set EIM_TESTDATA or pass --testdata)"
+    )]
     Missing(PathBuf),
     #[error("cannot read {path}: {cause}")]
     Read {
@@ -33,7 +35,7 @@ pub struct RealFile {
     pub data: IntervalData,
 }
 
-/// The ELF inputs of `shared/testdata` that do not depend on the machine:
+/// The ELF inputs of the test data that do not depend on the machine:
 /// `oracle/bin/*` and the upstream test files. Sorted by name, so file
 /// indices mean the same everywhere.
 const UPSTREAM: [&str; 4] = [
@@ -43,7 +45,7 @@ const UPSTREAM: [&str; 4] = [
     "volname",
 ];
 
-/// `$EIM_TESTDATA`, else `shared/testdata` next to the repository.
+/// `$EIM_TESTDATA`, else the repository's `tests/data`.
 pub fn default_testdata() -> PathBuf {
     eim_test_support::data::testdata_path()
 }

@@ -17,7 +17,7 @@ fn corpus() -> &'static [RealFile] {
     static CORPUS: OnceLock<Vec<RealFile>> = OnceLock::new();
     CORPUS.get_or_init(|| {
         let files = corpus::load(&corpus::default_testdata())
-            .unwrap_or_else(|e| panic!("the simulator needs the shared test data: {e}"));
+            .unwrap_or_else(|e| panic!("the simulator needs the test data: {e}"));
         assert!(files.len() >= 16, "{} real files", files.len());
         files
     })

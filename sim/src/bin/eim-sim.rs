@@ -53,8 +53,8 @@ struct Args {
     /// With --soak: stop after this many minutes.
     #[arg(long, requires = "soak")]
     minutes: Option<f64>,
-    /// The shared test data (default: $EIM_TESTDATA, else shared/testdata
-    /// next to the repository).
+    /// The test data (default: $EIM_TESTDATA, else the repository's
+    /// tests/data).
     #[arg(long)]
     testdata: Option<PathBuf>,
     /// Time allowed for shrinking a failing trace.

@@ -1,23 +1,40 @@
-//! The test data: `$EIM_TESTDATA`, else `shared/testdata` next to the
-//! repository.
+//! The test data: the repository's `tests/data` (`$EIM_TESTDATA`
+//! overrides it), so that a clone holds everything its tests read.
 
 use std::path::{Path, PathBuf};
 
+/// The repository's own copy of the test data (`tests/data`), whatever
+/// `$EIM_TESTDATA` says: the copy the integrity test checks.
+pub fn in_repo() -> PathBuf {
+    // Known at compile time: this crate is `tests/support`, and its parent
+    // is `tests/`.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/support is inside tests/")
+        .join("data")
+}
+
 /// Where the test data is meant to be, whether or not it is there (for a
-/// tool that reports its absence itself).
+/// tool that reports its absence itself): `$EIM_TESTDATA`, else
+/// [`in_repo`].
 pub fn testdata_path() -> PathBuf {
     std::env::var_os("EIM_TESTDATA")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata"))
+        .unwrap_or_else(in_repo)
 }
 
 /// The test data's directory. Panics loudly when it is missing: an oracle
 /// test must never pass by finding nothing to compare.
 pub fn testdata() -> PathBuf {
     let dir = testdata_path();
+    let how = if std::env::var_os("EIM_TESTDATA").is_some() {
+        "$EIM_TESTDATA names it"
+    } else {
+        "the repository's tests/data; $EIM_TESTDATA overrides it"
+    };
     assert!(
         dir.join("oracle/MANIFEST.tsv").is_file() && dir.join("upstream").is_dir(),
-        "oracle test data not found at {} (set EIM_TESTDATA)",
+        "oracle test data not found at {} ({how})",
         dir.display()
     );
     dir

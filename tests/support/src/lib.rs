@@ -1,7 +1,9 @@
 //! What every test, bench and fuzz target of eim shares, in one place:
 //!
-//! * [`data`]: where the test data is (`$EIM_TESTDATA`, else
-//!   `shared/testdata` next to the repository), reading it (xz included);
+//! * [`data`]: where the test data is (the repository's `tests/data`,
+//!   or `$EIM_TESTDATA`), reading it (xz included);
+//! * [`integrity`]: whether the test data is intact (`FILES.sha256`, the
+//!   oracle's manifests);
 //! * [`oracle`]: the oracle's inputs as its manifest names them, with the
 //!   check that a file of the machine image is the one it was made from,
 //!   and their delta files;
@@ -24,6 +26,7 @@ pub mod data;
 pub mod errors;
 pub mod files;
 pub mod host;
+pub mod integrity;
 pub mod oracle;
 pub mod rng;
 pub mod skip;

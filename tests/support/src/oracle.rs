@@ -43,25 +43,48 @@ impl Input {
         bytes
     }
 
-    /// Whether the file is here. A file of the machine image that a stock
-    /// machine lacks (musl's `libc.so`, which `tests/run` installs) is a
-    /// loud skip of this input, or a failure under
-    /// `EIM_REQUIRE_INTERPRETERS`; a missing file of the test data itself
-    /// is always a failure.
+    /// Whether the file is here and is the oracle's. A file of the machine
+    /// image that a stock machine lacks (musl's `libc.so`, which
+    /// `tests/run` installs) or has in another version (another
+    /// distribution, a later package) is a loud skip of this input, or a
+    /// failure under `EIM_REQUIRE_INTERPRETERS`; a missing file of the
+    /// test data itself is always a failure (and a changed one fails
+    /// [`Input::bytes`] and the integrity test).
     pub fn available(&self) -> bool {
-        if self.file.exists() {
+        let of_the_machine = Path::new(&self.path).is_absolute();
+        if !self.file.exists() {
+            assert!(
+                of_the_machine,
+                "{}: missing from the test data",
+                self.file.display()
+            );
+            crate::skip::skip_or_fail(&format!(
+                "the oracle input {} ({})",
+                self.file.display(),
+                self.name
+            ));
+            return false;
+        }
+        if !of_the_machine {
             return true;
         }
-        assert!(
-            Path::new(&self.path).is_absolute(),
-            "{}: missing from the test data",
-            self.file.display()
+        let found = match std::fs::read(&self.file) {
+            Ok(bytes) => sha256_hex(&bytes),
+            Err(e) => format!("unreadable: {e}"),
+        };
+        if found == self.sha256 {
+            return true;
+        }
+        crate::skip::skip_unless_required(
+            "EIM_REQUIRE_INTERPRETERS",
+            &format!(
+                "the oracle input {} ({}) is not the file the oracle was made from \
+                 (sha256 {found}, MANIFEST.tsv says {}): its outputs cannot be compared",
+                self.file.display(),
+                self.name,
+                self.sha256
+            ),
         );
-        crate::skip::skip_or_fail(&format!(
-            "the oracle input {} ({})",
-            self.file.display(),
-            self.name
-        ));
         false
     }
 }
