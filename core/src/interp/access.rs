@@ -23,6 +23,12 @@ pub struct Symbol {
 }
 
 impl Symbol {
+    /// Its address (or TLS offset) and size, as loader facts write it.
+    pub fn fact(&self) -> String {
+        let tls = if self.tls { " (TLS offset)" } else { "" };
+        format!("{:#x}{tls}, {} bytes", self.address, self.size)
+    }
+
     /// Upstream's `GetSymbolAsRanges`: `[address, address + size)`.
     pub fn range(&self) -> Range<u64> {
         self.address..self.address.saturating_add(self.size)

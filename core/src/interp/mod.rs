@@ -78,12 +78,6 @@ pub fn hex(address: u64) -> String {
     format!("{address:#x}")
 }
 
-/// A symbol's address (or TLS offset) and size, as facts write it.
-pub fn symbol_fact(symbol: &access::Symbol) -> String {
-    let tls = if symbol.tls { " (TLS offset)" } else { "" };
-    format!("{:#x}{tls}, {} bytes", symbol.address, symbol.size)
-}
-
 /// What a loader sees of a file.
 pub struct LoaderInfo<'a, 'd> {
     pub file_id: FileId,

@@ -42,7 +42,7 @@ impl InterpreterData for PerlData {
     fn facts(&self) -> Vec<(&'static str, String)> {
         vec![
             ("version", self.version()),
-            ("runops", super::symbol_fact(&self.runops)),
+            ("runops", self.runops.fact()),
         ]
     }
 }

@@ -81,7 +81,7 @@ impl InterpreterData for PhpData {
         vec![
             ("version", self.version()),
             ("executor globals", super::hex(self.executor_globals)),
-            ("execute_ex", super::symbol_fact(&self.execute_ex)),
+            ("execute_ex", self.execute_ex.fact()),
         ]
     }
 }

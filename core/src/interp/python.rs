@@ -70,7 +70,7 @@ impl InterpreterData for PythonData {
         let mut out = vec![
             ("version", self.version()),
             ("tss key", super::hex(self.tss_key)),
-            ("eval loop", super::symbol_fact(&self.eval_loop)),
+            ("eval loop", self.eval_loop.fact()),
             ("type layouts", self.types.len().to_string()),
         ];
         if let Some(r) = self.runtime {

@@ -34,7 +34,7 @@ impl InterpreterData for RubyData {
         vec![
             ("version", self.version()),
             ("context", super::hex(self.context)),
-            ("vm_exec", super::symbol_fact(&self.vm_exec)),
+            ("vm_exec", self.vm_exec.fact()),
         ]
     }
 }
