@@ -15,7 +15,7 @@ use eim_core::elf::{extract, vdso, Elf};
 #[derive(Debug, thiserror::Error)]
 pub enum CorpusError {
     #[error(
-        "test data not found at {0} (the repository's tests/data; set EIM_TESTDATA or pass --testdata)"
+        "test data not found at {0} (by default the repository's tests/data; EIM_TESTDATA or --testdata name another)"
     )]
     Missing(PathBuf),
     #[error("cannot read {path}: {cause}")]

@@ -136,3 +136,37 @@ fn the_machine_images_inputs_are_the_oracles_or_a_loud_skip() {
         input.bytes(); // checks its sha256 again, as every oracle test does
     }
 }
+
+/// A file of the machine image in another version (another distribution,
+/// a later package) is not compared with the oracle's outputs of the one
+/// it was made from: a loud skip, or a failure when the inputs are
+/// required.
+#[test]
+fn a_machine_file_of_another_version_is_a_loud_skip() {
+    let path = std::env::temp_dir().join(format!(
+        "eim-oracle-input-of-another-version-{}",
+        std::process::id()
+    ));
+    std::fs::write(&path, b"not the oracle's libc").expect("a temporary file");
+    let oracle_dir = in_repo().join("oracle");
+    let input = oracle::Input {
+        name: "x86_64-libc.so.6".into(),
+        file: path.clone(),
+        path: path.display().to_string(),
+        deltas: oracle_dir.join("x86_64-libc.so.6.deltas.xz"),
+        tsd: Some(oracle_dir.join("x86_64-libc.so.6.tsd")),
+        dir: oracle_dir,
+        sha256: "6b4a45352fd0c540a9c7c718f35ce8c8e46a4e482f9d3885a910c32d1a0e1421".into(),
+        fileid64: None,
+    };
+    let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| input.available()));
+    let _ = std::fs::remove_file(&path);
+    if std::env::var_os("EIM_REQUIRE_INTERPRETERS").is_some() {
+        assert!(
+            answer.is_err(),
+            "required, and of another version: a failure"
+        );
+    } else {
+        assert_eq!(answer.ok(), Some(false), "another version: skipped");
+    }
+}
