@@ -33,6 +33,7 @@ use eim::bpf::{bpffs, lock, pinned, sys, KernelConfig};
 use serde_json::Value;
 
 mod crash;
+mod readers;
 mod status;
 
 /// How long any one eim run may take.
