@@ -22,8 +22,15 @@ use super::*;
 
 /// Files the owner loads and unloads.
 const FILES: u64 = 1500;
-/// Files per load batch.
+/// Files per load batch, and per run of unloads.
 const BATCH: usize = 100;
+/// What the owner does between two batches besides writing (a watch
+/// reads `/proc` and extracts the files of the next batch: milliseconds
+/// per file). An owner that writes back to back with no pause at all
+/// leaves a reader no window, and the reader then says so (see
+/// `eim_bpf::generation`); 20 ms per 100 files is still thousands of
+/// files a second, far more than a watch loads.
+const BETWEEN_BATCHES: Duration = Duration::from_millis(20);
 
 /// File `n`'s synthetic table: 24 functions over four 64 KiB pages, their
 /// frame sizes varying with `n` so that files share some slots and not
@@ -78,6 +85,7 @@ fn load_all(
             r.map_err(|e| format!("loading {id:?}: {e}"))?;
         }
         loads.fetch_add(chunk.len(), Ordering::Relaxed);
+        std::thread::sleep(BETWEEN_BATCHES);
     }
     Ok(())
 }
@@ -96,6 +104,9 @@ impl Owner {
                     manager
                         .remove_or_dec_ref(file_id(n))
                         .map_err(|e| format!("unloading file {n}: {e}"))?;
+                    if (n + 1) % BATCH as u64 == 0 {
+                        std::thread::sleep(BETWEEN_BATCHES);
+                    }
                 }
                 r.fetch_add(1, Ordering::Relaxed);
             }
