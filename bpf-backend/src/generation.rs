@@ -24,6 +24,15 @@
 //! change can do) it pauses and tries again, a bounded number of times,
 //! and then says what it has: the last whole read marked torn, or nothing.
 //!
+//! An owner that writes back to back (one unload after another, each an
+//! RCU wait long) leaves even windows of microseconds, shorter than any
+//! read. So a reader asks for a window: it holds the pin directory's
+//! readers' file ([`crate::lock::readers_file`]) shared around each
+//! attempt, and the owner, before each run, waits while it is held, at
+//! most [`READER_WINDOW`]; a reader that overstays it is not waited for
+//! again for [`READER_COOLDOWN`], so a stuck reader slows the owner by at
+//! most 5 %.
+//!
 //! A published inner array is never written (eim fills an array before it
 //! publishes it), so what a reader read of one, by its map id, stays true
 //! as long as that id is published: the readers keep it across attempts
@@ -69,7 +78,18 @@ pub struct Generation {
     mapped: usize,
     /// Runs begun and not ended (nested runs bump the counter once).
     depth: u32,
+    /// The pin directory's readers' file ([`crate::lock`]): a reader that
+    /// holds it shared is asking for a window between two runs.
+    readers: Option<std::fs::File>,
+    /// After a reader kept the window longer than [`READER_WINDOW`], runs
+    /// do not wait for readers again until then.
+    ignore_readers_until: Option<std::time::Instant>,
 }
+
+/// The longest a run waits for a reader that asked for a window.
+pub const READER_WINDOW: Duration = Duration::from_millis(50);
+/// How long runs go on without waiting after a reader overstayed.
+pub const READER_COOLDOWN: Duration = Duration::from_secs(1);
 
 // SAFETY: the mapping is owned by this value alone (unmapped on drop) and
 // only touched through atomics.
@@ -127,6 +147,8 @@ impl Generation {
             value,
             mapped: page,
             depth: 0,
+            readers: None,
+            ignore_readers_until: None,
         })
     }
 
@@ -146,9 +168,41 @@ impl Generation {
         self.fd.as_fd()
     }
 
+    /// Gives readers who ask for a window (a shared lock on `readers`)
+    /// one before each run, at most [`READER_WINDOW`].
+    pub fn yield_to_readers(&mut self, readers: std::fs::File) {
+        self.readers = Some(readers);
+    }
+
+    /// Waits while a reader holds the window, at most [`READER_WINDOW`]
+    /// (and not at all during a cooldown after a reader overstayed).
+    fn wait_for_window(&mut self) {
+        let Some(readers) = &self.readers else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        if self.ignore_readers_until.is_some_and(|t| started < t) {
+            return;
+        }
+        loop {
+            // SAFETY: flock on a descriptor this value owns.
+            if unsafe { libc::flock(readers.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                // SAFETY: as above.
+                unsafe { libc::flock(readers.as_raw_fd(), libc::LOCK_UN) };
+                return;
+            }
+            if started.elapsed() >= READER_WINDOW {
+                self.ignore_readers_until = Some(started + READER_COOLDOWN);
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+
     /// A run of writes starts (see the module notes).
     pub fn begin(&mut self) {
         if self.depth == 0 {
+            self.wait_for_window();
             let cell = self.cell();
             cell.store(next_odd(cell.load(Ordering::SeqCst)), Ordering::SeqCst);
             // The odd value is visible before any write of the run.
@@ -187,7 +241,10 @@ impl Drop for Generation {
 /// pin): one lookup.
 pub fn read(fd: BorrowedFd<'_>) -> Result<u64, SysError> {
     let value = sys::lookup_elem(fd, &0u32.to_le_bytes(), 8)?.unwrap_or_default();
-    let bytes: [u8; 8] = value.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]);
+    let bytes: [u8; 8] = value
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .unwrap_or([0; 8]);
     Ok(u64::from_le_bytes(bytes))
 }
 
@@ -199,7 +256,15 @@ pub struct Patience {
     /// other, up to `longest_pause`.
     pub first_pause: Duration,
     pub longest_pause: Duration,
+    /// While the counter is odd at an attempt's start, how many times it
+    /// is read again, [`EVEN_POLL`] apart, before the attempt counts as
+    /// failed (the run in progress ends; with the window taken, no other
+    /// starts meanwhile).
+    pub even_polls: u32,
 }
+
+/// The pause between two reads of an odd counter.
+pub const EVEN_POLL: Duration = Duration::from_millis(1);
 
 impl Patience {
     /// What `eim status` and `eim lookup --pinned` use: 60 attempts, 1 ms
@@ -208,6 +273,7 @@ impl Patience {
         attempts: 60,
         first_pause: Duration::from_millis(1),
         longest_pause: Duration::from_millis(100),
+        even_polls: 200,
     };
 
     /// The pause after failed attempt `n` (from 1).
@@ -279,11 +345,15 @@ pub enum ReadError<E> {
 /// Reads through `read` until a read falls within one even value of
 /// `generation` (see the module notes), pausing with `pause` between
 /// attempts as `patience` says.
+/// `window(true)` is called before each attempt and `window(false)` after
+/// it: the reader asks the owner for a window there ([`Generation`]
+/// waits, bounded, before its next run while one is asked for).
 pub fn read_consistent<T, E>(
     mut generation: impl FnMut() -> Result<u64, E>,
     mut read: impl FnMut() -> Result<Attempt<T>, E>,
     patience: Patience,
     mut pause: impl FnMut(Duration),
+    mut window: impl FnMut(bool),
 ) -> Result<Snapshot<T>, ReadError<E>> {
     let mut last = None;
     let mut waited = Duration::ZERO;
@@ -293,21 +363,36 @@ pub fn read_consistent<T, E>(
             waited += p;
             pause(p);
         }
-        let before = generation().map_err(ReadError::Failed)?;
-        if before % 2 == 1 {
-            continue;
+        window(true);
+        let attempt = (|| {
+            let mut before = generation()?;
+            for _ in 0..patience.even_polls {
+                if before % 2 == 0 {
+                    break;
+                }
+                pause(EVEN_POLL);
+                before = generation()?;
+            }
+            if before % 2 == 1 {
+                return Ok(None);
+            }
+            let Attempt::Read(value) = read()? else {
+                return Ok(None);
+            };
+            Ok(Some((value, before, generation()?)))
+        })();
+        window(false);
+        match attempt.map_err(ReadError::Failed)? {
+            Some((value, before, after)) if after == before => {
+                return Ok(Snapshot::Consistent {
+                    value,
+                    generation: before,
+                    attempts: n,
+                })
+            }
+            Some((value, _, _)) => last = Some(value),
+            None => {}
         }
-        let Attempt::Read(value) = read().map_err(ReadError::Failed)? else {
-            continue;
-        };
-        if generation().map_err(ReadError::Failed)? == before {
-            return Ok(Snapshot::Consistent {
-                value,
-                generation: before,
-                attempts: n,
-            });
-        }
-        last = Some(value);
     }
     let attempts = patience.attempts.max(1);
     match last {
@@ -325,6 +410,7 @@ mod tests {
         attempts: 5,
         first_pause: Duration::from_millis(1),
         longest_pause: Duration::from_millis(3),
+        even_polls: 0,
     };
 
     /// A reader against a scripted counter: each call of `generation` gives
@@ -349,6 +435,7 @@ mod tests {
             },
             QUICK,
             |p| pauses.borrow_mut().push(p),
+            |_| {},
         );
         (out, pauses.into_inner())
     }

@@ -394,6 +394,37 @@ impl ReadLock {
     }
 }
 
+/// Opens (creating it 0600 if needed) the readers' file of `dir` (an
+/// absolute, resolved path): what a reader holds shared while it reads,
+/// and an owner probes before each run of writes
+/// ([`crate::generation::Generation::yield_to_readers`]).
+pub fn readers_file(dir: &Path) -> Result<File, LockError> {
+    let lock_dir = lock_dir();
+    let dir_fd = open_lock_dir(&lock_dir)?;
+    let name = readers_name(&lock_name(dir));
+    let path = lock_dir.join(&name);
+    open_lock_file(&dir_fd, &name, &path)
+}
+
+/// Takes `file` (a readers' file) shared, trying a few times over about a
+/// millisecond (an owner holds it only for a probe); whether it did.
+pub fn hold_shared(file: &File) -> bool {
+    for _ in 0..10 {
+        // SAFETY: flock on a descriptor the caller owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    false
+}
+
+/// Lets go of a lock taken on `file`.
+pub fn let_go(file: &File) {
+    // SAFETY: flock on a descriptor the caller owns.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+}
+
 /// The readers' file of the lock file `name`.
 pub fn readers_name(name: &str) -> String {
     format!("{}.readers", name.strip_suffix(".lock").unwrap_or(name))

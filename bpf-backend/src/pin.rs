@@ -269,7 +269,8 @@ pub fn open_generation(
 ) -> Result<crate::generation::Generation, KernelError> {
     use crate::generation::{Generation, NAME};
     let path = dir.join(NAME);
-    let errno = |what, e: sys::SysError| pin_error(&path, what, io::Error::from_raw_os_error(e.errno));
+    let errno =
+        |what, e: sys::SysError| pin_error(&path, what, io::Error::from_raw_os_error(e.errno));
     let reopened = states
         .iter()
         .any(|(name, state)| name == NAME && *state == PinState::Reopened);
@@ -277,7 +278,8 @@ pub fn open_generation(
         let fd = sys::obj_get(&path).map_err(|e| errno("opening the pin", e))?;
         return Generation::adopt(fd).map_err(|e| errno("mapping the generation counter of", e));
     }
-    let counter = Generation::create().map_err(|e| errno("creating the generation counter for", e))?;
+    let counter =
+        Generation::create().map_err(|e| errno("creating the generation counter for", e))?;
     sys::obj_pin(counter.fd(), &path).map_err(|e| errno("pinning", e))?;
     Ok(counter)
 }

@@ -2,15 +2,15 @@
 //! writing) in a pin directory, as a [`Dump`], and the lookup program run
 //! over them ([`PinnedReader`]).
 //!
-//! A reader never takes the owner's exclusive lock: it asks for the shared
-//! one without waiting ([`crate::lock::read_lock`]), so it can neither
-//! block a running owner nor be refused by one, and it changes nothing.
-//! Every pin is first opened read-only (`BPF_F_RDONLY`) and checked; inner
-//! arrays are opened by the ids the outer maps hold, which needs
-//! CAP_SYS_ADMIN. Read while an owner writes, the maps may be caught
-//! between two ops of a plan (safe for the unwinder, but a table may be
-//! published before its pages, or left after them, for a moment); read
-//! after it exited, they are what it left.
+//! A reader never takes the owner's exclusive lock: it probes it
+//! ([`crate::lock::read_lock`]), so it can neither block a running owner
+//! nor be refused by one, and it changes nothing. Every pin is first
+//! opened read-only and checked; inner arrays are opened by the ids the
+//! outer maps hold, which needs CAP_SYS_ADMIN. Read while an owner writes,
+//! the maps are read within one generation of its writes
+//! ([`crate::generation`], [`PinnedReader::snapshot`]); read after it
+//! exited, they are what it left. A reader lets go of everything
+//! ([`PinnedReader::release`]) before it prints.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, OwnedFd};
@@ -120,14 +120,26 @@ pub fn dump_pinned(dir: &Path) -> Result<Dump, KernelError> {
 }
 
 /// Reads every map; [`Attempt::Changed`] if an inner array an outer map
-/// named was gone by the time it was opened. `arrays` holds what earlier
-/// attempts read of inner arrays, by map id: a published array is never
-/// written, so only arrays not read yet are read (see
-/// [`crate::generation`]).
+/// named was gone by the time it was opened. `arrays`: see [`fill`].
 fn dump_pins(
     pins: &[Pin],
     arrays: &mut BTreeMap<u32, Vec<StackDelta>>,
 ) -> Result<Attempt<Dump>, KernelError> {
+    let (mut dump, tables) = listing(pins)?;
+    Ok(if fill(&mut dump, &tables, arrays)? {
+        Attempt::Read(dump)
+    } else {
+        Attempt::Changed
+    })
+}
+
+/// One published table: its size class, file, and inner array's map id.
+type Table = (u16, FileId, u32);
+
+/// Every map but the inner arrays' contents (batch lookups only: the part
+/// of a read that must fall within one generation), and the tables the
+/// outer maps name.
+fn listing(pins: &[Pin]) -> Result<(Dump, Vec<Table>), KernelError> {
     let [pages, unwind_info, interpreter_offsets, outers @ .., process_mappings] = pins else {
         return Err(KernelError::Missing("the pinned maps".into()));
     };
@@ -139,35 +151,55 @@ fn dump_pins(
         outers: outers.iter().map(|pin| pin.fd.as_fd()).collect(),
         process_mappings: process_mappings.fd.as_fd(),
     };
-    let mut tables = 0;
-    let mut vanished = false;
-    let mut named = BTreeSet::new();
-    let mut dump = dump_from(&source, |class, file_id, id| {
-        tables += 1;
-        named.insert(id);
-        if let Some(deltas) = arrays.get(&id) {
-            return Ok(deltas.clone());
-        }
-        let inner = match open_by_id(class, file_id, id) {
-            Ok(inner) => inner,
-            Err(KernelError::InnerArray { cause, .. }) if cause.is(libc::ENOENT) => {
-                vanished = true;
-                return Ok(Vec::new());
-            }
-            Err(e) => return Err(e),
-        };
-        let deltas = read_deltas(inner.as_fd(), class)?;
-        arrays.insert(id, deltas.clone());
-        Ok(deltas)
+    let mut tables = Vec::new();
+    let dump = dump_from(&source, |class, file_id, id| {
+        tables.push((class, file_id, id));
+        Ok(Vec::new())
     })?;
+    Ok((dump, tables))
+}
+
+/// Fills in the deltas of every table of `tables` (each named by the
+/// listing `dump` came from); `false` if an inner array was gone by the
+/// time it was opened (the table was removed since: a change). `arrays`
+/// holds what earlier attempts read, by map id: a published array is never
+/// written, so only arrays not read yet are read (see
+/// [`crate::generation`]).
+fn fill(
+    dump: &mut Dump,
+    tables: &[Table],
+    arrays: &mut BTreeMap<u32, Vec<StackDelta>>,
+) -> Result<bool, KernelError> {
+    let named: BTreeSet<u32> = tables.iter().map(|(_, _, id)| *id).collect();
     // Arrays no longer published are of no later attempt.
     arrays.retain(|id, _| named.contains(id));
-    if vanished {
-        return Ok(Attempt::Changed);
+    for &(class, file_id, id) in tables {
+        let deltas = match arrays.get(&id) {
+            Some(deltas) => deltas.clone(),
+            None => {
+                let inner = match open_by_id(class, file_id, id) {
+                    Ok(inner) => inner,
+                    Err(KernelError::InnerArray { cause, .. }) if cause.is(libc::ENOENT) => {
+                        return Ok(false)
+                    }
+                    Err(e) => return Err(e),
+                };
+                let deltas = read_deltas(inner.as_fd(), class)?;
+                arrays.insert(id, deltas.clone());
+                deltas
+            }
+        };
+        if let Some((_, table)) = dump.delta_tables.get_mut(&(class, file_id)) {
+            *table = deltas;
+        }
     }
-    dump.live_inner_maps = tables;
-    Ok(Attempt::Read(dump))
+    dump.live_inner_maps = tables.len();
+    Ok(true)
 }
+
+/// How many snapshots [`PinnedReader::snapshot`] takes at most when
+/// tables it named are removed before their arrays are read.
+pub const SNAPSHOTS: usize = 20;
 
 /// The pinned maps of a directory, read as the profiler's BPF program
 /// reads them: dumped, and looked up through eim's lookup program loaded
@@ -275,11 +307,22 @@ impl PinnedReader {
                 ..patience
             }
         };
+        // Asking the owner for a window: the readers' file held shared
+        // around each attempt (see [`crate::generation`]).
+        let readers = lock::readers_file(&self.dir).ok();
         let out = generation::read_consistent(
             || generation::read(counter.as_fd()).map_err(KernelError::from),
             &mut read,
             patience,
             std::thread::sleep,
+            |open| match (&readers, open, &self.lock) {
+                // Holding it for the whole read already.
+                (_, _, ReadLock::Held { .. }) | (None, ..) => {}
+                (Some(file), true, _) => {
+                    lock::hold_shared(file);
+                }
+                (Some(file), false, _) => lock::let_go(file),
+            },
         );
         match out {
             Ok(snapshot) => Ok(snapshot),
@@ -305,9 +348,40 @@ impl PinnedReader {
 
     /// Reads every map, within one generation of the owner's writes (see
     /// [`Self::consistent`]).
+    ///
+    /// Only the batch lookups need fall within one generation: the inner
+    /// arrays the snapshot names are read after it (a published array is
+    /// never written). One that is gone by then was removed since: another
+    /// snapshot is taken (at most [`SNAPSHOTS`]), reading again only the
+    /// arrays it has not read yet.
     pub fn snapshot(&self, patience: Patience) -> Result<Snapshot<Dump>, KernelError> {
         let mut arrays = BTreeMap::new();
-        self.consistent(patience, || dump_pins(&self.pins, &mut arrays))
+        let mut attempts = 0;
+        for _ in 0..SNAPSHOTS {
+            let taken = self.consistent(patience, || listing(&self.pins).map(Attempt::Read))?;
+            attempts += taken.attempts();
+            let (generation, consistent) = match &taken {
+                Snapshot::Consistent { generation, .. } => (*generation, true),
+                Snapshot::Torn { .. } => (0, false),
+            };
+            let (mut dump, tables) = taken.into_value();
+            if !fill(&mut dump, &tables, &mut arrays)? {
+                continue;
+            }
+            return Ok(if consistent {
+                Snapshot::Consistent {
+                    value: dump,
+                    generation,
+                    attempts,
+                }
+            } else {
+                Snapshot::Torn {
+                    value: dump,
+                    attempts,
+                }
+            });
+        }
+        Err(self.busy(attempts, Duration::ZERO))
     }
 
     /// Reads every map once, whatever the owner does meanwhile.

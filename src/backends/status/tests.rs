@@ -134,5 +134,8 @@ fn a_snapshot_is_the_answer_even_under_a_running_owner() {
     assert!(s.is_consistent(), "{:?}", s.violations);
     assert_eq!(s.snapshot, Snapshot::Consistent);
     let text = render_text(&s);
-    assert!(text.contains("a snapshot: read between two of the owner's writes (attempt 3)"), "{text}");
+    assert!(
+        text.contains("a snapshot: read between two of the owner's writes (attempt 3)"),
+        "{text}"
+    );
 }

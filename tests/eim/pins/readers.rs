@@ -4,7 +4,9 @@
 //!
 //! * 100 `eim status` runs on a pin directory while its owner (a driver
 //!   through the library, in this process) loads and unloads 1,500 files
-//!   over and over: every one exits 0 with a consistent report;
+//!   over and over, back to back: every one exits 0 with a consistent
+//!   report taken as a snapshot (within one generation of the owner's
+//!   writes);
 //! * an owner starting while an `eim status` is blocked on a full pipe
 //!   (stdout a pipe nobody reads) starts while that status is still
 //!   blocked: the status let go of the pin directory before it printed.
@@ -22,15 +24,10 @@ use super::*;
 
 /// Files the owner loads and unloads.
 const FILES: u64 = 1500;
+/// Statuses run meanwhile.
+const STATUSES: usize = 100;
 /// Files per load batch, and per run of unloads.
 const BATCH: usize = 100;
-/// What the owner does between two batches besides writing (a watch
-/// reads `/proc` and extracts the files of the next batch: milliseconds
-/// per file). An owner that writes back to back with no pause at all
-/// leaves a reader no window, and the reader then says so (see
-/// `eim_bpf::generation`); 20 ms per 100 files is still thousands of
-/// files a second, far more than a watch loads.
-const BETWEEN_BATCHES: Duration = Duration::from_millis(20);
 
 /// File `n`'s synthetic table: 24 functions over four 64 KiB pages, their
 /// frame sizes varying with `n` so that files share some slots and not
@@ -39,9 +36,17 @@ fn deltas(n: u64) -> IntervalData {
     let mut d = IntervalData::new();
     for k in 0..24u64 {
         let frame = 8 * (1 + ((n + k) % 6) as i32);
-        d.add(StackDelta::new(0x1000 + k * 0x2000, hint::KEEP, info::sp(frame)));
+        d.add(StackDelta::new(
+            0x1000 + k * 0x2000,
+            hint::KEEP,
+            info::sp(frame),
+        ));
     }
-    d.add(StackDelta::new(0x1000 + 24 * 0x2000, hint::GAP, info::INVALID));
+    d.add(StackDelta::new(
+        0x1000 + 24 * 0x2000,
+        hint::GAP,
+        info::INVALID,
+    ));
     d
 }
 
@@ -85,7 +90,6 @@ fn load_all(
             r.map_err(|e| format!("loading {id:?}: {e}"))?;
         }
         loads.fetch_add(chunk.len(), Ordering::Relaxed);
-        std::thread::sleep(BETWEEN_BATCHES);
     }
     Ok(())
 }
@@ -95,7 +99,12 @@ impl Owner {
         let stop = Arc::new(AtomicBool::new(false));
         let rounds = Arc::new(AtomicUsize::new(0));
         let loads = Arc::new(AtomicUsize::new(0));
-        let (dir, s, r, l) = (dir.to_path_buf(), stop.clone(), rounds.clone(), loads.clone());
+        let (dir, s, r, l) = (
+            dir.to_path_buf(),
+            stop.clone(),
+            rounds.clone(),
+            loads.clone(),
+        );
         let thread = std::thread::spawn(move || {
             let manager = manager_of(&dir)?;
             while !s.load(Ordering::Relaxed) {
@@ -104,9 +113,6 @@ impl Owner {
                     manager
                         .remove_or_dec_ref(file_id(n))
                         .map_err(|e| format!("unloading file {n}: {e}"))?;
-                    if (n + 1) % BATCH as u64 == 0 {
-                        std::thread::sleep(BETWEEN_BATCHES);
-                    }
                 }
                 r.fetch_add(1, Ordering::Relaxed);
             }
@@ -123,7 +129,10 @@ impl Owner {
     fn finish(mut self) -> usize {
         self.stop.store(true, Ordering::Relaxed);
         let thread = self.thread.take().expect("a thread");
-        thread.join().expect("the owner panicked").expect("the owner failed");
+        thread
+            .join()
+            .expect("the owner panicked")
+            .expect("the owner failed");
         self.rounds.load(Ordering::Relaxed)
     }
 }
@@ -153,7 +162,7 @@ fn a_hundred_statuses_while_the_owner_loads_and_unloads_1500_files_all_read_cons
     let d = dir.to_str().expect("UTF-8");
     let mut failures = Vec::new();
     let mut files_seen = BTreeMap::new();
-    for i in 0..100 {
+    for i in 0..STATUSES {
         let done = run(&["status", "--json", "--pin-dir", d]);
         if !done.status.success() {
             failures.push(format!(
@@ -166,6 +175,7 @@ fn a_hundred_statuses_while_the_owner_loads_and_unloads_1500_files_all_read_cons
         }
         let s = done.json();
         assert_eq!(s["owned"], true, "{s}");
+        assert_eq!(s["snapshot"], "consistent", "status {i}");
         assert_eq!(s["violations"], serde_json::json!([]), "status {i}");
         *files_seen
             .entry(s["files"].as_array().expect("files").len())
@@ -181,7 +191,7 @@ fn a_hundred_statuses_while_the_owner_loads_and_unloads_1500_files_all_read_cons
     // The statuses saw the maps at many fill levels: they ran while the
     // owner wrote, not between rounds only.
     assert!(files_seen.len() > 1, "{files_seen:?}");
-    eprintln!("100 statuses over {rounds} rounds of 1,500 loads and unloads: files seen {files_seen:?}");
+    eprintln!("{STATUSES} statuses over {rounds} rounds of 1,500 loads and unloads: files seen {files_seen:?}");
 }
 
 /// A pipe: (read end, write end).

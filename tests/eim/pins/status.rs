@@ -262,7 +262,9 @@ fn an_owner_starting_under_a_reader_waits_for_it_then_owns_the_directory_even_a_
         started.stderr
     );
     assert!(
-        started.stderr.contains("still reading after 3s: starting anyway"),
+        started
+            .stderr
+            .contains("still reading after 3s: starting anyway"),
         "{}",
         started.stderr
     );
