@@ -63,7 +63,7 @@ pub fn shape() -> MapShape {
 
 /// The odd value that starts a run of writes after `current`.
 pub fn next_odd(current: u64) -> u64 {
-    if current % 2 == 0 {
+    if current.is_multiple_of(2) {
         current.wrapping_add(1)
     } else {
         current.wrapping_add(2)
@@ -221,7 +221,7 @@ impl Generation {
                 fence(Ordering::SeqCst);
                 let cell = self.cell();
                 let now = cell.load(Ordering::SeqCst);
-                if now % 2 == 1 {
+                if !now.is_multiple_of(2) {
                     cell.store(now.wrapping_add(1), Ordering::SeqCst);
                 }
             }
@@ -367,13 +367,13 @@ pub fn read_consistent<T, E>(
         let attempt = (|| {
             let mut before = generation()?;
             for _ in 0..patience.even_polls {
-                if before % 2 == 0 {
+                if before.is_multiple_of(2) {
                     break;
                 }
                 pause(EVEN_POLL);
                 before = generation()?;
             }
-            if before % 2 == 1 {
+            if !before.is_multiple_of(2) {
                 return Ok(None);
             }
             let Attempt::Read(value) = read()? else {
