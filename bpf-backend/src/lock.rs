@@ -860,6 +860,43 @@ mod tests {
     }
 
     #[test]
+    fn a_discarded_lock_removes_the_file_it_found_empty_and_keeps_an_earlier_owners() {
+        let dir = std::env::temp_dir().join(format!("eim-discard-{}", std::process::id()));
+        let dir = resolve(&dir).expect("resolve");
+        let lock = match PinLock::exclusive(&dir) {
+            Ok(lock) => lock,
+            Err(e) => {
+                eprintln!("SKIPPED: the lock directory is not writable here ({e})");
+                return;
+            }
+        };
+        let path = lock.path().to_path_buf();
+        assert!(path.exists());
+        let mode = std::fs::metadata(&path).expect("stat").permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+        // A refused start that made the file leaves none.
+        lock.discard();
+        assert!(!path.exists(), "{}", path.display());
+        // An owner that started wrote its record: a later refused start
+        // keeps it.
+        drop(PinLock::exclusive(&dir).expect("an owner"));
+        PinLock::exclusive(&dir).expect("a refused start").discard();
+        assert!(path.exists(), "an earlier owner's record was removed");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn the_readers_file_is_named_beside_the_lock_file() {
+        assert_eq!(
+            readers_name(&lock_name(Path::new("/sys/fs/bpf/eim"))),
+            "-sys-fs-bpf-eim.readers"
+        );
+    }
+
+    #[test]
     fn lock_names_are_readable_and_distinct() {
         assert_eq!(
             lock_name(Path::new("/sys/fs/bpf/eim")),

@@ -261,3 +261,23 @@ fn an_owner_starts_while_a_status_is_blocked_on_a_full_pipe() {
     let _ = status.wait();
     drop(read_end);
 }
+
+#[test]
+fn a_refused_pin_directory_leaves_no_lock_file() {
+    if !kernel_ready("a_refused_pin_directory_leaves_no_lock_file") {
+        return;
+    }
+    // Not a bpffs, not empty, and not asked to mount one: refused after
+    // the lock was taken.
+    let dir = tempfile::tempdir().expect("temporary directory");
+    std::fs::write(dir.path().join("a file"), b"x").expect("write");
+    let lock_file = lock::lock_file_of(dir.path()).expect("lock file name");
+    let _ = std::fs::remove_file(&lock_file);
+    let d = dir.path().to_str().expect("UTF-8");
+    run(&["scan", "--backend", "kernel", "--pin-dir", d, "--pid", "1"]).refused();
+    assert!(
+        !lock_file.exists(),
+        "{} left behind for a refused directory",
+        lock_file.display()
+    );
+}
