@@ -59,6 +59,13 @@ pub enum KernelError {
     Mount(#[from] MountError),
     #[error(transparent)]
     Shape(#[from] ShapeMismatch),
+    #[error("no consistent read of the maps pinned in {}: their owner{} was writing, or maps vanished, at each of {attempts} attempts over {waited:?}", dir.display(), owner.map_or(String::new(), |pid| format!(" (pid {pid})")))]
+    Busy {
+        dir: PathBuf,
+        owner: Option<i32>,
+        attempts: u32,
+        waited: std::time::Duration,
+    },
     #[error("{what} {}: {cause}", path.display())]
     Pin {
         path: PathBuf,

@@ -50,6 +50,9 @@
 //!   refused.
 //! * [`pin`]: the check of every pin found against the expected shape
 //!   (refused, or replaced when asked).
+//! * [`generation`]: the pin directory's generation counter, a seqlock
+//!   that lets readers in other processes take a consistent view of maps
+//!   their owner writes.
 //! * [`pinned`]: the pinned maps read without owning them (dumped, and
 //!   looked up by the lookup program over the pins: [`PinnedReader`]).
 //! * [`lookup`]: the lookup program's codes and result record.
@@ -68,6 +71,7 @@ mod c_header;
 pub mod elements;
 pub mod error;
 pub mod events;
+pub mod generation;
 pub mod lock;
 pub mod lookup;
 pub mod maps;

@@ -36,14 +36,42 @@
 //! # Readers
 //!
 //! A reader (`eim status`, `eim lookup --pinned`) never takes the owner's
-//! exclusive lock, and never makes a running owner wait: it asks for a
-//! **shared** lock without waiting ([`read_lock`]). Refused, an owner holds
-//! the directory, and the reader reads the live maps without a lock (they
-//! are safe for readers between any two ops) and names the owner. Granted,
-//! no owner runs, and the reader holds the shared lock while it reads, so
-//! that no owner can start and clean or replace the maps under it. An
-//! owner that starts meanwhile waits for readers up to [`READER_WAIT`]
-//! (readers are short) before it reports the directory in use.
+//! lock for longer than a probe, and never makes a running owner wait:
+//! [`read_lock`] asks for a **shared** lock on the lock file without
+//! waiting and lets go of it at once. Refused, an owner holds the
+//! directory, and the reader reads the live maps without a lock, within
+//! one generation of the owner's writes ([`crate::generation`]), and names
+//! the owner. Granted, no owner runs, and the reader takes a shared lock
+//! on the directory's **readers' file** (the lock file's name with
+//! `.readers` for `.lock`), which it holds while it reads and lets go of
+//! before it prints ([`crate::pinned::PinnedReader::release`]).
+//!
+//! An owner that starts takes its exclusive lock (a reader's probe on it
+//! lasts microseconds: the start tries again every [`READER_POLL`]), then
+//! waits for the readers' file to be free, so that it does not clean or
+//! replace maps under a reader's feet: it says so on stderr (`waiting for
+//! reader pid N of DIR`) and waits at most [`READER_WAIT`]. A reader holds
+//! that lock only while it reads, with bounded retries, so this is more
+//! than a reader takes; a reader that holds it longer is stuck (stopped,
+//! say), and the owner then starts anyway, saying so: a reader is never a
+//! reason to refuse a start, and a reader still reading sees the owner's
+//! writes change the generation and reads again. Only another owner
+//! refuses a start. (A reader of an eim from before the readers' file held
+//! the lock file itself, shared, while it read: a start waits for it as
+//! long, then is refused as before.)
+//!
+//! Lock files and readers' files are made 0600: only root reads the maps,
+//! and a file others can open is a lock any user could hold.
+//!
+//! # A refused directory leaves no lock file
+//!
+//! A start refused after it took the lock (a directory that is not a
+//! bpffs and may not get one, say) removes the lock file if it was empty
+//! when taken (so no earlier owner's record is lost), while it still holds
+//! it and after everything else is undone: a start that had opened the
+//! same file meanwhile finds it unlinked once it gets the lock, and tries
+//! again with a new file (as it does whenever the file it locked is no
+//! longer the one named).
 
 use std::ffi::CString;
 use std::fs::File;
@@ -65,10 +93,12 @@ pub const FALLBACK_LOCK_DIR: &str = "/var/lib/eim/locks";
 /// gone before it could be named.
 const ATTEMPTS: usize = 20;
 
-/// How long a start waits for readers holding the shared lock.
+/// How long a start waits for readers (see "Readers" in the module notes).
 pub const READER_WAIT: Duration = Duration::from_secs(3);
 /// How often it tries again meanwhile.
-const READER_POLL: Duration = Duration::from_millis(20);
+pub const READER_POLL: Duration = Duration::from_millis(20);
+/// The mode of lock files and readers' files.
+const LOCK_MODE: libc::mode_t = 0o600;
 
 /// Why the pin directory could not be locked.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +141,9 @@ pub struct PinLock {
     inherited: SlotsZeroed,
     /// What it says now.
     record: SlotsZeroed,
+    /// Whether the file was empty when this process took it: no earlier
+    /// owner wrote into it, so a refused start may remove it.
+    fresh: bool,
 }
 
 /// When a zero was last written into an `unwind_info_array` slot of the
@@ -205,7 +238,8 @@ impl PinLock {
                     return Err(io_error("locking", &path)(e));
                 }
                 match holder(&file) {
-                    // A reader: it lets go soon.
+                    // A reader's probe (or an older eim's reader): it lets
+                    // go soon.
                     Some(Holder { shared: true, .. })
                         if std::time::Instant::now() < readers_deadline =>
                     {
@@ -229,11 +263,14 @@ impl PinLock {
             if !same_file(&dir_fd, &name, &file) {
                 continue;
             }
-            let inherited = SlotsZeroed::parse(&read_head(&file).unwrap_or_default());
+            let head = read_head(&file).unwrap_or_default();
+            let inherited = SlotsZeroed::parse(&head);
+            wait_for_readers(&dir_fd, &readers_name(&name), dir);
             let mut lock = Self {
                 file,
                 path,
                 inherited,
+                fresh: head.is_empty(),
                 // Not knowing when the last owner zeroed a slot, this one
                 // takes it as now: its own restart then waits a grace.
                 record: match inherited {
@@ -256,6 +293,32 @@ impl PinLock {
                 lock_file: path,
             }),
         }
+    }
+
+    /// Lets go of the lock of a start that was refused, removing the lock
+    /// file first if it was empty when taken (see "A refused directory
+    /// leaves no lock file" in the module notes). Call it last, once
+    /// everything the start did is undone.
+    pub fn discard(self) {
+        if self.fresh {
+            let dir = self.path.parent().map(Path::to_path_buf);
+            let name = self.path.file_name().map(|n| n.to_os_string());
+            if let (Some(dir), Some(name)) = (dir, name) {
+                if let (Ok(dir_fd), Some(name)) = (open_lock_dir(&dir), name.to_str()) {
+                    // Still the file this process holds: unlinking it
+                    // excludes no one, since every taker checks it locked
+                    // the file the name gives.
+                    if same_file(&dir_fd, name, &self.file) {
+                        if let Ok(c) = CString::new(name) {
+                            // SAFETY: a NUL-terminated name relative to an
+                            // open directory.
+                            unsafe { libc::unlinkat(dir_fd.as_raw_fd(), c.as_ptr(), 0) };
+                        }
+                    }
+                }
+            }
+        }
+        drop(self);
     }
 
     /// Writes this process's pid into the lock file, for a person reading
@@ -301,8 +364,9 @@ impl PinLock {
 /// What a reader found when it asked for the shared lock ([`read_lock`]).
 #[derive(Debug)]
 pub enum ReadLock {
-    /// No owner runs: the shared lock, held until dropped, keeps one from
-    /// starting (and cleaning the maps) while the reader reads.
+    /// No owner ran: the shared lock on the readers' file, held until
+    /// dropped, makes an owner that starts meanwhile wait (bounded) before
+    /// it cleans or replaces the maps.
     Held { file: File, path: PathBuf },
     /// An owner holds the exclusive lock: the maps are live.
     Owned { pid: Option<i32>, path: PathBuf },
@@ -330,38 +394,170 @@ impl ReadLock {
     }
 }
 
-/// Asks for the shared lock on `dir` (an absolute, resolved path) without
-/// waiting (see "Readers" in the module notes).
+/// Opens (creating it 0600 if needed) the readers' file of `dir` (an
+/// absolute, resolved path): what a reader holds shared while it reads,
+/// and an owner probes before each run of writes
+/// ([`crate::generation::Generation::yield_to_readers`]).
+pub fn readers_file(dir: &Path) -> Result<File, LockError> {
+    let lock_dir = lock_dir();
+    let dir_fd = open_lock_dir(&lock_dir)?;
+    let name = readers_name(&lock_name(dir));
+    let path = lock_dir.join(&name);
+    open_lock_file(&dir_fd, &name, &path)
+}
+
+/// Takes `file` (a readers' file) shared, trying a few times over about a
+/// millisecond (an owner holds it only for a probe); whether it did.
+pub fn hold_shared(file: &File) -> bool {
+    for _ in 0..10 {
+        // SAFETY: flock on a descriptor the caller owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    false
+}
+
+/// Lets go of a lock taken on `file`.
+pub fn let_go(file: &File) {
+    // SAFETY: flock on a descriptor the caller owns.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+}
+
+/// The readers' file of the lock file `name`.
+pub fn readers_name(name: &str) -> String {
+    format!("{}.readers", name.strip_suffix(".lock").unwrap_or(name))
+}
+
+/// Who owns the lock file `file` now: probed with a shared lock, let go
+/// of at once. `Ok(None)`: no owner; `Ok(Some(pid))` an owner, named if it
+/// can be; `Err(())`: another reader's probe was in the way, try again.
+fn probe_owner(file: &File, path: &Path) -> Result<Result<Option<Option<i32>>, ()>, LockError> {
+    // SAFETY: flock on a descriptor the caller owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+        // SAFETY: as above.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        return Ok(Ok(None));
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(io_error("locking (shared)", path)(e));
+    }
+    Ok(match holder(file) {
+        Some(h) if !h.shared => Ok(Some(Some(h.pid))),
+        _ => Err(()),
+    })
+}
+
+/// Asks whether an owner holds `dir` (an absolute, resolved path) and, if
+/// none does, takes the readers' shared lock (see "Readers" in the module
+/// notes). Never waits for an owner, and holds the owner's lock itself
+/// only for a probe.
 pub fn read_lock(dir: &Path) -> Result<ReadLock, LockError> {
     let lock_dir = lock_dir();
     let dir_fd = open_lock_dir(&lock_dir)?;
     let name = lock_name(dir);
     let path = lock_dir.join(&name);
+    let readers = readers_name(&name);
+    let readers_path = lock_dir.join(&readers);
     for _ in 0..ATTEMPTS {
         let file = open_lock_file(&dir_fd, &name, &path)?;
+        match probe_owner(&file, &path)? {
+            Ok(Some(pid)) => return Ok(ReadLock::Owned { pid, path }),
+            Err(()) => continue,
+            Ok(None) if !same_file(&dir_fd, &name, &file) => continue,
+            Ok(None) => {}
+        }
+        let held = open_lock_file(&dir_fd, &readers, &readers_path)?;
         // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
-            if !same_file(&dir_fd, &name, &file) {
-                continue;
+        if unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(io_error("locking (shared)", &readers_path)(e));
             }
-            return Ok(ReadLock::Held { file, path });
+            // An owner starting checks for readers: it lets go at once.
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
         }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(io_error("locking (shared)", &path)(e));
+        if !same_file(&dir_fd, &readers, &held) {
+            continue;
         }
-        match holder(&file) {
-            Some(h) if !h.shared => {
-                return Ok(ReadLock::Owned {
-                    pid: Some(h.pid),
-                    path,
+        // An owner may have started between the probe and the readers'
+        // lock: it then owns the maps (and waits for this reader).
+        match probe_owner(&file, &path)? {
+            Ok(Some(pid)) => return Ok(ReadLock::Owned { pid, path }),
+            Err(()) | Ok(None) => {
+                return Ok(ReadLock::Held {
+                    file: held,
+                    path: readers_path,
                 })
             }
-            // Released meanwhile: try again.
-            _ => continue,
         }
     }
     Ok(ReadLock::Owned { pid: None, path })
+}
+
+/// Waits, at most [`READER_WAIT`], for the readers of `dir` to let go of
+/// the readers' file `readers` (see "Readers" in the module notes), saying
+/// so on stderr; then goes on whatever they do.
+fn wait_for_readers(dir_fd: &OwnedFd, readers: &str, dir: &Path) {
+    let Ok(c) = CString::new(readers) else {
+        return;
+    };
+    // SAFETY: a NUL-terminated name relative to an open directory; never
+    // created here (no reader ever came), never through a symlink.
+    let fd = unsafe {
+        libc::openat(
+            dir_fd.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    if !fstat(&file).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let mut said = None;
+    loop {
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            // Let go at once: readers that come later find the owner's
+            // lock taken and read the live maps.
+            // SAFETY: as above.
+            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+            return;
+        }
+        let pid = holder(&file).map(|h| h.pid);
+        if said.is_none() || (pid.is_some() && said != Some(pid)) {
+            say(&format!(
+                "waiting for reader {} of {}",
+                pid.map_or("(pid unknown)".to_string(), |p| format!("pid {p}")),
+                dir.display()
+            ));
+            said = Some(pid);
+        }
+        if started.elapsed() >= READER_WAIT {
+            say(&format!(
+                "reader {} of {} still reading after {READER_WAIT:?}: starting anyway (its reads see the maps' generation change and are taken again)",
+                pid.map_or("(pid unknown)".to_string(), |p| format!("pid {p}")),
+                dir.display()
+            ));
+            return;
+        }
+        std::thread::sleep(READER_POLL);
+    }
+}
+
+/// A line on stderr for the person who started eim; a closed stderr is
+/// no reason to fail a start.
+fn say(line: &str) {
+    let _ = writeln!(io::stderr(), "eim: {line}");
 }
 
 /// The directory of the lock files.
@@ -498,7 +694,7 @@ fn open_lock_dir(path: &Path) -> Result<OwnedFd, LockError> {
     Ok(fd)
 }
 
-/// Opens (creating it 0644 if needed) the lock file `name` in the lock
+/// Opens (creating it 0600 if needed) the lock file `name` in the lock
 /// directory, never through a symlink and never blocking on a FIFO.
 fn open_lock_file(dir: &OwnedFd, name: &str, path: &Path) -> Result<File, LockError> {
     let c = CString::new(name).map_err(|_| {
@@ -510,7 +706,7 @@ fn open_lock_file(dir: &OwnedFd, name: &str, path: &Path) -> Result<File, LockEr
             dir.as_raw_fd(),
             c.as_ptr(),
             libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
-            0o644 as libc::c_uint,
+            LOCK_MODE as libc::c_uint,
         )
     };
     if fd < 0 {
@@ -526,6 +722,12 @@ fn open_lock_file(dir: &OwnedFd, name: &str, path: &Path) -> Result<File, LockEr
             path: path.to_path_buf(),
             why: format!("is not a regular file (mode {:o})", st.st_mode),
         });
+    }
+    // One an older eim made 0644: anyone could open it and hold a lock.
+    // SAFETY: geteuid has no preconditions.
+    if st.st_mode & 0o077 != 0 && st.st_uid == unsafe { libc::geteuid() } {
+        // SAFETY: fchmod on a descriptor this function owns.
+        unsafe { libc::fchmod(file.as_raw_fd(), LOCK_MODE) };
     }
     Ok(file)
 }
@@ -655,6 +857,43 @@ mod tests {
         ] {
             assert_eq!(SlotsZeroed::parse(text), SlotsZeroed::Unknown, "{text:?}");
         }
+    }
+
+    #[test]
+    fn a_discarded_lock_removes_the_file_it_found_empty_and_keeps_an_earlier_owners() {
+        let dir = std::env::temp_dir().join(format!("eim-discard-{}", std::process::id()));
+        let dir = resolve(&dir).expect("resolve");
+        let lock = match PinLock::exclusive(&dir) {
+            Ok(lock) => lock,
+            Err(e) => {
+                eprintln!("SKIPPED: the lock directory is not writable here ({e})");
+                return;
+            }
+        };
+        let path = lock.path().to_path_buf();
+        assert!(path.exists());
+        let mode = std::fs::metadata(&path).expect("stat").permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+        // A refused start that made the file leaves none.
+        lock.discard();
+        assert!(!path.exists(), "{}", path.display());
+        // An owner that started wrote its record: a later refused start
+        // keeps it.
+        drop(PinLock::exclusive(&dir).expect("an owner"));
+        PinLock::exclusive(&dir).expect("a refused start").discard();
+        assert!(path.exists(), "an earlier owner's record was removed");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn the_readers_file_is_named_beside_the_lock_file() {
+        assert_eq!(
+            readers_name(&lock_name(Path::new("/sys/fs/bpf/eim"))),
+            "-sys-fs-bpf-eim.readers"
+        );
     }
 
     #[test]

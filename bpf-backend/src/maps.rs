@@ -165,6 +165,7 @@ use eim_core::FileId;
 use crate::bpffs;
 use crate::elements::{self, WriteMode};
 use crate::error::KernelError;
+use crate::generation::{self, Generation};
 use crate::lock::{self, PinLock};
 use crate::lookup::{LookupResult, RESULT_SIZE};
 use crate::pin::{self, MapShape, PinReport};
@@ -244,6 +245,7 @@ impl KernelConfig {
             value_size: value as u32,
             max_entries,
             inner_entries: None,
+            required_flags: 0,
         };
         let mut maps = vec![
             (
@@ -388,6 +390,10 @@ pub struct KernelMaps {
     /// Update calls (single or batch) issued on outer maps: each one waits
     /// for an RCU grace period.
     outer_updates: u64,
+    /// The pin directory's generation counter ([`crate::generation`]),
+    /// made odd around every run of writes; `None` without a pin directory
+    /// (no other process reads the maps then).
+    generation: Option<Generation>,
     /// The pin directory's lock: this process owns it until the maps are
     /// dropped. Last, so it is released after every map's fd is closed.
     owner: Option<PinLock>,
@@ -428,12 +434,29 @@ impl KernelMaps {
 
     /// Creates the maps with the given capacities (fresh ones, or the ones
     /// pinned in `config.pin_dir`, see the module documentation).
-    pub fn with_config(mut config: KernelConfig) -> Result<Self, KernelError> {
+    pub fn with_config(config: KernelConfig) -> Result<Self, KernelError> {
+        let mut owner = None;
+        let opened = Self::open(config, &mut owner);
+        // Refused: everything `open` did is undone (a bpffs it mounted is
+        // unmounted); the lock goes last, with its file if this start made
+        // it (see "A refused directory leaves no lock file" in
+        // [`crate::lock`]).
+        if opened.is_err() {
+            if let Some(lock) = owner.take() {
+                lock.discard();
+            }
+        }
+        opened
+    }
+
+    /// [`Self::with_config`], the lock taken into `owner` (and moved into
+    /// the maps on success).
+    fn open(mut config: KernelConfig, owner: &mut Option<PinLock>) -> Result<Self, KernelError> {
         let owned = config.owned_maps();
         // Locked before the directory is created, mounted or read (see
-        // [`crate::lock`]); on any error below, released only after a bpffs
-        // this start mounted is unmounted (locals drop in reverse order).
-        let mut owner: Option<PinLock> = None;
+        // [`crate::lock`]); on any error below, released by the caller
+        // after a bpffs this start mounted is unmounted.
+        let mut counter = None;
         let mut mounted = None;
         let mut pin_report = None;
         if let Some(given) = &config.pin_dir {
@@ -444,7 +467,12 @@ impl KernelMaps {
             })?;
             let lock_file = owner.insert(PinLock::exclusive(&dir)?).path().to_path_buf();
             mounted = bpffs::prepare(&dir, config.mount_bpffs)?;
-            let maps = pin::check_pins(&dir, &owned, config.recreate_mismatched)?;
+            let mut checked = owned.clone();
+            checked.push((generation::NAME.to_string(), generation::shape()));
+            let maps = pin::check_pins(&dir, &checked, config.recreate_mismatched)?;
+            let mut opened = pin::open_generation(&dir, &maps)?;
+            opened.yield_to_readers(lock::readers_file(&dir)?);
+            counter = Some(opened);
             pin_report = Some(PinReport {
                 dir: dir.clone(),
                 mounted: None,
@@ -491,10 +519,11 @@ impl KernelMaps {
             page_keys: BTreeSet::new(),
             pin_report,
             outer_updates: 0,
-            owner,
+            generation: counter,
+            owner: None,
         };
         if !clean {
-            if let Some(owner) = &mut maps.owner {
+            if let Some(owner) = owner.as_mut() {
                 let path = owner.path().to_path_buf();
                 owner.record_fresh_maps().map_err(|e| KernelError::Pin {
                     path,
@@ -512,6 +541,7 @@ impl KernelMaps {
         if let (Some(report), Some(mounted)) = (&mut maps.pin_report, mounted) {
             report.mounted = Some(mounted.keep());
         }
+        maps.owner = owner.take();
         Ok(maps)
     }
 
@@ -612,6 +642,13 @@ impl KernelMaps {
     /// Removes every entry eim owns, top-down (see "Restarts" in the
     /// module documentation), and says how many of each.
     fn clean(&mut self) -> Result<MapStats, KernelError> {
+        self.begin_writes();
+        let cleaned = self.clean_bracketed();
+        self.end_writes();
+        cleaned
+    }
+
+    fn clean_bracketed(&mut self) -> Result<MapStats, KernelError> {
         let keys = self.keys()?;
         let stats = keys.stats();
         let mode = self.config.write_mode;
@@ -678,6 +715,11 @@ impl KernelMaps {
             len: value.len(),
         })?;
         open_by_id(class, file_id, id).map(Some)
+    }
+
+    /// The pin directory's generation counter now (`None` without one).
+    pub fn generation(&self) -> Option<u64> {
+        self.generation.as_ref().map(Generation::value)
     }
 
     /// How many tables this backend published (or adopted) and has not
@@ -935,9 +977,27 @@ pub(crate) fn read_deltas_below(
     Ok(deltas)
 }
 
+/// Every op is a run of writes of its own as well (so that an op applied
+/// outside a plan, such as a process's mappings, is bracketed too); within
+/// a plan's run the counter moves only at the plan's ends.
 impl Backend for KernelMaps {
     fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
-        ops::apply_to(self, op)
+        self.begin_writes();
+        let result = ops::apply_to(self, op);
+        self.end_writes();
+        result
+    }
+
+    fn begin_writes(&mut self) {
+        if let Some(counter) = &mut self.generation {
+            counter.begin();
+        }
+    }
+
+    fn end_writes(&mut self) {
+        if let Some(counter) = &mut self.generation {
+            counter.end();
+        }
     }
 }
 

@@ -31,6 +31,8 @@ pub struct MapShape {
     /// For an outer map: the size of its inner arrays, whose template must
     /// be [`sys::BPF_F_MMAPABLE`] (checked by [`inner_template_mismatch`]).
     pub inner_entries: Option<u32>,
+    /// `map_flags` bits the map must have (0: none checked).
+    pub required_flags: u32,
 }
 
 impl MapShape {
@@ -42,11 +44,17 @@ impl MapShape {
             ("value_size", info.value_size, self.value_size),
             ("max_entries", info.max_entries, self.max_entries),
         ];
-        let diffs: Vec<String> = fields
+        let mut diffs: Vec<String> = fields
             .iter()
             .filter(|(_, got, want)| got != want)
             .map(|(name, got, want)| format!("{name} is {got}, expected {want}"))
             .collect();
+        if info.map_flags & self.required_flags != self.required_flags {
+            diffs.push(format!(
+                "map_flags is {:#x}, expected the bits {:#x}",
+                info.map_flags, self.required_flags
+            ));
+        }
         (!diffs.is_empty()).then(|| diffs.join(", "))
     }
 }
@@ -248,4 +256,30 @@ pub fn check_pins(
             Ok((name, state))
         })
         .collect()
+}
+
+/// The owner's generation counter of `dir` ([`crate::generation`]), as
+/// [`check_pins`] found its pin (in `states`): re-opened with its value
+/// kept, or created afresh and pinned (nothing there, or unpinned for
+/// another shape). A directory an older eim pinned has no counter: it gets
+/// one, and the other pins are untouched.
+pub fn open_generation(
+    dir: &Path,
+    states: &[(String, PinState)],
+) -> Result<crate::generation::Generation, KernelError> {
+    use crate::generation::{Generation, NAME};
+    let path = dir.join(NAME);
+    let errno =
+        |what, e: sys::SysError| pin_error(&path, what, io::Error::from_raw_os_error(e.errno));
+    let reopened = states
+        .iter()
+        .any(|(name, state)| name == NAME && *state == PinState::Reopened);
+    if reopened {
+        let fd = sys::obj_get(&path).map_err(|e| errno("opening the pin", e))?;
+        return Generation::adopt(fd).map_err(|e| errno("mapping the generation counter of", e));
+    }
+    let counter =
+        Generation::create().map_err(|e| errno("creating the generation counter for", e))?;
+    sys::obj_pin(counter.fd(), &path).map_err(|e| errno("pinning", e))?;
+    Ok(counter)
 }

@@ -24,6 +24,7 @@ pub enum Cmd {
     MapUpdateElem = 2,
     MapDeleteElem = 3,
     MapGetNextKey = 4,
+    ObjPin = 6,
     ObjGet = 7,
     MapGetFdById = 14,
     ObjGetInfoByFd = 15,
@@ -267,6 +268,27 @@ pub fn map_get_fd_by_id(id: u32, open_flags: u32) -> Result<OwnedFd, SysError> {
     })?;
     // SAFETY: the kernel returned a fresh fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `BPF_OBJ_PIN`: pins the map `fd` at `path` (EEXIST when something is
+/// pinned there already).
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &std::path::Path) -> Result<(), SysError> {
+    use std::os::unix::ffi::OsStrExt;
+    let fail = |errno| SysError {
+        cmd: Cmd::ObjPin,
+        errno,
+        processed: 0,
+    };
+    let path =
+        std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| fail(libc::EINVAL))?;
+    let mut attr = ObjAttr {
+        pathname: path.as_ptr() as u64,
+        bpf_fd: fd.as_raw_fd() as u32,
+        file_flags: 0,
+    };
+    // SAFETY: `pathname` is a NUL-terminated string that outlives the call.
+    unsafe { bpf(Cmd::ObjPin, &mut attr) }.map_err(fail)?;
+    Ok(())
 }
 
 /// [`obj_get`] with `file_flags` such as [`BPF_F_RDONLY`].

@@ -150,6 +150,10 @@ pub mod map_name {
     /// pid -> that process's executable file mappings (eim's own map: the
     /// unwinder maps a PC to a file id and an ELF address through it).
     pub const PROCESS_MAPPINGS: &str = "eim_process_mappings";
+    /// eim's own, for readers in other processes only (no BPF program reads
+    /// it): a one-element ARRAY whose u64 the owner makes odd before a run
+    /// of writes and even after (a seqlock; `docs/MAP_ABI.md`).
+    pub const GENERATION: &str = "eim_generation";
 
     /// `exe_id_to_<class>_stack_deltas`.
     pub fn outer(class: u16) -> String {

@@ -225,6 +225,16 @@ struct KernelSide<B> {
 }
 
 impl<B: Backend> KernelSide<B> {
+    /// Runs `f`, whose ops a reader of the maps must see whole or not at
+    /// all (a plan, and its rollback when it failed half-way), between
+    /// the backend's [`Backend::begin_writes`] and [`Backend::end_writes`].
+    fn writing<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        self.backend.begin_writes();
+        let result = f(self);
+        self.backend.end_writes();
+        result
+    }
+
     /// Tells the book the time. Called before planning and again after the
     /// backend is done, so that a slot whose last table was just unpublished
     /// starts cooling no earlier than the unpublication.
@@ -239,7 +249,7 @@ impl<B: Backend> KernelSide<B> {
             let mut op = Some(op);
             // Each completed op pops one from the file's queue, so this ends.
             while let Some(current) = op.take() {
-                let result = crate::driver::apply_one(&mut self.backend, &current);
+                let result = self.writing(|k| crate::driver::apply_one(&mut k.backend, &current));
                 self.tick(clock);
                 if self.book.leftover_result(file_id, result) {
                     op = self
@@ -266,13 +276,16 @@ impl<B: Backend> KernelSide<B> {
             .book
             .plan_load_with(file_id, deltas, offsets)
             .map_err(|e| plan_error(file_id, e))?;
+        self.backend.begin_writes();
         let Err(stopped) = execute(&mut self.backend, &plan.ops) else {
+            self.backend.end_writes();
             return Ok(self.book.commit_load(plan));
         };
         let failed = &plan.ops[stopped.at];
         let (map, op, len) = (failed.map(), failed.name(), failed.len());
         let rollback = self.book.abort_load(&plan, stopped);
         let result = execute(&mut self.backend, &rollback.ops);
+        self.backend.end_writes();
         self.tick(clock);
         let rolled_back = self.book.finish_rollback(rollback, result);
         Err(Error::Kernel {
@@ -334,7 +347,9 @@ impl<B: Backend> KernelSide<B> {
         for (file_id, e) in refused {
             out.insert(file_id, Err(plan_error(file_id, e)));
         }
+        self.backend.begin_writes();
         let Some(stopped) = execute(&mut self.backend, &plan.ops).err() else {
+            self.backend.end_writes();
             for (file_id, map_ref) in self.book.commit_load_many(plan) {
                 out.insert(file_id, Ok(map_ref));
             }
@@ -344,6 +359,7 @@ impl<B: Backend> KernelSide<B> {
         let (map, op, len) = (failed.map(), failed.name(), failed.len());
         let rollback = self.book.abort_load_many(&plan, stopped);
         let result = execute(&mut self.backend, &rollback.ops);
+        self.backend.end_writes();
         self.tick(clock);
         self.book.finish_rollback_many(rollback, result);
         let errno = stopped.failure.errno;
@@ -383,7 +399,7 @@ impl<B: Backend> KernelSide<B> {
         let Some(plan) = self.book.plan_unload(file_id) else {
             return Ok(());
         };
-        let result = execute(&mut self.backend, &plan.ops);
+        let result = self.writing(|k| execute(&mut k.backend, &plan.ops));
         self.tick(clock);
         let failed = result
             .err()

@@ -408,11 +408,27 @@ impl OpFailure {
 /// exactly the first `done` elements are in effect and nothing else changed.
 pub trait Backend: Send {
     fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure>;
+
+    /// A run of ops that belong together (a plan and its rollback) starts:
+    /// a backend whose maps other processes read may tell them not to
+    /// trust a read that overlaps it (the kernel backend's generation
+    /// counter). Every call is followed by one [`Self::end_writes`],
+    /// whatever the ops gave; runs do not nest.
+    fn begin_writes(&mut self) {}
+
+    /// The run [`Self::begin_writes`] started is over.
+    fn end_writes(&mut self) {}
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
     fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
         (**self).apply(op)
+    }
+    fn begin_writes(&mut self) {
+        (**self).begin_writes()
+    }
+    fn end_writes(&mut self) {
+        (**self).end_writes()
     }
 }
 

@@ -219,9 +219,12 @@ pub fn pinned_lookup(
     file_id: FileId,
     address: u64,
 ) -> Result<LookupAnswer, InspectError> {
+    // Within one generation of the owner's writes, so that the answer is
+    // not one of a plan caught half-way (a page whose table is not yet
+    // published); after every attempt overlapped a write, the last one.
     reader
-        .lookup(file_id, address)
-        .map(kernel_answer)
+        .lookup_consistent(file_id, address)
+        .map(|snapshot| kernel_answer(snapshot.into_value()))
         .map_err(|e| InspectError {
             backend: "pinned",
             message: e.to_string(),

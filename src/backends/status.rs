@@ -3,12 +3,16 @@
 //! ([`eim_core::machine::audit`]) without ever owning them
 //! ([`eim_bpf::PinnedReader`]).
 //!
-//! Maps read while their owner writes may be caught between two ops of a
+//! Maps read while their owner writes could be caught between two ops of a
 //! plan: a table published a moment before its pages, or left a moment
-//! after them, is an orphan only for that moment. So when an owner runs
-//! and a read finds violations, the maps are read again (up to
-//! [`READS_WHILE_OWNED`] reads, [`REREAD_AFTER`] apart), and only what
-//! every read found is reported.
+//! after them, is an orphan only for that moment. A read is therefore
+//! taken within one generation of the owner's writes
+//! ([`eim_bpf::generation`]): such a read is a snapshot, and what it finds
+//! is reported as it is. Only a read that is not (pins of an eim from
+//! before the generation counter, or an owner that kept writing through
+//! every attempt) falls back to reading again when it finds violations
+//! (up to [`READS_WHILE_OWNED`] reads, [`REREAD_AFTER`] apart), reporting
+//! only what every read found.
 
 use std::time::Duration;
 
@@ -91,6 +95,30 @@ impl From<&MapViolation> for Violation {
     }
 }
 
+/// How the maps were read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Snapshot {
+    /// Within one even generation of the owner's writes: no write between
+    /// its first and last map read.
+    Consistent,
+    /// Every attempt overlapped the owner's writes (or the last owner
+    /// stopped mid-write): the last read, which may span a change.
+    Torn,
+    /// The pins have no generation counter (an eim from before it owns or
+    /// owned them): read as they were, which may span a change.
+    Unsynchronized,
+}
+
+/// One read of the maps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapsRead {
+    pub observed: Observed,
+    pub snapshot: Snapshot,
+    /// Attempts it took (retries after a change included).
+    pub attempts: u32,
+}
+
 /// What `eim status` reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Status {
@@ -113,8 +141,12 @@ pub struct Status {
     pub processes: usize,
     pub process_mappings: usize,
     pub memory: Memory,
+    /// How the last read was taken.
+    pub snapshot: Snapshot,
+    /// The attempts the last read took.
+    pub attempts: u32,
     /// How many times the maps were read (more than one only when an owner
-    /// runs and a read found violations).
+    /// runs and a read that was not a snapshot found violations).
     pub reads: usize,
     pub violations: Vec<Violation>,
 }
@@ -134,12 +166,13 @@ fn table_bytes(class: u16) -> u64 {
 fn status_of(
     pin_dir: std::path::PathBuf,
     owner: Option<Option<i32>>,
-    observed: &Observed,
+    read: &MapsRead,
     last: &MapsAudit,
     violations: &[MapViolation],
     unwind_slots: u32,
     reads: usize,
 ) -> Status {
+    let observed = &read.observed;
     let files: Vec<FileStatus> = last
         .files
         .iter()
@@ -183,36 +216,47 @@ fn status_of(
             unwind_infos,
             total: delta_tables + page_entries + unwind_infos,
         },
+        snapshot: read.snapshot,
+        attempts: read.attempts,
         reads,
         violations: violations.iter().map(Violation::from).collect(),
     }
 }
 
-/// Reads the maps through `read` (once, or while an owner runs and the
-/// reads find violations, up to [`READS_WHILE_OWNED`] times) and audits
-/// them. `owner`: `None` when no owner runs, else its pid if known.
+/// Reads the maps through `read` (once; or, while an owner runs and a
+/// read that is not a snapshot finds violations, up to
+/// [`READS_WHILE_OWNED`] times) and audits them. `owner`: `None` when no
+/// owner runs, else its pid if known.
 pub fn status<E>(
     pin_dir: std::path::PathBuf,
     owner: Option<Option<i32>>,
     unwind_slots: u32,
-    mut read: impl FnMut() -> Result<Observed, E>,
+    mut read: impl FnMut() -> Result<MapsRead, E>,
     pause: Duration,
 ) -> Result<Status, E> {
-    let mut observed = read()?;
-    let mut last = audit::audit(&observed, unwind_slots);
+    let mut taken = read()?;
+    let mut last = audit::audit(&taken.observed, unwind_slots);
     let mut persistent = last.violations.clone();
     let mut reads = 1;
-    while owner.is_some() && !persistent.is_empty() && reads < READS_WHILE_OWNED {
+    while owner.is_some()
+        && taken.snapshot != Snapshot::Consistent
+        && !persistent.is_empty()
+        && reads < READS_WHILE_OWNED
+    {
         std::thread::sleep(pause);
-        observed = read()?;
-        last = audit::audit(&observed, unwind_slots);
-        persistent.retain(|v| last.violations.contains(v));
+        taken = read()?;
+        last = audit::audit(&taken.observed, unwind_slots);
+        if taken.snapshot == Snapshot::Consistent {
+            persistent = last.violations.clone();
+        } else {
+            persistent.retain(|v| last.violations.contains(v));
+        }
         reads += 1;
     }
     Ok(status_of(
         pin_dir,
         owner,
-        &observed,
+        &taken,
         &last,
         &persistent,
         unwind_slots,
@@ -230,6 +274,19 @@ pub fn render_text(s: &Status) -> String {
         (true, None) => "owned by a running process (live maps)\n".to_string(),
         (false, _) => "no owner runs (what the last owner left)\n".to_string(),
     });
+    match s.snapshot {
+        Snapshot::Consistent if s.attempts > 1 => out.push_str(&format!(
+            "a snapshot: read between two of the owner's writes (attempt {})\n",
+            s.attempts
+        )),
+        Snapshot::Consistent => {}
+        Snapshot::Torn => out.push_str(
+            "NOT a snapshot: the owner wrote during every attempt (or the last owner stopped mid-write); the read may span a change\n",
+        ),
+        Snapshot::Unsynchronized => out.push_str(
+            "NOT a snapshot: these pins have no generation counter (an older eim); the read may span a change\n",
+        ),
+    }
     out.push('\n');
     let mut t = Table::new(&[
         ("file id", Align::Left),

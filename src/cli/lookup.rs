@@ -110,6 +110,9 @@ fn lookup_pinned(args: &LookupArgs) -> anyhow::Result<ExitCode> {
             lookup::lookup_file_pinned(&reader, std::path::Path::new(file), &rest)?
         }
     };
+    // Answered: the shared lock and the pins go before anything is
+    // printed (stdout may be a pipe nobody reads).
+    reader.release();
     print_answers(&answers, args.json)
 }
 

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 
 use eim::backends::status;
+use eim::bpf::generation::{Patience, Snapshot};
 use eim::bpf::PinnedReader;
 
 use crate::backend::privileges_message;
@@ -49,14 +50,31 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let reader = open_reader(&args.pin_dir)?;
     let lock = reader.lock();
     let owner = lock.is_owned().then(|| lock.owner());
+    let dir = reader.dir().to_path_buf();
     let report = status::status(
-        reader.dir().to_path_buf(),
+        dir.clone(),
         owner,
         reader.unwind_slots(),
-        || reader.dump().map(|d| d.observed()),
+        || {
+            let taken = reader.snapshot(Patience::READERS)?;
+            let snapshot = match (&taken, reader.has_generation()) {
+                (Snapshot::Consistent { .. }, _) => status::Snapshot::Consistent,
+                (Snapshot::Torn { .. }, true) => status::Snapshot::Torn,
+                (Snapshot::Torn { .. }, false) => status::Snapshot::Unsynchronized,
+            };
+            let attempts = taken.attempts();
+            Ok::<_, eim::bpf::KernelError>(status::MapsRead {
+                observed: taken.into_value().observed(),
+                snapshot,
+                attempts,
+            })
+        },
         status::REREAD_AFTER,
     )
-    .with_context(|| format!("reading the maps pinned in {}", reader.dir().display()))?;
+    .with_context(|| format!("reading the maps pinned in {}", dir.display()))?;
+    // The report is taken: the shared lock and the pins go before a
+    // single byte is written (stdout may be a pipe nobody reads).
+    reader.release();
     let text = if args.json {
         serde_json::to_string_pretty(&report).context("encoding the status")? + "\n"
     } else {

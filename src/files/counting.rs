@@ -175,4 +175,10 @@ impl<B: Backend> Backend for Timed<B> {
         self.ops += 1;
         result
     }
+    fn begin_writes(&mut self) {
+        self.inner.begin_writes()
+    }
+    fn end_writes(&mut self) {
+        self.inner.end_writes()
+    }
 }

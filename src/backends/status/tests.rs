@@ -40,7 +40,19 @@ fn mid_load() -> Observed {
 }
 
 fn run(owner: Option<Option<i32>>, reads: Vec<Observed>) -> (Status, usize) {
-    let mut reads: VecDeque<Observed> = reads.into();
+    let reads = reads
+        .into_iter()
+        .map(|observed| MapsRead {
+            observed,
+            snapshot: Snapshot::Unsynchronized,
+            attempts: 1,
+        })
+        .collect();
+    run_reads(owner, reads)
+}
+
+fn run_reads(owner: Option<Option<i32>>, reads: Vec<MapsRead>) -> (Status, usize) {
+    let mut reads: VecDeque<MapsRead> = reads.into();
     let mut made = 0;
     let status = status(
         "/pins".into(),
@@ -96,5 +108,34 @@ fn a_violation_in_every_read_is_reported_and_without_an_owner_at_once() {
     assert_eq!(
         s.violations[0].host_file_id.as_deref(),
         Some("000000000000000a")
+    );
+}
+
+#[test]
+fn a_snapshot_is_the_answer_even_under_a_running_owner() {
+    // Taken within one generation, the orphan is real: reported at once.
+    let snapshot = |observed| MapsRead {
+        observed,
+        snapshot: Snapshot::Consistent,
+        attempts: 3,
+    };
+    let (s, reads) = run_reads(Some(Some(7)), vec![snapshot(mid_load())]);
+    assert_eq!((reads, s.violations.len()), (1, 1));
+    assert_eq!((s.snapshot, s.attempts), (Snapshot::Consistent, 3));
+    // A torn read with a violation is read again, and a snapshot then
+    // decides.
+    let torn = MapsRead {
+        observed: mid_load(),
+        snapshot: Snapshot::Torn,
+        attempts: 60,
+    };
+    let (s, reads) = run_reads(Some(Some(7)), vec![torn, snapshot(loaded())]);
+    assert_eq!(reads, 2);
+    assert!(s.is_consistent(), "{:?}", s.violations);
+    assert_eq!(s.snapshot, Snapshot::Consistent);
+    let text = render_text(&s);
+    assert!(
+        text.contains("a snapshot: read between two of the owner's writes (attempt 3)"),
+        "{text}"
     );
 }

@@ -33,6 +33,7 @@ use eim::bpf::{bpffs, lock, pinned, sys, KernelConfig};
 use serde_json::Value;
 
 mod crash;
+mod readers;
 mod status;
 
 /// How long any one eim run may take.
@@ -41,9 +42,9 @@ const LIMIT: Duration = Duration::from_secs(30);
 const REFUSED_WITHIN: Duration = Duration::from_secs(5);
 const PAGES: &str = "stack_delta_page_to_info";
 
-/// The maps eim pins.
+/// The maps eim pins: the ones it owns, and the generation counter.
 fn pinned_maps() -> usize {
-    KernelConfig::default().owned_maps().len()
+    KernelConfig::default().owned_maps().len() + 1
 }
 /// Between two of the concurrent starts.
 const STAGGER: Duration = Duration::from_millis(40);
