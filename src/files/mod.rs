@@ -12,3 +12,4 @@ pub mod elf_provider;
 pub mod loaders;
 pub mod opener;
 pub mod regular;
+pub mod trust;
