@@ -1185,26 +1185,41 @@ pub(crate) mod tests {
         // Another user's debug file: not used.
         write(&place, &debug);
         chown(&place, 65534);
-        assert!(r.find_debug_file(&open).expect("ok").is_none(), "another user's");
+        assert!(
+            r.find_debug_file(&open).expect("ok").is_none(),
+            "another user's"
+        );
         // The file's owner's, writable by others: not used.
         chown(&place, 1000);
         std::fs::set_permissions(&place, std::os::unix::fs::PermissionsExt::from_mode(0o666))
             .expect("chmod");
-        assert!(r.find_debug_file(&open).expect("ok").is_none(), "writable by others");
+        assert!(
+            r.find_debug_file(&open).expect("ok").is_none(),
+            "writable by others"
+        );
         // The file's owner's, writable by them only: used.
         std::fs::set_permissions(&place, std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .expect("chmod");
-        assert!(r.find_debug_file(&open).expect("ok").is_some(), "the owner's");
+        assert!(
+            r.find_debug_file(&open).expect("ok").is_some(),
+            "the owner's"
+        );
         // Reached through a link the user planted: not used, whoever owns
         // the target.
         std::fs::rename(&place, root.path().join("real.debug")).expect("move");
         chown(&root.path().join("real.debug"), 0);
         std::os::unix::fs::symlink("/real.debug", &place).expect("link");
         chown(&place, 1000);
-        assert!(r.find_debug_file(&open).expect("ok").is_none(), "a user's link");
+        assert!(
+            r.find_debug_file(&open).expect("ok").is_none(),
+            "a user's link"
+        );
         // The same link, root's: followed.
         chown(&place, 0);
-        assert!(r.find_debug_file(&open).expect("ok").is_some(), "root's link");
+        assert!(
+            r.find_debug_file(&open).expect("ok").is_some(),
+            "root's link"
+        );
     }
 
     #[test]

@@ -495,7 +495,8 @@ fn openat2_in_root(root: BorrowedFd<'_>, relative: &[u8]) -> io::Result<OwnedFd>
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }
-    let raw = RawFd::try_from(raw).map_err(|_| io::Error::other("openat2: descriptor out of range"))?;
+    let raw =
+        RawFd::try_from(raw).map_err(|_| io::Error::other("openat2: descriptor out of range"))?;
     // SAFETY: `raw` is a descriptor we just opened and own.
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }

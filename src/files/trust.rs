@@ -76,6 +76,9 @@ mod tests {
             assert_eq!(why.is_none(), used, "{owner} {mode:o} {served}: {why:?}");
         }
         let why = refusal(65534, 0o100_644, 1000).expect("refused");
-        assert!(why.contains("owned by uid 65534, the file it serves by uid 1000"), "{why}");
+        assert!(
+            why.contains("owned by uid 65534, the file it serves by uid 1000"),
+            "{why}"
+        );
     }
 }

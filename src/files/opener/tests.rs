@@ -28,7 +28,10 @@ fn mkfifo(path: &Path) {
 /// Both ways a root resolves: `openat2` where the kernel has it, and the
 /// component walk of kernels without.
 fn both(root: &Root, inner: &str) -> [Result<Located, OpenerError>; 2] {
-    [root.locate(Path::new(inner)), root.locate_by_walk(Path::new(inner))]
+    [
+        root.locate(Path::new(inner)),
+        root.locate_by_walk(Path::new(inner)),
+    ]
 }
 
 /// An inotify descriptor watching `path` for `IN_OPEN`.
@@ -42,7 +45,8 @@ impl OpenWatch {
         // SAFETY: `fd` is ours.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: a valid descriptor and path.
-        let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c(path).as_ptr(), libc::IN_OPEN) };
+        let wd =
+            unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c(path).as_ptr(), libc::IN_OPEN) };
         assert!(wd >= 0, "{}", io::Error::last_os_error());
         Self(fd)
     }
@@ -72,7 +76,10 @@ fn a_regular_file_opens_and_is_the_file_located() {
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, 0).expect("read");
         assert_eq!(&buf, b"contents");
     }
-    let (_, meta) = locate(&file).expect("as the operator's").open().expect("opens");
+    let (_, meta) = locate(&file)
+        .expect("as the operator's")
+        .open()
+        .expect("opens");
     assert_eq!(meta.ino(), on_disk.ino());
 }
 
@@ -85,14 +92,20 @@ fn fifos_devices_and_directories_are_refused_without_being_opened() {
     let root = Root::open(dir.path()).expect("root");
     for e in both(&root, "fifo") {
         let e = e.expect_err("a FIFO");
-        assert!(matches!(e, OpenerError::NotRegular { kind: "a FIFO", .. }), "{e}");
+        assert!(
+            matches!(e, OpenerError::NotRegular { kind: "a FIFO", .. }),
+            "{e}"
+        );
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     }
     let e = locate(&fifo).expect_err("a FIFO, as the operator's");
     assert_eq!(e.reason(), "not a regular file: a FIFO");
     assert!(!watch.opened(), "the FIFO was opened");
     for e in both(&root, "/") {
-        assert_eq!(e.expect_err("the root").reason(), "not a regular file: a directory");
+        assert_eq!(
+            e.expect_err("the root").reason(),
+            "not a regular file: a directory"
+        );
     }
     let e = locate(Path::new("/dev/zero")).expect_err("a device");
     assert_eq!(e.reason(), "not a regular file: a character device");
@@ -100,13 +113,15 @@ fn fifos_devices_and_directories_are_refused_without_being_opened() {
         // A copy of /dev/null: its open would be seen.
         let dev = dir.path().join("null");
         // SAFETY: a valid path; the result is checked.
-        let made = unsafe {
-            libc::mknod(c(&dev).as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3))
-        };
+        let made =
+            unsafe { libc::mknod(c(&dev).as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3)) };
         assert_eq!(made, 0, "{}", io::Error::last_os_error());
         let watch = OpenWatch::new(&dev);
         for e in both(&root, "null") {
-            assert_eq!(e.expect_err("a device").reason(), "not a regular file: a character device");
+            assert_eq!(
+                e.expect_err("a device").reason(),
+                "not a regular file: a character device"
+            );
         }
         assert!(!watch.opened(), "the device was opened");
     } else {
@@ -167,13 +182,22 @@ fn a_link_a_user_planted_is_never_followed() {
     for inner in ["/home/user/dir/f", "/home/user/shadowlink"] {
         for e in both(&root, inner) {
             let e = e.expect_err(inner);
-            assert!(matches!(e, OpenerError::UntrustedLink { .. }), "{inner}: {e}");
-            assert!(e.to_string().contains("only root's links are followed"), "{e}");
+            assert!(
+                matches!(e, OpenerError::UntrustedLink { .. }),
+                "{inner}: {e}"
+            );
+            assert!(
+                e.to_string().contains("only root's links are followed"),
+                "{e}"
+            );
         }
     }
     assert!(!watch.opened(), "the link's target was opened");
     // The same link followed for the operator, who is trusted.
-    locate(&last).expect("the operator's path").open().expect("opens");
+    locate(&last)
+        .expect("the operator's path")
+        .open()
+        .expect("opens");
     if is_root() {
         // Root's own link in the middle is followed.
         let ok = inside.join("home/user/roots");
@@ -203,7 +227,10 @@ fn magic_links_of_proc_are_refused() {
         }
     }
     // The kernel's link itself, as eim's own path, is followed.
-    locate(Path::new("/proc/self/exe")).expect("eim's own path").open().expect("opens");
+    locate(Path::new("/proc/self/exe"))
+        .expect("eim's own path")
+        .open()
+        .expect("opens");
 }
 
 #[test]

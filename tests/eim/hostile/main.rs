@@ -8,6 +8,7 @@
 
 mod support;
 
+mod debuglink;
 mod files;
 mod http;
 mod output;
