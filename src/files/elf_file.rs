@@ -11,7 +11,8 @@
 //! (or directory, or process root) that does not exist is `NotFound`, so the
 //! manager neither counts nor defers it; a file that is not a usable ELF
 //! file is `Invalid`; one over the size limit is `TooLarge`; any other
-//! failure to read, and a file that changed while it was read, is `Io`.
+//! failure to read is `Io`, and a file that changed while it was read is
+//! `Changed`.
 //!
 //! # No memory maps
 //!
@@ -178,7 +179,8 @@ impl Opened {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Unreliable {
-    /// `Io` for a file that changed or could not be read, `TooLarge` for
+    /// `Changed` for a file that changed, `Io` for one that could not be
+    /// read, `TooLarge` for
     /// one whose reads would pass the memory budget; a refused header's
     /// kind ([`HeaderError::kind`]).
     pub kind: ExtractErrorKind,
@@ -189,7 +191,7 @@ impl Unreliable {
     /// The file changed under the reads (`why` says how).
     pub fn changed(why: impl std::fmt::Display) -> Self {
         Self {
-            kind: ExtractErrorKind::Io,
+            kind: ExtractErrorKind::Changed,
             message: format!("changed while being read: {why}"),
         }
     }

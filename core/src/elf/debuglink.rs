@@ -101,9 +101,19 @@ mod tests {
             (section(b"", 1), Empty),
             (section(b".", 1), NotAFileName { name: ".".into() }),
             (section(b"..", 1), NotAFileName { name: "..".into() }),
-            (section(b"../x", 1), NotAFileName { name: "../x".into() }),
+            (
+                section(b"../x", 1),
+                NotAFileName {
+                    name: "../x".into(),
+                },
+            ),
             (section(b"a/b", 1), NotAFileName { name: "a/b".into() }),
-            (section(b"/etc/shadow", 1), NotAFileName { name: "/etc/shadow".into() }),
+            (
+                section(b"/etc/shadow", 1),
+                NotAFileName {
+                    name: "/etc/shadow".into(),
+                },
+            ),
             (section(b"bad\xffname", 1), NotUtf8),
             (section(b"\xc3", 1), NotUtf8),
         ];
