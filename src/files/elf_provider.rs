@@ -389,7 +389,10 @@ mod tests {
             .extract_for(FileId(1), &volname, Tracers::none())
             .expect_err("another id");
         assert_eq!(e.kind, ExtractErrorKind::Changed, "{e}");
-        assert!(e.is_changed() && e.message.contains("changed while being read"), "{e}");
+        assert!(
+            e.is_changed() && e.message.contains("changed while being read"),
+            "{e}"
+        );
         assert_eq!(
             p.statistics(),
             Statistics {

@@ -81,12 +81,16 @@ fn elf_linking_to(name: &str, crc: u32) -> Vec<u8> {
     out
 }
 
-/// A process of `nobody` that maps `path` read and execute and waits;
-/// killed when dropped.
-struct Mapper(libc::pid_t);
+/// A process (of `nobody`, or of the test's user) that maps `path` read
+/// and execute and waits; killed when dropped.
+pub(crate) struct Mapper(pub(crate) libc::pid_t);
 
 impl Mapper {
     fn spawn(path: &Path) -> Self {
+        Self::spawn_as(path, Some(NOBODY))
+    }
+
+    pub(crate) fn spawn_as(path: &Path, uid: Option<u32>) -> Self {
         let path = c(path);
         let mut fds = [0; 2];
         // SAFETY: a valid array of two descriptors.
@@ -97,9 +101,14 @@ impl Mapper {
         if pid == 0 {
             // SAFETY: async-signal-safe calls on memory prepared before fork.
             unsafe {
-                let ok = libc::setgroups(0, std::ptr::null()) == 0
-                    && libc::setgid(NOBODY) == 0
-                    && libc::setuid(NOBODY) == 0;
+                let ok = match uid {
+                    Some(uid) => {
+                        libc::setgroups(0, std::ptr::null()) == 0
+                            && libc::setgid(uid) == 0
+                            && libc::setuid(uid) == 0
+                    }
+                    None => true,
+                };
                 let fd = if ok {
                     libc::open(path.as_ptr(), libc::O_RDONLY)
                 } else {

@@ -11,6 +11,7 @@ mod support;
 mod debuglink;
 mod files;
 mod http;
+mod logging;
 mod output;
 mod signals;
 mod truncation;
