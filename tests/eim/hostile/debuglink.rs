@@ -39,7 +39,7 @@ fn chown(path: &Path, uid: u32) {
 fn elf_linking_to(name: &str, crc: u32) -> Vec<u8> {
     let mut link = name.as_bytes().to_vec();
     link.push(0);
-    while link.len() % 4 != 0 {
+    while !link.len().is_multiple_of(4) {
         link.push(0);
     }
     link.extend_from_slice(&crc.to_le_bytes());
@@ -49,7 +49,7 @@ fn elf_linking_to(name: &str, crc: u32) -> Vec<u8> {
     out.extend_from_slice(&link);
     let names_at = out.len() as u64;
     out.extend_from_slice(shstrtab);
-    while out.len() % 8 != 0 {
+    while !out.len().is_multiple_of(8) {
         out.push(0);
     }
     let shoff = out.len() as u64;
