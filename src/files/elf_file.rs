@@ -1169,7 +1169,10 @@ pub(crate) mod tests {
     fn untrusted_debug_files_and_links_are_not_used() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED: untrusted_debug_files_and_links_are_not_used: chown needs root");
+            eim_test_support::skip::skip_unless_required(
+                "EIM_REQUIRE_BPF",
+                "untrusted_debug_files_and_links_are_not_used: chown needs root",
+            );
             return;
         }
         let chown = |p: &Path, uid: u32| {

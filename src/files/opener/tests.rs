@@ -125,7 +125,10 @@ fn fifos_devices_and_directories_are_refused_without_being_opened() {
         }
         assert!(!watch.opened(), "the device was opened");
     } else {
-        eprintln!("SKIPPED (part): mknod of a device node needs root");
+        eim_test_support::skip::skip_unless_required(
+            "EIM_REQUIRE_BPF",
+            "mknod of a device node needs root",
+        );
     }
 }
 
@@ -158,7 +161,10 @@ fn dot_dot_and_absolute_links_stay_inside_the_root() {
             }
         }
     } else {
-        eprintln!("SKIPPED (part): root-owned links need root");
+        eim_test_support::skip::skip_unless_required(
+            "EIM_REQUIRE_BPF",
+            "root-owned links need root",
+        );
     }
 }
 
@@ -236,7 +242,10 @@ fn magic_links_of_proc_are_refused() {
 #[test]
 fn link_loops_end() {
     if !is_root() {
-        eprintln!("SKIPPED: link_loops_end: root-owned links need root");
+        eim_test_support::skip::skip_unless_required(
+            "EIM_REQUIRE_BPF",
+            "link_loops_end: root-owned links need root",
+        );
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
