@@ -404,6 +404,43 @@ mod tests {
     }
 
     #[test]
+    fn the_manager_counts_a_changed_file_apart_from_failed_extractions() {
+        use eim_core::metrics::{Summary, STACK_DELTA_PROVIDER_EXTRACTION_ERROR};
+        use eim_core::ExecutableInfoManager;
+        use eim_sim::{SimConfig, SimMaps};
+        let maps = SimMaps::new(SimConfig::default()).expect("maps");
+        let manager = ExecutableInfoManager::new(ElfProvider::new(), maps, Tracers::none());
+        let errors = |manager: &ExecutableInfoManager<ElfProvider, SimMaps>| {
+            let mut summary = Summary::new();
+            manager.update_metric_summary(&mut summary);
+            summary.get(&STACK_DELTA_PROVIDER_EXTRACTION_ERROR).copied()
+        };
+        // Asked for under an id it no longer has: it changed.
+        let volname = ElfFileRef::new(testdata().join("upstream/volname"));
+        let e = manager
+            .add_or_inc_ref(FileId(1), &volname)
+            .expect_err("changed");
+        assert!(e.to_string().contains("changed while being read"), "{e}");
+        assert_eq!(
+            errors(&manager),
+            Some(0),
+            "a changed file is no failed extraction"
+        );
+        // A broken file still counts.
+        let dir = tempdir();
+        let broken = dir.path().join("broken");
+        std::fs::write(
+            &broken,
+            tiny_elf(X86_64, &[(".eh_frame", 1, &[0xf0, 0xff, 0xff, 0x7f])]),
+        )
+        .expect("write");
+        let file = ElfFileRef::new(&broken);
+        let id = file.file_id().expect("id").host();
+        manager.add_or_inc_ref(id, &file).expect_err("broken");
+        assert_eq!(errors(&manager), Some(1), "a broken file is");
+    }
+
+    #[test]
     fn counts_like_upstream() {
         use ExtractErrorKind::*;
         let p = ElfProvider::with_extractor(|elf, _| Ok(one_delta(elf)));
