@@ -531,7 +531,9 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 }
                 Err(source) => {
                     if !source.is_not_found() {
-                        manager.extraction_errors.fetch_add(1, Ordering::Relaxed);
+                        if !source.is_changed() {
+                            manager.extraction_errors.fetch_add(1, Ordering::Relaxed);
+                        }
                         manager.defer(file_id);
                     }
                     report.failed.push((
@@ -733,7 +735,9 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             Err(source) => {
                 // A file that vanished is not deferred: its next mapping is a new chance.
                 if !source.is_not_found() {
-                    self.extraction_errors.fetch_add(1, Ordering::Relaxed);
+                    if !source.is_changed() {
+                        self.extraction_errors.fetch_add(1, Ordering::Relaxed);
+                    }
                     self.defer(file_id);
                 }
                 return Err(Error::Extraction {
@@ -818,7 +822,9 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                     Err(source) => {
                         let file_id = mine[n].1.file_id;
                         if !source.is_not_found() {
-                            self.extraction_errors.fetch_add(1, Ordering::Relaxed);
+                            if !source.is_changed() {
+                                self.extraction_errors.fetch_add(1, Ordering::Relaxed);
+                            }
                             self.defer(file_id);
                         }
                         outcomes[n] = Some(Err(Error::Extraction {

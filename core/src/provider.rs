@@ -49,6 +49,12 @@ impl ExtractError {
     pub fn is_not_found(&self) -> bool {
         self.kind == ExtractErrorKind::NotFound
     }
+
+    /// Whether the file changed while it was read: not a failed
+    /// extraction (`StackDeltaProviderExtractionError` leaves it out).
+    pub fn is_changed(&self) -> bool {
+        self.kind == ExtractErrorKind::Changed
+    }
 }
 
 /// Turns a file reference into its interval data. Called without any lock

@@ -11,7 +11,8 @@
 //! (or directory, or process root) that does not exist is `NotFound`, so the
 //! manager neither counts nor defers it; a file that is not a usable ELF
 //! file is `Invalid`; one over the size limit is `TooLarge`; any other
-//! failure to read, and a file that changed while it was read, is `Io`.
+//! failure to read is `Io`, and a file that changed while it was read is
+//! `Changed`.
 //!
 //! # No memory maps
 //!
@@ -35,12 +36,17 @@
 //!
 //! # Debug links
 //!
-//! [`ElfFileRef::find_debug_file`] reads `.gnu_debuglink` (a file name, NUL,
+//! [`ElfFileRef::find_debug_file`] reads `.gnu_debuglink` with core's one
+//! parser ([`eim_core::elf::debuglink`]: a plain UTF-8 file name, NUL,
 //! padding to a multiple of 4, then the CRC-32 of the debug file) and looks
 //! for the debug file, in this order, in the file's directory, its `.debug/`
 //! subdirectory, `/usr/lib/debug/<directory>/`, and
 //! `/usr/lib/debug/.build-id/<xx>/<rest>.debug` named by the file's GNU
-//! build-id note. A candidate is used only if its CRC-32 matches and it is
+//! build-id note (gdb's places; SEED looks in `/usr/lib/debug/<directory>/`
+//! only). Each candidate is resolved inside the file's root through root's
+//! links only, and its type, owner and mode are checked before it is
+//! opened ([`crate::files::opener`], [`crate::files::trust`]). A candidate
+//! is used only if the trust rule allows it, its CRC-32 matches and it is
 //! a 64-bit little-endian ELF file. Not finding one is normal (no debug
 //! package installed) and gives `Ok(None)`, as upstream ignores it. But if
 //! the place the file was found in has gone (the process root, or the
@@ -55,11 +61,13 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use eim_core::elf::fileid::{self, FileId128};
-use eim_core::elf::{ByteSource, Elf, ElfError, FileView, LazyFile, SourceError};
+use eim_core::elf::{ByteSource, DebugLink, Elf, ElfError, FileView, LazyFile, SourceError};
 use eim_core::provider::{ExtractError, ExtractErrorKind};
 use object::Object;
 
+use crate::files::opener::{Located, OpenerError, Root};
 use crate::files::regular::{check_regular, open_regular};
+use crate::files::trust;
 
 /// The default size limit: 2 GiB.
 pub const DEFAULT_MAX_SIZE: u64 = 2 << 30;
@@ -127,6 +135,8 @@ struct Opened {
     file: Arc<File>,
     lazy: LazyFile,
     stamp: Stamp,
+    /// The file's owner: whose debug files it may use ([`trust`]).
+    owner: u32,
 }
 
 impl Opened {
@@ -136,6 +146,7 @@ impl Opened {
             lazy: LazyFile::new(Box::new(Pread(file.clone())), stamp.len),
             file,
             stamp,
+            owner: meta.uid(),
         }
     }
 
@@ -168,7 +179,8 @@ impl Opened {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Unreliable {
-    /// `Io` for a file that changed or could not be read, `TooLarge` for
+    /// `Changed` for a file that changed, `Io` for one that could not be
+    /// read, `TooLarge` for
     /// one whose reads would pass the memory budget; a refused header's
     /// kind ([`HeaderError::kind`]).
     pub kind: ExtractErrorKind,
@@ -179,7 +191,7 @@ impl Unreliable {
     /// The file changed under the reads (`why` says how).
     pub fn changed(why: impl std::fmt::Display) -> Self {
         Self {
-            kind: ExtractErrorKind::Io,
+            kind: ExtractErrorKind::Changed,
             message: format!("changed while being read: {why}"),
         }
     }
@@ -336,33 +348,6 @@ impl DebugFile {
             Some(why) => Err(why),
         }
     }
-}
-
-/// The contents of a `.gnu_debuglink` section.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DebugLink {
-    /// The debug file's name (no directory).
-    pub name: String,
-    /// The CRC-32 (IEEE) of the whole debug file.
-    pub crc: u32,
-}
-
-/// Parses a `.gnu_debuglink` section: the name up to its NUL, padding to a
-/// multiple of 4 bytes, then the CRC-32 (little-endian: eim reads only
-/// little-endian files). `None` if the section is malformed or the name is
-/// not a plain, valid UTF-8 file name.
-pub fn parse_debuglink(section: &[u8]) -> Option<DebugLink> {
-    let nul = section.iter().position(|&b| b == 0)?;
-    let name = std::str::from_utf8(&section[..nul]).ok()?;
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
-        return None;
-    }
-    let crc_at = (nul + 1).next_multiple_of(4);
-    let crc = section.get(crc_at..crc_at + 4)?;
-    Some(DebugLink {
-        name: name.to_string(),
-        crc: u32::from_le_bytes(crc.try_into().ok()?),
-    })
 }
 
 /// The error kind of an I/O error: a missing file or path component is
@@ -677,7 +662,16 @@ impl ElfFileRef {
             // Read at offsets (`pread`): the file position does not matter.
             Some(file) => file.clone(),
             None => {
-                let (file, _) = open_regular(&self.physical(&self.path)).map_err(|e| {
+                let opened = match &self.root {
+                    // A process's file: inside its root, through root's
+                    // links only.
+                    Some(root) => Root::open(root)
+                        .and_then(|r| r.locate(&self.path))
+                        .and_then(Located::open)
+                        .map_err(io::Error::from),
+                    None => open_regular(&self.path),
+                };
+                let (file, _) = opened.map_err(|e| {
                     if e.kind() == io::ErrorKind::InvalidInput {
                         self.error(ExtractErrorKind::Invalid, e.to_string())
                     } else {
@@ -746,29 +740,49 @@ impl ElfFileRef {
     /// or no candidate matches; `Err` (kind `NotFound`) when the file's
     /// root or directory has gone.
     pub fn find_debug_file(&self, open: &OpenElf) -> Result<Option<DebugFile>, ExtractError> {
-        let Some(section) = open.elf().section(".gnu_debuglink") else {
+        // The one parser (core's): the name extraction asks for is the one
+        // searched.
+        let Some(link) = open.elf().debug_link() else {
             return Ok(None);
         };
-        let Some(link) = parse_debuglink(section.data) else {
-            tracing::debug!(path = %self.name(), "malformed .gnu_debuglink section");
-            return Ok(None);
+        let gone = |anchor: &Path| {
+            self.error(
+                ExtractErrorKind::NotFound,
+                format!(
+                    "{} has gone while looking for the debug file {}",
+                    anchor.display(),
+                    link.name
+                ),
+            )
         };
+        // Candidates are resolved inside the process's root (or the host's
+        // for an operator's file) through root's links only.
+        let root_path = self.root.clone().unwrap_or_else(|| PathBuf::from("/"));
+        let root = match Root::open(&root_path) {
+            Ok(root) => root,
+            Err(e) if e.is_not_found() => return Err(gone(&root_path)),
+            Err(e) => {
+                tracing::debug!(path = %self.name(), "no debug-file search: {e}");
+                return Ok(None);
+            }
+        };
+        let owner = open.parsed.borrow_owner().owner;
         let build_id = open.elf().file.build_id().ok().flatten();
         for candidate in self.debug_candidates(&link, build_id) {
-            let physical = self.physical(&candidate);
-            match self.try_debug_candidate(&physical, &link) {
+            let shown = self.physical(&candidate);
+            match self.try_debug_candidate(&root, &candidate, &link, owner) {
                 Ok(Some((opened, crc))) => {
-                    tracing::debug!(path = %self.name(), debug = %physical.display(), "found the debug file");
+                    tracing::debug!(path = %self.name(), debug = %shown.display(), "found the debug file");
                     return Ok(Some(DebugFile {
-                        path: physical,
+                        path: shown,
                         opened,
                         crc,
                     }));
                 }
                 Ok(None) => {}
-                Err(e) if is_not_found(&e) => {}
+                Err(e) if e.is_not_found() => {}
                 Err(e) => {
-                    tracing::debug!(debug = %physical.display(), "skipped: {e}");
+                    tracing::debug!(path = %self.name(), "debug file skipped: {e}");
                 }
             }
         }
@@ -783,41 +797,49 @@ impl ElfFileRef {
                 .to_path_buf(),
         };
         match std::fs::metadata(&anchor) {
-            Err(e) if is_not_found(&e) => Err(self.error(
-                ExtractErrorKind::NotFound,
-                format!(
-                    "{} has gone while looking for the debug file {}",
-                    anchor.display(),
-                    link.name
-                ),
-            )),
+            Err(e) if is_not_found(&e) => Err(gone(&anchor)),
             _ => Ok(None),
         }
     }
 
-    /// The candidate's bytes if it is the debug file `link` names.
+    /// The candidate's bytes if it is the debug file `link` names and may
+    /// serve a file owned by `owner` ([`trust`]). Its type, owner and mode
+    /// are checked before it is opened: a FIFO, a device or a root-only
+    /// file is never opened, let alone read.
     fn try_debug_candidate(
         &self,
-        physical: &Path,
+        root: &Root,
+        candidate: &Path,
         link: &DebugLink,
-    ) -> io::Result<Option<(Opened, u32)>> {
-        let (file, meta) = match open_regular(physical) {
-            Ok(opened) => opened,
-            Err(e) if e.kind() == io::ErrorKind::InvalidInput => return Ok(None),
+        owner: u32,
+    ) -> Result<Option<(Opened, u32)>, OpenerError> {
+        let located = match root.locate(candidate) {
+            Ok(located) => located,
+            Err(OpenerError::NotRegular { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
-        if meta.len() > self.max_size {
+        let shown = root.shown(candidate);
+        if let Some(why) = trust::debug_file_refusal(located.metadata(), owner) {
+            tracing::debug!(path = %self.name(), debug = %shown.display(), "debug file not trusted: {why}");
+            return Ok(None);
+        }
+        let len = located.metadata().len();
+        if len > self.max_size {
             tracing::warn!(
-                debug = %physical.display(),
-                len = meta.len(),
+                debug = %shown.display(),
+                len,
                 "debug file larger than the limit of {} bytes: not used",
                 self.max_size
             );
             return Ok(None);
         }
-        let crc = crc_of(&file, meta.len())?;
+        let (file, meta) = located.open()?;
+        let crc = crc_of(&file, meta.len()).map_err(|cause| OpenerError::Io {
+            path: shown.clone(),
+            cause,
+        })?;
         if crc != link.crc {
-            tracing::debug!(debug = %physical.display(), "CRC-32 {crc:08x}, expected {:08x}", link.crc);
+            tracing::debug!(debug = %shown.display(), "CRC-32 {crc:08x}, expected {:08x}", link.crc);
             return Ok(None);
         }
         let opened = Opened::new(Arc::new(file), &meta);
@@ -826,7 +848,7 @@ impl ElfFileRef {
             Err(HeaderError::Invalid("cannot read the header".into())),
             |h| check_header(h, meta.len()),
         ) {
-            tracing::debug!(debug = %physical.display(), "not usable: {e}");
+            tracing::debug!(debug = %shown.display(), "not usable: {e}");
             return Ok(None);
         }
         Ok(Some((opened, crc)))
@@ -1102,28 +1124,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn debuglink_sections_parse_with_their_padding() {
-        for name in ["a", "ab", "abc", "abcd", "libc.so.6.debug"] {
-            let s = debuglink_section(name, 0xdead_beef);
-            let link = parse_debuglink(&s).expect(name);
-            assert_eq!(link.name, name);
-            assert_eq!(link.crc, 0xdead_beef);
-        }
-        // The CRC sits after the NUL, aligned to 4: "abc\0" then the CRC.
-        assert_eq!(debuglink_section("abc", 1).len(), 8);
-        assert_eq!(debuglink_section("abcd", 1).len(), 12);
-        for bad in [
-            &b"abc"[..],
-            b"abc\0",
-            b"abc\0\x01\x02\x03",
-            b"\0\0\0\0\x01\0\0\0",
-            b"../x\0\0\0\0\x01\0\0\0",
-        ] {
-            assert_eq!(parse_debuglink(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
     fn the_debug_file_is_found_in_every_place_and_checked() {
         let build_id = [0xab, 0xcd, 0xef, 0x01];
         let (exe, debug) = linked_pair(&build_id);
@@ -1163,6 +1163,68 @@ pub(crate) mod tests {
             .find_debug_file(&plain.get().expect("vdso"))
             .expect("ok")
             .is_none());
+    }
+
+    #[test]
+    fn untrusted_debug_files_and_links_are_not_used() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eim_test_support::skip::skip_unless_required(
+                "EIM_REQUIRE_BPF",
+                "untrusted_debug_files_and_links_are_not_used: chown needs root",
+            );
+            return;
+        }
+        let chown = |p: &Path, uid: u32| {
+            let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+            // SAFETY: a valid path; the result is checked.
+            assert_eq!(unsafe { libc::lchown(c.as_ptr(), uid, uid) }, 0);
+        };
+        let (exe, debug) = linked_pair(&[7, 7]);
+        let root = tempdir();
+        write(&root.path().join("opt/app/exe"), &exe);
+        chown(&root.path().join("opt/app/exe"), 1000);
+        let r = ElfFileRef::new("/opt/app/exe").with_root(root.path());
+        let open = r.get().expect("exe");
+        let place = root.path().join("opt/app/exe.debug");
+        // Another user's debug file: not used.
+        write(&place, &debug);
+        chown(&place, 65534);
+        assert!(
+            r.find_debug_file(&open).expect("ok").is_none(),
+            "another user's"
+        );
+        // The file's owner's, writable by others: not used.
+        chown(&place, 1000);
+        std::fs::set_permissions(&place, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .expect("chmod");
+        assert!(
+            r.find_debug_file(&open).expect("ok").is_none(),
+            "writable by others"
+        );
+        // The file's owner's, writable by them only: used.
+        std::fs::set_permissions(&place, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .expect("chmod");
+        assert!(
+            r.find_debug_file(&open).expect("ok").is_some(),
+            "the owner's"
+        );
+        // Reached through a link the user planted: not used, whoever owns
+        // the target.
+        std::fs::rename(&place, root.path().join("real.debug")).expect("move");
+        chown(&root.path().join("real.debug"), 0);
+        std::os::unix::fs::symlink("/real.debug", &place).expect("link");
+        chown(&place, 1000);
+        assert!(
+            r.find_debug_file(&open).expect("ok").is_none(),
+            "a user's link"
+        );
+        // The same link, root's: followed.
+        chown(&place, 0);
+        assert!(
+            r.find_debug_file(&open).expect("ok").is_some(),
+            "root's link"
+        );
     }
 
     #[test]

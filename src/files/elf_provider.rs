@@ -109,8 +109,12 @@ pub fn libc_of(path: &Path, elf: &Elf<'_>) -> LibcInfo {
 pub struct Statistics {
     /// Files extracted.
     pub success: u64,
-    /// Files that failed, except those that had gone (`NotFound`).
+    /// Files that failed, except those that had gone (`NotFound`) and
+    /// those that changed while read.
     pub extraction_errors: u64,
+    /// Files that changed while they were read (`Changed`): not loaded,
+    /// and not failures either.
+    pub changed: u64,
 }
 
 /// Extracts stack deltas from ELF files.
@@ -119,6 +123,7 @@ pub struct ElfProvider {
     max_size: u64,
     success: AtomicU64,
     errors: AtomicU64,
+    changed: AtomicU64,
     /// Nanoseconds spent in the interpreter loaders (shared with whoever
     /// reports a step's phases).
     loaders_nanos: Arc<AtomicU64>,
@@ -157,6 +162,7 @@ impl ElfProvider {
             max_size: DEFAULT_MAX_SIZE,
             success: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            changed: AtomicU64::new(0),
             loaders_nanos: Arc::default(),
         }
     }
@@ -182,6 +188,7 @@ impl ElfProvider {
         Statistics {
             success: self.success.load(Ordering::Relaxed),
             extraction_errors: self.errors.load(Ordering::Relaxed),
+            changed: self.changed.load(Ordering::Relaxed),
         }
     }
 
@@ -191,6 +198,7 @@ impl ElfProvider {
         Statistics {
             success: self.success.swap(0, Ordering::Relaxed),
             extraction_errors: self.errors.swap(0, Ordering::Relaxed),
+            changed: self.changed.swap(0, Ordering::Relaxed),
         }
     }
 
@@ -293,7 +301,9 @@ impl ElfProvider {
                 Ok(extraction)
             }
             Err(e) => {
-                if !e.is_not_found() {
+                if e.is_changed() {
+                    self.changed.fetch_add(1, Ordering::Relaxed);
+                } else if !e.is_not_found() {
                     self.errors.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e)
@@ -370,6 +380,67 @@ mod tests {
     }
 
     #[test]
+    fn a_file_that_changed_is_counted_as_changed_not_as_a_failure() {
+        // The file asked for under one id is another by the time it is
+        // read (rewritten in place): its tables are refused as changed.
+        let p = ElfProvider::with_extractor(|elf, _| Ok(one_delta(elf)));
+        let volname = ElfFileRef::new(testdata().join("upstream/volname"));
+        let e = p
+            .extract_for(FileId(1), &volname, Tracers::none())
+            .expect_err("another id");
+        assert_eq!(e.kind, ExtractErrorKind::Changed, "{e}");
+        assert!(
+            e.is_changed() && e.message.contains("changed while being read"),
+            "{e}"
+        );
+        assert_eq!(
+            p.statistics(),
+            Statistics {
+                success: 0,
+                extraction_errors: 0,
+                changed: 1,
+            }
+        );
+    }
+
+    #[test]
+    fn the_manager_counts_a_changed_file_apart_from_failed_extractions() {
+        use eim_core::metrics::{Summary, STACK_DELTA_PROVIDER_EXTRACTION_ERROR};
+        use eim_core::ExecutableInfoManager;
+        use eim_sim::{SimConfig, SimMaps};
+        let maps = SimMaps::new(SimConfig::default()).expect("maps");
+        let manager = ExecutableInfoManager::new(ElfProvider::new(), maps, Tracers::none());
+        let errors = |manager: &ExecutableInfoManager<ElfProvider, SimMaps>| {
+            let mut summary = Summary::new();
+            manager.update_metric_summary(&mut summary);
+            summary.get(&STACK_DELTA_PROVIDER_EXTRACTION_ERROR).copied()
+        };
+        // Asked for under an id it no longer has: it changed.
+        let volname = ElfFileRef::new(testdata().join("upstream/volname"));
+        let e = manager
+            .add_or_inc_ref(FileId(1), &volname)
+            .expect_err("changed");
+        assert!(e.to_string().contains("changed while being read"), "{e}");
+        assert_eq!(
+            errors(&manager),
+            Some(0),
+            "a changed file is no failed extraction"
+        );
+        // A broken file still counts.
+        let dir = tempdir();
+        let broken = dir.path().join("broken");
+        std::fs::write(
+            &broken,
+            tiny_elf(X86_64, &[(".eh_frame", 1, &[0xf0, 0xff, 0xff, 0x7f])]),
+        )
+        .expect("write");
+        let file = ElfFileRef::new(&broken);
+        let id = file.file_id().expect("id").host();
+        manager.add_or_inc_ref(id, &file).expect_err("broken");
+        assert_eq!(errors(&manager), Some(1), "a broken file is");
+    }
+
+    #[test]
     fn counts_like_upstream() {
         use ExtractErrorKind::*;
         let p = ElfProvider::with_extractor(|elf, _| Ok(one_delta(elf)));
@@ -389,7 +460,8 @@ mod tests {
             p.get_and_reset_statistics(),
             Statistics {
                 success: 1,
-                extraction_errors: 1
+                extraction_errors: 1,
+                changed: 0,
             },
             "NotFound is not counted; an unsupported file is, as upstream counts it"
         );
@@ -455,7 +527,8 @@ mod tests {
             p.statistics(),
             Statistics {
                 success: 2,
-                extraction_errors: 0
+                extraction_errors: 0,
+                changed: 0,
             }
         );
     }

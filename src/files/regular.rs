@@ -3,48 +3,28 @@
 //!
 //! A path may name anything: a FIFO (a plain `open` blocks until a writer
 //! comes, forever if none does), a terminal, a device (`/dev/zero` never
-//! ends), a socket or a directory. Only regular files are read: the file is
-//! opened `O_NONBLOCK | O_NOCTTY | O_CLOEXEC` (so opening a FIFO or a
-//! terminal neither blocks nor makes it ours), checked with `fstat`, and
-//! refused with [`NOT_REGULAR`] unless it is a regular file. Reads of a
-//! regular file ignore `O_NONBLOCK`.
+//! ends), a socket or a directory. Only regular files are read: the path is
+//! first opened `O_PATH` (which opens nothing: no device's `open` runs, no
+//! FIFO blocks), checked with `fstat`, refused with [`NOT_REGULAR`] unless
+//! it is a regular file, and only then opened `O_NONBLOCK | O_NOCTTY |
+//! O_CLOEXEC` ([`super::opener`]). Reads of a regular file ignore
+//! `O_NONBLOCK`.
 
-use std::fs::{File, Metadata, OpenOptions};
+use std::fs::{File, Metadata};
 use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
+
+use super::opener::{self, kind_of};
 
 /// The message of the error for anything that is not a regular file.
 pub const NOT_REGULAR: &str = "not a regular file";
 
-/// What a non-regular file is, in a user's words.
-fn kind_of(meta: &Metadata) -> &'static str {
-    let t = meta.file_type();
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else {
-        "not a regular file"
-    }
-}
-
 /// Opens `path` for reading if it is a regular file; the error for anything
 /// else is `InvalidInput` and says what it is ("not a regular file: a FIFO").
+/// The path is the operator's: links are followed, but its type is checked
+/// on an `O_PATH` descriptor before it is opened ([`opener::locate`]).
 pub fn open_regular(path: &Path) -> io::Result<(File, Metadata)> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
-        .open(path)?;
-    let meta = file.metadata()?;
-    check_regular(&meta)?;
-    Ok((file, meta))
+    Ok(opener::locate(path)?.open()?)
 }
 
 /// Refuses anything that is not a regular file, saying what it is.
@@ -52,13 +32,10 @@ pub fn check_regular(meta: &Metadata) -> io::Result<()> {
     if meta.is_file() {
         return Ok(());
     }
-    let kind = kind_of(meta);
-    let message = if kind == NOT_REGULAR {
-        NOT_REGULAR.to_string()
-    } else {
-        format!("{NOT_REGULAR}: {kind}")
-    };
-    Err(io::Error::new(io::ErrorKind::InvalidInput, message))
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{NOT_REGULAR}: {}", kind_of(meta)),
+    ))
 }
 
 /// Reads all of `reader`, refusing it as soon as it has more than `limit`

@@ -10,6 +10,13 @@
 //! opened is used only if its device and inode are the ones the kernel
 //! recorded for the mapping.
 //!
+//! Both ways go through [`crate::files::opener`]: the `map_files` link
+//! (the kernel's) is followed to an `O_PATH` descriptor, and the root path
+//! is resolved inside the process's root through root's links only; in
+//! both, the type and the device and inode are checked on that descriptor
+//! before the file is opened for reading. A FIFO or a device a process
+//! maps, or plants where its mapped file was, is never opened.
+//!
 //! Caveat: on overlayfs, `/proc/PID/maps` shows the underlying file's device
 //! while a path lookup gives the overlay's, so the fallback refuses such
 //! files (reported as "not the file mapped"); `map_files` has no such
@@ -21,7 +28,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::procs::ExecMapping;
-use crate::files::regular::open_regular;
+use crate::files::opener::{self, OpenerError, Root};
 
 /// How a file was reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -77,6 +84,13 @@ pub enum OpenError {
     /// to the process first, then the file's own permissions.
     #[error("process {pid}: permission denied opening {}: it needs CAP_SYS_PTRACE or running as the process's user, and read permission on the file", path.display())]
     PermissionDenied { pid: i32, path: PathBuf },
+    /// The opener refused it: not a regular file, a link a user planted.
+    #[error("process {pid}: {} refused: {reason}", path.display())]
+    Refused {
+        pid: i32,
+        path: PathBuf,
+        reason: String,
+    },
     #[error("process {pid}: cannot open {}: {cause}", path.display())]
     Io {
         pid: i32,
@@ -101,6 +115,7 @@ impl OpenError {
                 "not the file mapped: replaced on disk or seen through another mount".into()
             }
             Self::PermissionDenied { .. } => "permission denied: it needs CAP_SYS_PTRACE or running as the process's user, and read permission on the file".into(),
+            Self::Refused { reason, .. } => format!("refused: {reason}"),
             Self::Io { cause, .. } => format!("cannot open: {cause}"),
         }
     }
@@ -111,12 +126,15 @@ pub fn root_of(pid: i32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root"))
 }
 
-/// `path` (absolute, as the process sees it) under `root`.
-pub fn under_root(root: &Path, path: &Path) -> PathBuf {
-    root.join(path.strip_prefix("/").unwrap_or(path))
-}
-
-fn classify(pid: i32, path: &Path, e: io::Error) -> OpenError {
+fn classify(pid: i32, path: &Path, e: OpenerError) -> OpenError {
+    if e.is_refusal() {
+        return OpenError::Refused {
+            pid,
+            path: path.to_path_buf(),
+            reason: e.reason(),
+        };
+    }
+    let e = io::Error::from(e);
     match e.kind() {
         io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => OpenError::Vanished {
             pid,
@@ -142,12 +160,27 @@ fn dev_pair(dev: u64) -> (u32, u32) {
     (libc::major(dev), libc::minor(dev))
 }
 
-/// Opens `at` and checks that it is the file `mapping` maps.
-fn open_checked(pid: i32, mapping: &ExecMapping, at: &Path, via: Via) -> Result<Opened, OpenError> {
+/// Where a mapping's file is looked for.
+enum At<'a> {
+    /// The kernel's link, `/proc/PID/map_files/START-END`.
+    Link(&'a Path),
+    /// The mapping's path inside the process's root.
+    InRoot,
+}
+
+/// Finds the file `mapping` names, checks that it is the file mapped
+/// (before opening it: a FIFO or device is never opened), and opens it.
+fn open_checked(pid: i32, mapping: &ExecMapping, at: At<'_>) -> Result<Opened, OpenError> {
     let name = &mapping.path;
-    // A process may map a device (`/dev/zero` with PROT_EXEC): opening one
-    // can block or have side effects, so only regular files are opened.
-    let (file, meta) = open_regular(at).map_err(|e| classify(pid, name, e))?;
+    let (located, via) = match at {
+        At::Link(link) => (opener::locate(link), Via::MapFiles),
+        At::InRoot => (
+            Root::open(&root_of(pid)).and_then(|root| root.locate(name)),
+            Via::Root,
+        ),
+    };
+    let located = located.map_err(|e| classify(pid, name, e))?;
+    let meta = located.metadata();
     let found = dev_pair(meta.dev());
     if found != mapping.dev || meta.ino() != mapping.inode {
         return Err(OpenError::NotTheMappedFile {
@@ -159,6 +192,7 @@ fn open_checked(pid: i32, mapping: &ExecMapping, at: &Path, via: Via) -> Result<
             found_inode: meta.ino(),
         });
     }
+    let (file, meta) = located.open().map_err(|e| classify(pid, name, e))?;
     Ok(Opened {
         file,
         via,
@@ -183,15 +217,14 @@ pub fn open_mapping(
             "/proc/{pid}/map_files/{}",
             mapping.map_files_name()
         ));
-        match open_checked(pid, mapping, &link, Via::MapFiles) {
+        match open_checked(pid, mapping, At::Link(&link)) {
             // Without the capability, or with the mapping gone (unmapped,
             // or the process exiting): the root path may still work.
             Err(OpenError::PermissionDenied { .. } | OpenError::Vanished { .. }) => {}
             other => return other,
         }
     }
-    let at = under_root(&root_of(pid), &mapping.path);
-    open_checked(pid, mapping, &at, Via::Root)
+    open_checked(pid, mapping, At::InRoot)
 }
 
 #[cfg(test)]
@@ -235,6 +268,21 @@ mod tests {
         // this inode either: the same refusal, never a wrong file.
         let e = open_mapping(me, &m, OpenStrategy::MapFilesThenRoot).expect_err("mismatch");
         assert!(matches!(e, OpenError::NotTheMappedFile { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_fifo_where_the_mapped_file_was_is_refused_unopened() {
+        let (me, mut m) = own_exe_mapping();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("exe");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        m.path = fifo;
+        // A blocking open of a FIFO without a writer would never return.
+        let e = open_mapping(me, &m, OpenStrategy::RootOnly).expect_err("a FIFO");
+        assert!(matches!(e, OpenError::Refused { .. }), "{e}");
+        assert!(e.to_string().contains("not a regular file: a FIFO"), "{e}");
     }
 
     #[test]

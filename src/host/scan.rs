@@ -943,6 +943,10 @@ impl<B: Inspect> Host<B> {
         let loading = Instant::now();
         let results = self.manager.load_many(&list);
         self.clock.busy += loading.elapsed();
+        // One log line per file, however many processes map it (a user
+        // with many processes must not flood the log): the first failure's
+        // line and the count. Bounded by the batch.
+        let mut failures: BTreeMap<FileId, (FailureLine, u64)> = BTreeMap::new();
         for ((pid, id), result) in refs.into_iter().zip(results) {
             match result {
                 Ok(info) => {
@@ -956,15 +960,24 @@ impl<B: Inspect> Host<B> {
                     self.counters.references_taken += 1;
                     report.taken += 1;
                 }
-                Err(e) => self.note_failure(id, &files[&id], e),
+                Err(e) => {
+                    if let Some(line) = self.note_failure(id, &files[&id], e) {
+                        failures.entry(id).or_insert((line, 0)).1 += 1;
+                    }
+                }
             }
+        }
+        for (line, times) in failures.into_values() {
+            line.log(times);
         }
     }
 
-    fn note_failure(&mut self, id: FileId, file: &HostFile, e: Error) {
+    /// Records a failed reference to file `id`; the line to log for it,
+    /// unless the failure only marks the file deferred.
+    fn note_failure(&mut self, id: FileId, file: &HostFile, e: Error) -> Option<FailureLine> {
         let Some(kind) = ProblemKind::of(&e) else {
             self.counters.files_vanished += 1;
-            return;
+            return None;
         };
         let path = self
             .files
@@ -972,15 +985,21 @@ impl<B: Inspect> Host<B> {
             .map_or_else(|| file.elf.path().to_path_buf(), |r| r.path.clone());
         match self.problems.get_mut(&id) {
             // An unsupported file stays unsupported while it is deferred.
-            Some(p) if p.kind == ProblemKind::Unsupported && kind == ProblemKind::Deferred => {}
+            Some(p) if p.kind == ProblemKind::Unsupported && kind == ProblemKind::Deferred => None,
             // A deferral keeps the reason of the failure that caused it.
-            Some(p) if kind == ProblemKind::Deferred => p.kind = kind,
-            _ => {
-                if kind == ProblemKind::Unsupported {
-                    tracing::debug!(path = %path.display(), "{e}");
-                } else {
-                    tracing::warn!(path = %path.display(), "{e}");
-                }
+            Some(p) if kind == ProblemKind::Deferred => {
+                p.kind = kind;
+                None
+            }
+            existing => {
+                let reason = e.to_string();
+                // Said before, in an earlier step: not said again.
+                let known = existing.is_some_and(|p| p.kind == kind && p.reason == reason);
+                let line = FailureLine {
+                    path: path.clone(),
+                    reason: reason.clone(),
+                    warn: kind != ProblemKind::Unsupported && !known,
+                };
                 self.problems.insert(
                     id,
                     Problem {
@@ -988,9 +1007,10 @@ impl<B: Inspect> Host<B> {
                         file_id: Some(file.id.to_string()),
                         kind,
                         cause: cause_of(&e),
-                        reason: e.to_string(),
+                        reason,
                     },
                 );
+                Some(line)
             }
         }
     }
@@ -1099,6 +1119,25 @@ impl<B: Inspect> Host<B> {
                 Resolution::Unusable => None,
             });
         Ok(Some((m, id)))
+    }
+}
+
+/// The log line of a file's failure in one batch.
+struct FailureLine {
+    path: PathBuf,
+    reason: String,
+    /// A warning the first time; debug once said, or for an unsupported file.
+    warn: bool,
+}
+
+impl FailureLine {
+    /// Logs the line once, with how many references (processes) failed.
+    fn log(self, references: u64) {
+        if self.warn {
+            tracing::warn!(path = %self.path.display(), references, "{}", self.reason);
+        } else {
+            tracing::debug!(path = %self.path.display(), references, "{}", self.reason);
+        }
     }
 }
 

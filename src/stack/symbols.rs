@@ -2,9 +2,11 @@
 //! the file's own `.symtab` and `.dynsym` (no debug files, no DWARF), and
 //! the file's `PT_LOAD` segments (file offset to ELF address).
 //!
-//! A file is read once, opened as `/proc/PID/map_files/START-END` (the
-//! very file the process maps, even when its path was replaced or is in
-//! another mount namespace), read into memory (never mapped) up to [`MAX_FILE_BYTES`],
+//! A file is read once, opened the way every file of a process is
+//! ([`crate::host::open::open_mapping`]: `/proc/PID/map_files/START-END`,
+//! the very file the process maps, else its path inside the process's
+//! root; a regular file only, checked to be the file mapped before it is
+//! opened), read into memory (never mapped) up to [`MAX_FILE_BYTES`],
 //! and cached by (device, inode) for every later frame and thread.
 
 use std::collections::HashMap;
@@ -14,6 +16,7 @@ use std::sync::Arc;
 use object::read::elf::{ElfFile64, ProgramHeader as _};
 use object::{LittleEndian, Object as _, ObjectSymbol as _, SymbolKind};
 
+use crate::host::open::{open_mapping, OpenStrategy};
 use crate::host::procs::ExecMapping;
 use crate::host::segments::{self, LoadSegment};
 
@@ -25,11 +28,10 @@ const MAX_SYMBOLS: usize = 4 << 20;
 /// Why a file gives no symbols.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SymbolsError {
-    #[error("{path}: cannot open /proc/{pid}/map_files/{range}: {message}")]
+    #[error("{path}: cannot open it for process {pid}: {message}")]
     Open {
         pid: i32,
         path: String,
-        range: String,
         message: String,
     },
     #[error("{path}: {size} bytes, more than the {MAX_FILE_BYTES} read for symbols")]
@@ -159,14 +161,13 @@ impl Symbolizer {
 
 fn load(pid: i32, mapping: &ExecMapping) -> Result<FileSymbols, SymbolsError> {
     let path = mapping.path.to_string_lossy().into_owned();
-    let range = mapping.map_files_name();
-    let file =
-        File::open(format!("/proc/{pid}/map_files/{range}")).map_err(|e| SymbolsError::Open {
+    let opened = open_mapping(pid, mapping, OpenStrategy::MapFilesThenRoot).map_err(|e| {
+        SymbolsError::Open {
             pid,
             path: path.clone(),
-            range: range.clone(),
-            message: e.to_string(),
-        })?;
-    let data = read_bounded(&file, &path)?;
+            message: e.cause(),
+        }
+    })?;
+    let data = read_bounded(&opened.file, &path)?;
     FileSymbols::parse(&path, &data)
 }

@@ -116,6 +116,11 @@ pub enum ExtractErrorKind {
     TooLarge,
     /// Reading failed for another reason.
     Io,
+    /// The file changed while it was read (rewritten or truncated): its
+    /// tables are not loaded, and it is deferred like a failure, but it is
+    /// counted as changed, not as a failed extraction: nothing is wrong
+    /// with it or with eim.
+    Changed,
 }
 
 /// An extraction failure: the stage (worded as upstream's stage wrappers)

@@ -18,6 +18,7 @@
 //! SONAME and the debug link the way upstream's `pfelf` does, so that every
 //! stage sees the bytes upstream sees.
 
+pub mod debuglink;
 pub mod ehframe;
 pub mod entry;
 pub mod extract;
@@ -35,6 +36,7 @@ use object::elf::{PT_DYNAMIC, PT_GNU_EH_FRAME, PT_LOAD, SHF_COMPRESSED, SHT_NOBI
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
 use object::{LittleEndian, Object, ObjectSection};
 
+pub use debuglink::DebugLink;
 pub use extract::{extract, extract_with, DebugFileError, DebugLinkOpener, ExtractError, Stage};
 pub use source::{ByteSource, FileView, LazyFile, SourceError};
 
@@ -80,14 +82,6 @@ pub struct Segment {
     pub vaddr: u64,
     pub filesz: u64,
     pub memsz: u64,
-}
-
-/// The contents of `.gnu_debuglink`: the debug file's name and the CRC-32
-/// of its whole contents.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DebugLink {
-    pub name: String,
-    pub crc: u32,
 }
 
 /// A section's address and contents (empty for `SHT_NOBITS`).
@@ -327,21 +321,10 @@ impl<'d> Elf<'d> {
             .collect()
     }
 
-    /// The `.gnu_debuglink` section, if present and well formed.
+    /// The `.gnu_debuglink` section, if present and well formed
+    /// ([`debuglink::parse`]'s rules: a plain UTF-8 file name).
     pub fn debug_link(&self) -> Option<DebugLink> {
         let data = self.section_region(".gnu_debuglink", 1 << 20)?.data;
-        let nul = data.iter().position(|&b| b == 0)?;
-        let name: String = data
-            .get(..nul)?
-            .utf8_chunks()
-            .map(|chunk| chunk.valid())
-            .collect();
-        // The CRC follows the name's NUL, aligned to 4 bytes.
-        let crc_at = (nul + 1).next_multiple_of(4);
-        let crc = data.get(crc_at..crc_at.checked_add(4)?)?;
-        Some(DebugLink {
-            name,
-            crc: u32::from_le_bytes(crc.try_into().ok()?),
-        })
+        debuglink::parse(data).ok()
     }
 }

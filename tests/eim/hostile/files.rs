@@ -675,7 +675,7 @@ fn watch_interval_below_10ms_is_refused() {
 
 /// `/bin/true` with its first `.eh_frame` record's length made to run past
 /// the section: the file opens, its stack deltas cannot be extracted.
-fn with_broken_eh_frame(to: &Path) {
+pub(crate) fn with_broken_eh_frame(to: &Path) {
     use object::read::elf::ElfFile64;
     use object::{Object as _, ObjectSection as _};
     let mut bytes = std::fs::read("/bin/true").expect("read /bin/true");

@@ -8,8 +8,10 @@
 
 mod support;
 
+mod debuglink;
 mod files;
 mod http;
+mod logging;
 mod output;
 mod sandbox;
 mod signals;
