@@ -19,6 +19,7 @@
 //! stage sees the bytes upstream sees.
 
 pub mod ehframe;
+pub mod digest;
 pub mod entry;
 pub mod extract;
 pub mod fileid;
