@@ -813,10 +813,10 @@ impl<B: Inspect> Host<B> {
         };
         let id = id128.host();
         if batch.files.len() < self.batch_limit() {
-            batch.files.entry(id).or_insert_with(|| HostFile {
-                id: id128,
-                elf: host_elf_ref(pid, m).with_file(file),
-            });
+            batch
+                .files
+                .entry(id)
+                .or_insert_with(|| HostFile::new(id128, host_elf_ref(pid, m).with_file(file)));
         }
         Some(Resolution::File(id))
     }

@@ -140,10 +140,10 @@ impl<B: Inspect> Host<B> {
             let id128 = files.get(&file.id)?.id;
             let reopened = file.mappers.iter().find_map(|(pid, m)| {
                 let opened = open::open_mapping(*pid, m, strategy).ok()?;
-                Some(HostFile {
-                    id: id128,
-                    elf: host_elf_ref(*pid, m).with_file(opened.file),
-                })
+                Some(HostFile::new(
+                    id128,
+                    host_elf_ref(*pid, m).with_file(opened.file),
+                ))
             });
             if reopened.is_none() {
                 reopen_failed += 1;
