@@ -262,44 +262,46 @@ impl ElfProvider {
         file: &ElfFileRef,
         loaders: Option<(FileId, Tracers)>,
     ) -> Result<Digested, ExtractError> {
-        let extracted = self.extract_deltas(file).and_then(|(data, open, debug_used)| {
-            let interpreters = match loaders {
-                Some((file_id, tracers)) => {
-                    let started = std::time::Instant::now();
-                    let name = file.path().to_string_lossy();
-                    let found = detect(file_id, &name, open.elf(), &data, tracers);
-                    let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    self.loaders_nanos.fetch_add(nanos, Ordering::Relaxed);
-                    found
-                }
-                None => Vec::new(),
-            };
-            let libc = libc_of(file.path(), open.elf());
-            tracing::debug!(
-                path = %file.path().display(),
-                len = open.len(),
-                read = open.bytes_read(),
-                reads = open.reads(),
-                "analysed"
-            );
-            // After everything the analysis read (deltas, loaders, C
-            // library): what another file must match to share the tables.
-            // A debug file's bytes are not in it, so such a file has none.
-            let source = (!debug_used && loaders.is_some())
-                .then(|| open.source_digest())
-                .flatten()
-                .map(Arc::new);
-            // After the digest, so that a change under its reads voids it too.
-            check_read(file, &open, loaders.map(|(id, _)| id))?;
-            Ok(Digested {
-                extraction: Extraction {
-                    data,
-                    libc,
-                    interpreters,
-                },
-                source,
-            })
-        });
+        let extracted = self
+            .extract_deltas(file)
+            .and_then(|(data, open, debug_used)| {
+                let interpreters = match loaders {
+                    Some((file_id, tracers)) => {
+                        let started = std::time::Instant::now();
+                        let name = file.path().to_string_lossy();
+                        let found = detect(file_id, &name, open.elf(), &data, tracers);
+                        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                        self.loaders_nanos.fetch_add(nanos, Ordering::Relaxed);
+                        found
+                    }
+                    None => Vec::new(),
+                };
+                let libc = libc_of(file.path(), open.elf());
+                tracing::debug!(
+                    path = %file.path().display(),
+                    len = open.len(),
+                    read = open.bytes_read(),
+                    reads = open.reads(),
+                    "analysed"
+                );
+                // After everything the analysis read (deltas, loaders, C
+                // library): what another file must match to share the tables.
+                // A debug file's bytes are not in it, so such a file has none.
+                let source = (!debug_used && loaders.is_some())
+                    .then(|| open.source_digest())
+                    .flatten()
+                    .map(Arc::new);
+                // After the digest, so that a change under its reads voids it too.
+                check_read(file, &open, loaders.map(|(id, _)| id))?;
+                Ok(Digested {
+                    extraction: Extraction {
+                        data,
+                        libc,
+                        interpreters,
+                    },
+                    source,
+                })
+            });
         match extracted {
             Ok(extraction) => {
                 self.success.fetch_add(1, Ordering::Relaxed);

@@ -300,8 +300,16 @@ mod tests {
         }
         assert_eq!(verdict(false, true, false), Verdict::Replace);
         assert_eq!(verdict(true, false, false), Verdict::Collision);
-        assert_eq!(verdict(true, true, false), Verdict::Collision, "first trusted keeps it");
-        assert_eq!(verdict(false, false, false), Verdict::Collision, "first untrusted keeps it");
+        assert_eq!(
+            verdict(true, true, false),
+            Verdict::Collision,
+            "first trusted keeps it"
+        );
+        assert_eq!(
+            verdict(false, false, false),
+            Verdict::Collision,
+            "first untrusted keeps it"
+        );
     }
 
     #[test]
@@ -368,11 +376,19 @@ mod tests {
         c.admit(ID, &root);
         assert_eq!(c.admit(ID, &attacker), Admit::Wait);
         c.failed(ID);
-        assert_eq!(c.admit(ID, &attacker), Admit::Deferred, "root's failure is root's");
+        assert_eq!(
+            c.admit(ID, &attacker),
+            Admit::Deferred,
+            "root's failure is root's"
+        );
         let mut c = Claims::new();
         c.admit(ID, &root);
         c.loaded(ID, None);
-        assert_eq!(c.admit(ID, &attacker), Admit::Collides, "no digest: cannot share");
+        assert_eq!(
+            c.admit(ID, &attacker),
+            Admit::Collides,
+            "no digest: cannot share"
+        );
         let mut c = Claims::new();
         c.admit(ID, &root);
         c.loaded(ID, Some(digest()));

@@ -90,11 +90,13 @@ struct Pread<'f>(&'f File);
 
 impl ByteSource for Pread<'_> {
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), SourceError> {
-        self.0.read_exact_at(buf, offset).map_err(|e| SourceError::Io {
-            offset,
-            len: buf.len() as u64,
-            message: e.to_string(),
-        })
+        self.0
+            .read_exact_at(buf, offset)
+            .map_err(|e| SourceError::Io {
+                offset,
+                len: buf.len() as u64,
+                message: e.to_string(),
+            })
     }
 }
 
@@ -117,10 +119,13 @@ mod tests {
     #[test]
     fn a_system_library_is_trusted_and_a_users_copy_is_not() {
         // The test's own executable's C library, root's on any test host.
-        let lib = ["/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6"]
-            .into_iter()
-            .map(Path::new)
-            .find(|p| p.exists());
+        let lib = [
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists());
         let Some(lib) = lib else {
             eprintln!("SKIPPED: no libc.so.6 at the usual places");
             return;

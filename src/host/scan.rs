@@ -842,9 +842,7 @@ impl<B: Inspect> Host<B> {
                 // A file this process does not hold (its load failed) is
                 // judged again before it is taken: its id may have another
                 // owner since.
-                Resolution::File(id) => {
-                    entry.held.contains(id) || self.manager.is_deferred(*id)
-                }
+                Resolution::File(id) => entry.held.contains(id) || self.manager.is_deferred(*id),
                 _ => true,
             });
             let resolved = match cached {
@@ -1218,7 +1216,9 @@ impl<B: Inspect> Host<B> {
     /// False if it cannot be opened now, or is no longer the file `id`.
     fn open_for_batch(&mut self, pid: i32, id: FileId, m: &ExecMapping, batch: &mut Batch) -> bool {
         match self.resolve(pid, m, batch, None) {
-            Resolved::Mapping(Resolution::File(now)) if now == id && batch.files.contains_key(&id) => {
+            Resolved::Mapping(Resolution::File(now))
+                if now == id && batch.files.contains_key(&id) =>
+            {
                 true
             }
             Resolved::Mapping(Resolution::File(now)) => {

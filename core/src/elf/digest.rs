@@ -196,7 +196,9 @@ mod tests {
     fn read(bytes: &[u8], reads: &[Range<u64>]) -> LazyFile {
         let lazy = LazyFile::new(Box::new(bytes.to_vec()), bytes.len() as u64);
         for r in reads {
-            lazy.view().bytes_at(r.start, r.end - r.start).expect("read");
+            lazy.view()
+                .bytes_at(r.start, r.end - r.start)
+                .expect("read");
         }
         lazy
     }
@@ -204,7 +206,15 @@ mod tests {
     #[test]
     fn ranges_are_what_was_read_by_block() {
         let bytes = pattern(40 * BLOCK as usize);
-        let lazy = read(&bytes, &[0..64, 10..100, 5 * BLOCK..5 * BLOCK + 1, 30 * BLOCK - 3..30 * BLOCK + 3]);
+        let lazy = read(
+            &bytes,
+            &[
+                0..64,
+                10..100,
+                5 * BLOCK..5 * BLOCK + 1,
+                30 * BLOCK - 3..30 * BLOCK + 3,
+            ],
+        );
         let d = SourceDigest::of(&lazy).expect("digest");
         assert_eq!(
             &*d.ranges,
@@ -237,7 +247,9 @@ mod tests {
         longer.push(0);
         assert!(!d.matches(longer.len() as u64, &longer).expect("readable"));
         // A file shorter than a range cannot be read: an error, not "same".
-        assert!(d.matches(d.len, &bytes[..(11 * BLOCK) as usize].to_vec()).is_err());
+        assert!(d
+            .matches(d.len, &bytes[..(11 * BLOCK) as usize].to_vec())
+            .is_err());
     }
 
     #[test]
@@ -263,7 +275,10 @@ mod tests {
         let d = SourceDigest::of(&lazy).expect("digest");
         assert!(d.ranges.len() <= MAX_RANGES, "{}", d.ranges.len());
         for r in &reads {
-            assert!(d.ranges.iter().any(|c| c.start <= r.start && r.end <= c.end));
+            assert!(d
+                .ranges
+                .iter()
+                .any(|c| c.start <= r.start && r.end <= c.end));
         }
         assert!(d.ranges.windows(2).all(|w| w[0].end < w[1].start));
         assert!(d.matches(d.len, &bytes).expect("readable"));

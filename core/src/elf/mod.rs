@@ -18,8 +18,8 @@
 //! SONAME and the debug link the way upstream's `pfelf` does, so that every
 //! stage sees the bytes upstream sees.
 
-pub mod ehframe;
 pub mod digest;
+pub mod ehframe;
 pub mod entry;
 pub mod extract;
 pub mod fileid;
