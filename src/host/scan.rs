@@ -223,8 +223,8 @@ pub struct Counters {
     pub process_mappings_written: u64,
     pub process_mapping_errors: u64,
     /// Files found presenting the id of another file with other bytes
-    /// (each file once per id), and of them, owners a trusted file
-    /// replaced.
+    /// (each file once per id), and of them, loaded owners a trusted file
+    /// replaced after comparing their bytes.
     pub collisions: u64,
     pub owners_replaced: u64,
 }
@@ -1002,11 +1002,18 @@ impl<B: Inspect> Host<B> {
             trusted: collide::trusted(pid, &m.path, &meta),
             path: m.path.clone(),
         };
+        // A take-over compared nothing: the evicted owner's files are judged
+        // against the new owner when their processes are read again, and
+        // listed then if they differ.
+        let mut compared = true;
         let verdict = match self.claims.admit(id, &candidate) {
             Admit::Owner | Admit::Same | Admit::Deferred => Verdict::Share,
             Admit::Collides => Verdict::Collision,
             Admit::Wait => return Resolved::Wait,
-            Admit::TakeOver => Verdict::Replace,
+            Admit::TakeOver => {
+                compared = false;
+                Verdict::Replace
+            }
             Admit::Check(digest) => {
                 let same = match collide::same_bytes(file, meta.len(), &digest) {
                     Ok(same) => same,
@@ -1031,7 +1038,8 @@ impl<B: Inspect> Host<B> {
                     self.note_collision(id, &candidate, false);
                     return Resolved::Mapping(Resolution::Collision(id));
                 }
-                if let Some(old) = self.claims.take_over(id, &candidate) {
+                let old = self.claims.take_over(id, &candidate);
+                if let Some(old) = old.filter(|_| compared) {
                     let loser = Candidate {
                         stamp: crate::host::claims::Stamp {
                             key: old.owner,
@@ -1043,8 +1051,8 @@ impl<B: Inspect> Host<B> {
                         path: old.path,
                     };
                     self.note_collision(id, &loser, true);
+                    self.counters.owners_replaced += 1;
                 }
-                self.counters.owners_replaced += 1;
                 Resolved::Mapping(Resolution::File(id))
             }
         }
@@ -1129,7 +1137,7 @@ impl<B: Inspect> Host<B> {
         let who = |trusted: bool| if trusted { "trusted" } else { "untrusted" };
         let cause = if replaced {
             format!(
-                "its tables were replaced by those of {} ({}), which presents the same file id with other bytes",
+                "it lost the file id (and any tables loaded from it) to {} ({}), which presents the same id with other bytes",
                 owner_path.display(),
                 who(owner.is_some_and(|c| c.trusted))
             )

@@ -13,7 +13,7 @@
 //! must hold nothing of the id, the copy must be listed as a collision and
 //! counted, and the copy must never keep root's library from loading.
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -78,13 +78,15 @@ fn library() -> Option<PathBuf> {
 }
 
 /// How the copy is changed.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Poison {
     /// The FDEs of the middle third lose their first advance: their
     /// rules start earlier, and the table has other rows.
     Instructions,
     /// The first CIE says version 127: extraction fails.
     BrokenCie,
+    /// No change: a copy in another inode, which shares the tables.
+    Identical,
 }
 
 /// The `.eh_frame` records: (offset in the section, is a CIE).
@@ -138,6 +140,7 @@ fn poisoned(real: &[u8], how: Poison) -> Vec<u8> {
             out[p] = 0x7f;
             changed.push(p);
         }
+        Poison::Identical => return out,
     }
     assert!(!changed.is_empty());
     let len = real.len() as u64;
@@ -232,6 +235,18 @@ impl Drop for Mapper {
     }
 }
 
+/// `GET /metrics` on `addr`.
+fn scrape(addr: &str) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
 /// The `# key: value` header of a command's output over one file.
 fn header(text: &str) -> std::collections::BTreeMap<String, String> {
     text.lines()
@@ -291,6 +306,7 @@ fn check_the_copy(real: &Expected, copy: &Expected, how: Poison) {
             real.deltas
         ),
         Poison::BrokenCie => assert!(copy.deltas.is_none(), "the copy must not extract"),
+        Poison::Identical => assert_eq!(copy.deltas, real.deltas),
     }
 }
 
@@ -410,6 +426,64 @@ fn scan_never_serves_a_poisoned_copy_to_root_nor_lets_it_block_root() {
     all_ok(failures);
 }
 
+#[test]
+fn an_identical_copy_in_another_inode_is_checked_and_shares() {
+    if !root_or_skip("identical copies in eim scan") {
+        return;
+    }
+    let Some(lib) = library() else {
+        eim_test_support::skip::skip_or_fail(
+            "a root library with .eh_frame (libaom, libgmp, libcurl, libbz2)",
+        );
+        return;
+    };
+    let real = expected(&lib);
+    let (_dir, copy) = attacker_copy(&lib, Poison::Identical);
+    check_the_copy(&real, &expected(&copy), Poison::Identical);
+    for attacker_first in [true, false] {
+        let (mut a, mut r) = if attacker_first {
+            let a = Mapper::spawn(&copy, true);
+            (a, Mapper::spawn(&lib, false))
+        } else {
+            let r = Mapper::spawn(&lib, false);
+            (Mapper::spawn(&copy, true), r)
+        };
+        a.map();
+        r.map();
+        let json = run_ok(eim().args(["scan", "--json"]).args([
+            "--pid",
+            &a.pid().to_string(),
+            "--pid",
+            &r.pid().to_string(),
+        ]));
+        let summary: Value = serde_json::from_str(&json).expect("JSON");
+        let entry = summary["loaded_files"]
+            .as_array()
+            .and_then(|l| {
+                l.iter()
+                    .find(|f| f["host_file_id"].as_str() == Some(&real.host_id))
+            })
+            .unwrap_or_else(|| panic!("not loaded: {summary}"));
+        let mut holders: Vec<i64> = entry["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .filter_map(Value::as_i64)
+            .collect();
+        holders.sort_unstable();
+        let mut both = vec![i64::from(a.pid()), i64::from(r.pid())];
+        both.sort_unstable();
+        assert_eq!(holders, both, "attacker first: {attacker_first}: {entry}");
+        assert_eq!(entry["deltas"].as_u64(), real.deltas);
+        assert_eq!(
+            summary["counters"]["collisions"], 0,
+            "{}",
+            summary["counters"]
+        );
+        assert_eq!(summary["files"]["collisions"], 0);
+    }
+}
+
 /// `eim watch --backend kernel` (events, or polling) while the two
 /// processes map their files one after the other, a few steps apart.
 fn watch_case(
@@ -442,11 +516,29 @@ fn watch_case(
     if !events {
         cmd.arg("--no-events");
     }
-    let watch = cmd
+    // One case also serves its metrics, to see the collision counted there.
+    let scraped = attacker_first && how == Poison::Instructions;
+    if scraped {
+        cmd.args(["--metrics-addr", "127.0.0.1:0"]);
+    }
+    let mut watch = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start eim watch");
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let stderr = watch.stderr.take().expect("stderr");
+    let log = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.trim().strip_prefix("eim: metrics at http://") {
+                let _ = addr_tx.send(rest.trim_end_matches("/metrics").to_string());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
     // The first mapping well after the first step, the second a few
     // steps after the first was loaded.
     std::thread::sleep(Duration::from_millis(1500));
@@ -461,14 +553,43 @@ fn watch_case(
     } else {
         a.map();
     }
-    let out = watch.wait_with_output().expect("eim watch ends");
-    assert!(
-        out.status.success(),
-        "{what}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let metrics = scraped.then(|| {
+        let addr = addr_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the metrics address");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let body = scrape(&addr);
+            if body.contains("eim_file_id_collisions_total 1\n") || Instant::now() > deadline {
+                return body;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let mut stdout = Vec::new();
+    watch
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_end(&mut stdout)
+        .expect("read the summary");
+    let status = watch.wait().expect("eim watch ends");
+    let log = log.join().expect("stderr reader");
+    assert!(status.success(), "{what}: {status}\n{log}");
+    if let Some(body) = metrics {
+        if !body.contains("eim_file_id_collisions_total 1\n") {
+            return Err(format!(
+                "{what}: the metric does not count the collision:\n{body}"
+            ));
+        }
+    }
+    // Logged once, however often it is seen.
+    let logged = log.matches("file id collision").count();
+    if logged != 1 {
+        return Err(format!("{what}: logged {logged} times, not once:\n{log}"));
+    }
+    let out_stdout = stdout;
+    let summary: Value = serde_json::from_slice(&out_stdout).expect("JSON");
     check_summary(&summary, real, &copy, r.pid(), a.pid(), &what)
 }
 
