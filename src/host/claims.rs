@@ -230,6 +230,11 @@ impl Claims {
         self.claims.remove(&id)
     }
 
+    /// Every id with a claim.
+    pub fn ids(&self) -> impl Iterator<Item = FileId> + '_ {
+        self.claims.keys().copied()
+    }
+
     /// The ids whose owner is still pending (a pass ends: what it did not
     /// load has no tables to defend).
     pub fn pending(&self) -> Vec<FileId> {

@@ -679,6 +679,9 @@ impl<B: Inspect> Host<B> {
         if let Some(delay) = self.config.unload_delay {
             let cleanup = self.manager.cleanup_unused(delay);
             self.counters.unloaded_after_delay += cleanup.unloaded as u64;
+            if cleanup.unloaded > 0 {
+                self.sweep_claims();
+            }
             for e in cleanup.errors {
                 tracing::warn!("{e}");
                 self.counters.release_errors += 1;
@@ -1032,13 +1035,15 @@ impl<B: Inspect> Host<B> {
                 Resolved::Mapping(Resolution::Collision(id))
             }
             Verdict::Replace => {
+                // Before the eviction, which may forget it with the tables.
+                let old = self.claims.get(id).cloned();
                 if !self.evict(id, batch, current) {
                     // Something else still holds the owner's tables: they
                     // cannot be replaced now, so this file is not loaded.
                     self.note_collision(id, &candidate, false);
                     return Resolved::Mapping(Resolution::Collision(id));
                 }
-                let old = self.claims.take_over(id, &candidate);
+                self.claims.take_over(id, &candidate);
                 if let Some(old) = old.filter(|_| compared) {
                     let loser = Candidate {
                         stamp: crate::host::claims::Stamp {
@@ -1343,6 +1348,24 @@ impl<B: Inspect> Host<B> {
         if let Err(e) = result {
             tracing::warn!("{e}");
             self.counters.release_errors += 1;
+        }
+        // Its tables gone, the id has nothing to defend (a delayed unload
+        // is swept after `cleanup_unused`).
+        if !self.manager.knows(id) {
+            self.claims.forget(id);
+        }
+    }
+
+    /// Forgets the claims of ids whose tables are gone and that are not
+    /// deferred: the claims stay as many as the files loaded or failing.
+    fn sweep_claims(&mut self) {
+        let gone: Vec<FileId> = self
+            .claims
+            .ids()
+            .filter(|&id| !self.manager.knows(id) && !self.manager.is_deferred(id))
+            .collect();
+        for id in gone {
+            self.claims.forget(id);
         }
     }
 
