@@ -291,6 +291,9 @@ impl ElfProvider {
                     .then(|| open.source_digest())
                     .flatten()
                     .map(Arc::new);
+                if let Some(d) = &source {
+                    tracing::debug!(path = %file.path().display(), ranges = d.ranges.len(), bytes = d.bytes_covered(), "source digest");
+                }
                 // After the digest, so that a change under its reads voids it too.
                 check_read(file, &open, loaders.map(|(id, _)| id))?;
                 Ok(Digested {
