@@ -49,6 +49,7 @@ pub struct Metrics {
     deferred: Gauge,
     failed: Gauge,
     unsupported: Gauge,
+    collisions: Counter,
     processes: Gauge,
     kernel_bytes: Gauge,
     events: Family<KindLabel, Counter>,
@@ -156,6 +157,11 @@ impl Metrics {
                 "files_unsupported",
                 "Files eim does not extract (not ELF, 32-bit, big-endian, another machine)",
             ),
+            collisions: counter(
+                &mut r,
+                "file_id_collisions",
+                "Files found presenting another file's id with other bytes (each once per id): not loaded, or, trusted, replacing an untrusted owner",
+            ),
             processes: gauge(&mut r, "processes_tracked", "Processes holding references"),
             kernel_bytes: gauge(
                 &mut r,
@@ -249,6 +255,7 @@ impl Metrics {
         set(&self.deferred, s.files.deferred as u64);
         set(&self.failed, s.files.failed as u64);
         set(&self.unsupported, s.files.unsupported as u64);
+        advance_u64(&self.collisions, s.counters.collisions);
         set(&self.processes, s.processes.tracked as u64);
         set(&self.kernel_bytes, s.kernel.bytes.total);
     }

@@ -1083,6 +1083,31 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         let now = self.clock.now();
         lock(&self.deferred).contains(file_id, now)
     }
+
+    /// Forgets `file_id`'s deferral: its failure was another file's (one
+    /// that presented the same id and lost it), so it is tried again.
+    pub fn forgive(&self, file_id: FileId) {
+        lock(&self.deferred).remove(file_id);
+    }
+
+    /// Whether the manager holds `file_id` (loaded, whether referenced or
+    /// waiting out a delayed unload).
+    pub fn knows(&self, file_id: FileId) -> bool {
+        lock(self.shard(file_id)).files.get(file_id).is_some()
+    }
+
+    /// Unloads `file_id` now if no reference holds it (a delayed unload
+    /// not yet due): its tables must go before another file's are loaded
+    /// under its id. True if it was unloaded. The unload is the usual plan
+    /// (pages first, then the table), so readers never see half of it.
+    pub fn unload_if_unused(&self, file_id: FileId) -> Result<bool, Error> {
+        let mut shard = lock(self.shard(file_id));
+        if shard.files.take_if_unused(file_id).is_none() {
+            return Ok(false);
+        }
+        lock(&self.kernel).unload(&*self.clock, file_id)?;
+        Ok(true)
+    }
 }
 
 fn release_error(file_id: FileId, e: ReleaseError) -> Error {

@@ -213,10 +213,7 @@ pub fn lookup_file<B: Inspect>(
 ) -> Result<Vec<AddressAnswer>, LookupError> {
     let (file, id128) = open_file(path)?;
     let id = id128.host();
-    let host_file = HostFile {
-        id: id128,
-        elf: ElfFileRef::new(path).with_file(file),
-    };
+    let host_file = HostFile::new(id128, ElfFileRef::new(path).with_file(file));
     host.manager()
         .add_or_inc_ref(id, &host_file)
         .map_err(|e| LookupError::File {

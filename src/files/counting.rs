@@ -7,9 +7,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use eim_core::elf::digest::SourceDigest;
 use eim_core::elf::fileid::FileId128;
 use eim_core::ops::{Backend, MapOp, OpFailure};
 use eim_core::provider::{ExtractError, Extraction, Provider};
@@ -17,11 +18,30 @@ use eim_core::{FileId, Tracers};
 
 use crate::{ElfFileRef, ElfProvider};
 
-/// A file of the host, as handed to the manager: its id and its reference.
+/// A file of the host, as handed to the manager: its id and its reference,
+/// and, once extracted, the digest of what the extraction read (the host
+/// checks other files with the same id against it: `host::claims`).
 #[derive(Debug)]
 pub struct HostFile {
     pub id: FileId128,
     pub elf: ElfFileRef,
+    pub source: OnceLock<Option<Arc<SourceDigest>>>,
+}
+
+impl HostFile {
+    pub fn new(id: FileId128, elf: ElfFileRef) -> Self {
+        Self {
+            id,
+            elf,
+            source: OnceLock::new(),
+        }
+    }
+
+    /// The digest of the successful extraction of this reference, if it
+    /// ran and could have one.
+    pub fn source(&self) -> Option<Arc<SourceDigest>> {
+        self.source.get().cloned().flatten()
+    }
 }
 
 /// Extraction counts and times, shared between the provider and its owner.
@@ -112,7 +132,12 @@ impl Provider for CountingProvider {
         file: &HostFile,
         tracers: Tracers,
     ) -> Result<Extraction, ExtractError> {
-        self.measured(file, || self.inner.extract_for(file_id, &file.elf, tracers))
+        self.measured(file, || {
+            let digested = self.inner.extract_digested(file_id, &file.elf, tracers)?;
+            // The first extraction of this reference is the one loaded.
+            let _ = file.source.set(digested.source);
+            Ok(digested.extraction)
+        })
     }
 }
 

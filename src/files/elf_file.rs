@@ -279,6 +279,12 @@ impl OpenElf {
         self.parsed.borrow_owner().lazy.reads()
     }
 
+    /// The digest of every byte read so far (`None` if a range could not
+    /// be read): see [`eim_core::elf::digest`].
+    pub fn source_digest(&self) -> Option<eim_core::elf::digest::SourceDigest> {
+        eim_core::elf::digest::SourceDigest::of(&self.parsed.borrow_owner().lazy)
+    }
+
     /// The file's 128-bit id (its host id is `.host()`), from the same
     /// cached bytes the analysis reads; `Err` (why) if they cannot be read:
     /// the file was truncated.

@@ -12,6 +12,7 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
 use eim_core::deltas::IntervalData;
+use eim_core::elf::digest::SourceDigest;
 use eim_core::elf::Elf;
 use eim_core::interp::LoaderInfo;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
@@ -202,10 +203,11 @@ impl ElfProvider {
         }
     }
 
+    /// The deltas, the opened file, and whether a debug file was read.
     fn extract_deltas(
         &self,
         file: &ElfFileRef,
-    ) -> Result<(IntervalData, Arc<OpenElf>), ExtractError> {
+    ) -> Result<(IntervalData, Arc<OpenElf>, bool), ExtractError> {
         let open = file.get()?;
         let name = file.path().display().to_string();
         if open.len() > self.max_size {
@@ -260,41 +262,57 @@ impl ElfProvider {
                 format!("failed to extract stack deltas: {message}"),
             )
         })?;
-        Ok((data, open))
+        Ok((data, open, debug_file.is_some()))
     }
 
     fn extract_counted(
         &self,
         file: &ElfFileRef,
         loaders: Option<(FileId, Tracers)>,
-    ) -> Result<Extraction, ExtractError> {
-        let extracted = self.extract_deltas(file).and_then(|(data, open)| {
-            let interpreters = match loaders {
-                Some((file_id, tracers)) => {
-                    let started = std::time::Instant::now();
-                    let name = file.path().to_string_lossy();
-                    let found = detect(file_id, &name, open.elf(), &data, tracers);
-                    let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    self.loaders_nanos.fetch_add(nanos, Ordering::Relaxed);
-                    found
+    ) -> Result<Digested, ExtractError> {
+        let extracted = self
+            .extract_deltas(file)
+            .and_then(|(data, open, debug_used)| {
+                let interpreters = match loaders {
+                    Some((file_id, tracers)) => {
+                        let started = std::time::Instant::now();
+                        let name = file.path().to_string_lossy();
+                        let found = detect(file_id, &name, open.elf(), &data, tracers);
+                        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                        self.loaders_nanos.fetch_add(nanos, Ordering::Relaxed);
+                        found
+                    }
+                    None => Vec::new(),
+                };
+                let libc = libc_of(file.path(), open.elf());
+                tracing::debug!(
+                    path = %file.path().display(),
+                    len = open.len(),
+                    read = open.bytes_read(),
+                    reads = open.reads(),
+                    "analysed"
+                );
+                // After everything the analysis read (deltas, loaders, C
+                // library): what another file must match to share the tables.
+                // A debug file's bytes are not in it, so such a file has none.
+                let source = (!debug_used && loaders.is_some())
+                    .then(|| open.source_digest())
+                    .flatten()
+                    .map(Arc::new);
+                if let Some(d) = &source {
+                    tracing::debug!(path = %file.path().display(), ranges = d.ranges.len(), bytes = d.bytes_covered(), "source digest");
                 }
-                None => Vec::new(),
-            };
-            let libc = libc_of(file.path(), open.elf());
-            check_read(file, &open, loaders.map(|(id, _)| id))?;
-            tracing::debug!(
-                path = %file.path().display(),
-                len = open.len(),
-                read = open.bytes_read(),
-                reads = open.reads(),
-                "analysed"
-            );
-            Ok(Extraction {
-                data,
-                libc,
-                interpreters,
-            })
-        });
+                // After the digest, so that a change under its reads voids it too.
+                check_read(file, &open, loaders.map(|(id, _)| id))?;
+                Ok(Digested {
+                    extraction: Extraction {
+                        data,
+                        libc,
+                        interpreters,
+                    },
+                    source,
+                })
+            });
         match extracted {
             Ok(extraction) => {
                 self.success.fetch_add(1, Ordering::Relaxed);
@@ -334,11 +352,33 @@ fn check_read(
     }
 }
 
+/// An extraction and the digest of what it read ([`SourceDigest`]), `None`
+/// when its tables depend on more than the file (a debug file) or the
+/// digest could not be read.
+#[derive(Clone, Debug)]
+pub struct Digested {
+    pub extraction: Extraction,
+    pub source: Option<Arc<SourceDigest>>,
+}
+
+impl ElfProvider {
+    /// [`Provider::extract_for`], with the digest of the bytes it read
+    /// (only this one computes it: the host's extractions).
+    pub fn extract_digested(
+        &self,
+        file_id: FileId,
+        file: &ElfFileRef,
+        tracers: Tracers,
+    ) -> Result<Digested, ExtractError> {
+        self.extract_counted(file, Some((file_id, tracers)))
+    }
+}
+
 impl Provider for ElfProvider {
     type Elf = ElfFileRef;
 
     fn extract(&self, file: &ElfFileRef) -> Result<Extraction, ExtractError> {
-        self.extract_counted(file, None)
+        self.extract_counted(file, None).map(|d| d.extraction)
     }
 
     /// Extracts, then asks the loaders `tracers` enables about the file
@@ -349,7 +389,8 @@ impl Provider for ElfProvider {
         file: &ElfFileRef,
         tracers: Tracers,
     ) -> Result<Extraction, ExtractError> {
-        self.extract_counted(file, Some((file_id, tracers)))
+        self.extract_digested(file_id, file, tracers)
+            .map(|d| d.extraction)
     }
 }
 

@@ -49,6 +49,17 @@ pub enum Resolution {
     /// A file that could not be opened as the mapped one (the reason was
     /// reported when it was first tried); not tried again for this process.
     Unusable,
+    /// A file presenting this id whose bytes differ from the file that owns
+    /// it (`host::claims`): not loaded for this process, and its mapping
+    /// left out of the unwinder's table.
+    Collision(FileId),
+}
+
+impl Resolution {
+    /// Whether it names `id` (as the file, or as the id it collided with).
+    pub fn names(&self, id: FileId) -> bool {
+        matches!(self, Self::File(i) | Self::Collision(i) if *i == id)
+    }
 }
 
 /// One process: when it started (a reused pid is a new process), what its
@@ -82,6 +93,14 @@ impl ProcessEntry {
             take: mapped.difference(&self.held).copied().collect(),
             release: self.held.difference(mapped).copied().collect(),
         }
+    }
+
+    /// Forgets every resolution naming `id` (its owner changed: each is
+    /// judged again), and whether it held `id`.
+    pub fn forget_file(&mut self, id: FileId) -> (bool, bool) {
+        let before = self.mappings.len();
+        self.mappings.retain(|_, r| !r.names(id));
+        (self.mappings.len() != before, self.held.remove(&id))
     }
 
     /// Forgets the resolutions of mappings that are gone.
@@ -162,6 +181,18 @@ impl ProcessTable {
             }
         }
         out
+    }
+
+    /// The processes with a mapping resolved to `id` or holding it, by pid.
+    pub fn pids_naming(&self, id: FileId) -> Vec<i32> {
+        let mut pids: Vec<i32> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.held.contains(&id) || e.mappings.values().any(|r| r.names(id)))
+            .map(|(pid, _)| *pid)
+            .collect();
+        pids.sort_unstable();
+        pids
     }
 
     /// Processes holding each file.

@@ -2,10 +2,13 @@
 //! behind them and their ids, and the loop that keeps the manager's
 //! references equal to what the processes map. [`procs`], [`open`] and
 //! [`fileids`] read `/proc` and files; the decisions about references live
-//! in [`mappings`]; [`scan::Host`] is one walk of the host (and a warm
+//! in [`mappings`], and which file owns an id that several present in
+//! [`claims`] (with its I/O in [`collide`]); [`scan::Host`] is one walk of the host (and a warm
 //! restart), [`watch`] a step every interval; [`descriptors`] and [`heap`]
 //! keep the process's descriptors and memory within bounds at host scale.
 
+pub mod claims;
+pub mod collide;
 pub mod descriptors;
 pub mod events;
 pub mod fileids;

@@ -126,6 +126,13 @@ pub fn root_of(pid: i32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root"))
 }
 
+/// `path` (absolute, as the process sees it) under `root`. Only for
+/// `lstat` of components already checked one by one (`host::collide`):
+/// opening goes through `files::opener`, which resolves links in the root.
+pub fn under_root(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
 fn classify(pid: i32, path: &Path, e: OpenerError) -> OpenError {
     if e.is_refusal() {
         return OpenError::Refused {

@@ -45,9 +45,11 @@ use eim_core::{Error, ExecutableInfo, ExecutableInfoManager, FileId, Tracers};
 
 use crate::backends::inspect::{Inspect, InspectError, Usage};
 use crate::files::counting::{CountingProvider, ExtractionStats, HostFile, Timed};
+use crate::host::claims::{Admit, Candidate, Claims, FileKey, State, Verdict};
+use crate::host::collide;
 use crate::host::fileids::FileIdCache;
 use crate::host::mappings::{MappingKey, ProcessEntry, ProcessTable, Resolution};
-use crate::host::open::{self, OpenError, OpenStrategy};
+use crate::host::open::{self, Identity, OpenError, OpenStrategy};
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
 use crate::host::segments::{self, LoadSegment};
 use crate::{ElfFileRef, ElfProvider};
@@ -107,6 +109,10 @@ pub enum ProblemKind {
     /// ELF, another machine: [`crate::files::elf_file::HeaderError`]
     /// decides): not a failure, but not loaded either.
     Unsupported,
+    /// It presents the id of another file with other bytes where that
+    /// file's tables were read from (`host::claims`): not loaded, so that
+    /// neither can be served the other's tables.
+    Collision,
 }
 
 impl ProblemKind {
@@ -216,6 +222,11 @@ pub struct Counters {
     /// writes the kernel refused (retried at the process's next read).
     pub process_mappings_written: u64,
     pub process_mapping_errors: u64,
+    /// Files found presenting the id of another file with other bytes
+    /// (each file once per id), and of them, loaded owners a trusted file
+    /// replaced after comparing their bytes.
+    pub collisions: u64,
+    pub owners_replaced: u64,
 }
 
 /// What the last step saw.
@@ -351,15 +362,35 @@ impl Progress for Quiet {
 
 /// A mapping's file, opened and identified.
 enum Identified {
-    File(FileId128, std::fs::File),
+    File(FileId128, std::fs::File, Identity),
     Unusable,
 }
 
-/// The references one step still has to take, and the files they need.
+/// What a new mapping resolved to.
+enum Resolved {
+    Mapping(Resolution),
+    /// Gone (unmapped, or the process is exiting).
+    Gone,
+    /// Its id's owner is not loaded yet: judged when it is (the process is
+    /// read again at the end of the pass).
+    Wait,
+}
+
+/// The most collisions listed (all are counted).
+const MAX_COLLISIONS_LISTED: usize = 1024;
+
+/// Rounds of reading again, at the end of a pass, the processes whose
+/// files waited for an owner or lost one (two suffice: a replaced owner's
+/// processes, then their files judged against the new one).
+const REVISIT_ROUNDS: usize = 3;
+
+/// The references one step still has to take, the files they need, and
+/// the references to release once the loads are done.
 #[derive(Default)]
 struct Batch {
     refs: Vec<(i32, FileId)>,
     files: HashMap<FileId, HostFile>,
+    releases: Vec<FileId>,
 }
 
 /// Processes not readable that the summary names, at most.
@@ -379,6 +410,12 @@ pub struct Host<B: Inspect> {
     /// Processes whose mappings eim may not read, with their names (the
     /// first [`NOT_READABLE_KEPT`] seen): the summary names them.
     not_readable: BTreeMap<i32, String>,
+    /// Which file owns each id, and who may share its tables.
+    claims: Claims,
+    /// Files that collided with an id's owner, by id and file.
+    collisions: BTreeMap<(FileId, FileKey), Problem>,
+    /// Processes to read again at the end of the pass (see [`Resolved::Wait`]).
+    revisit: BTreeSet<i32>,
     counters: Counters,
     last: StepReport,
     /// Upstream's counters are reset by every read; these are their totals.
@@ -423,6 +460,9 @@ impl<B: Inspect> Host<B> {
             problems: BTreeMap::new(),
             unopenable: BTreeMap::new(),
             not_readable: BTreeMap::new(),
+            claims: Claims::new(),
+            collisions: BTreeMap::new(),
+            revisit: BTreeSet::new(),
             counters: Counters::default(),
             last: StepReport::default(),
             metric_totals: BTreeMap::new(),
@@ -480,6 +520,7 @@ impl<B: Inspect> Host<B> {
         self.problems
             .values()
             .chain(self.unopenable.values())
+            .chain(self.collisions.values())
             .cloned()
             .collect()
     }
@@ -589,7 +630,7 @@ impl<B: Inspect> Host<B> {
         progress.start(pids.len() as u64);
         let mut alive = HashSet::with_capacity(pids.len());
         let mut batch = Batch::default();
-        let mut releases: Vec<FileId> = Vec::new();
+        let mut pids = pids;
         for &pid in &pids {
             if stop.load(Ordering::Relaxed) {
                 report.interrupted = true;
@@ -607,29 +648,25 @@ impl<B: Inspect> Host<B> {
                 progress.advance();
                 continue;
             }
-            match self.visit(pid, &mut batch, &mut releases, &mut report, progress) {
-                Ok(()) => {
-                    alive.insert(pid);
-                }
-                Err(ProcessError::Vanished { .. }) => self.counters.vanished += 1,
-                Err(e @ ProcessError::PermissionDenied { .. }) => {
-                    tracing::debug!("{e}");
-                    self.note_not_readable(pid);
-                    // Known before (privileges do not come and go): keep it.
-                    alive.insert(pid);
-                }
-                Err(e @ ProcessError::Io { .. }) => {
-                    tracing::warn!("{e}");
-                    self.counters.unreadable += 1;
-                    alive.insert(pid);
-                }
-            }
+            let visited = self.visit(pid, &mut batch, &mut report, progress, false);
+            self.visited(pid, visited, &mut alive);
             if batch.files.len() >= self.batch_limit() {
                 self.flush(&mut batch, progress, &mut report);
             }
             progress.advance();
         }
         self.flush(&mut batch, progress, &mut report);
+        if !report.interrupted {
+            self.revisit_waiting(&mut pids, &mut alive, &mut batch, &mut report, progress);
+        }
+        // What this pass did not load has no tables to defend: the next
+        // file to present the id owns it.
+        for id in self.claims.pending() {
+            if !self.manager.knows(id) {
+                self.claims.forget(id);
+            }
+        }
+        let mut releases = std::mem::take(&mut batch.releases);
         let releasing = Instant::now();
         if !report.interrupted {
             let gone = match scope {
@@ -667,6 +704,9 @@ impl<B: Inspect> Host<B> {
         if let Some(delay) = self.config.unload_delay {
             let cleanup = self.manager.cleanup_unused(delay);
             self.counters.unloaded_after_delay += cleanup.unloaded as u64;
+            if cleanup.unloaded > 0 {
+                self.sweep_claims();
+            }
             for e in cleanup.errors {
                 tracing::warn!("{e}");
                 self.counters.release_errors += 1;
@@ -686,6 +726,60 @@ impl<B: Inspect> Host<B> {
         );
         self.last = report;
         &self.last
+    }
+
+    /// Counts a visit's outcome; `alive` gets the processes still there.
+    fn visited(&mut self, pid: i32, result: Result<(), ProcessError>, alive: &mut HashSet<i32>) {
+        match result {
+            Ok(()) => {
+                alive.insert(pid);
+            }
+            Err(ProcessError::Vanished { .. }) => self.counters.vanished += 1,
+            Err(e @ ProcessError::PermissionDenied { .. }) => {
+                tracing::debug!("{e}");
+                self.note_not_readable(pid);
+                // Known before (privileges do not come and go): keep it.
+                alive.insert(pid);
+            }
+            Err(e @ ProcessError::Io { .. }) => {
+                tracing::warn!("{e}");
+                self.counters.unreadable += 1;
+                alive.insert(pid);
+            }
+        }
+    }
+
+    /// Reads again the processes whose files waited for their id's owner
+    /// to be loaded, or lost theirs to a trusted file, now that the pass's
+    /// loads are done, and loads what they take. A few rounds: what is
+    /// still waiting after them is read again at the end of the next pass.
+    fn revisit_waiting(
+        &mut self,
+        pids: &mut Vec<i32>,
+        alive: &mut HashSet<i32>,
+        batch: &mut Batch,
+        report: &mut StepReport,
+        progress: &mut dyn Progress,
+    ) {
+        for _ in 0..REVISIT_ROUNDS {
+            let mut round: Vec<i32> = std::mem::take(&mut self.revisit).into_iter().collect();
+            if let Some(only) = &self.config.only {
+                round.retain(|pid| only.contains(pid));
+            }
+            if round.is_empty() {
+                return;
+            }
+            for pid in round {
+                let visited = self.visit(pid, batch, report, progress, true);
+                if !pids.contains(&pid) {
+                    // So that a pass over named processes releases it if
+                    // it has gone meanwhile.
+                    pids.push(pid);
+                }
+                self.visited(pid, visited, alive);
+            }
+            self.flush(batch, progress, report);
+        }
     }
 
     /// The step's phases from its time and what extraction (`extracted`,
@@ -729,14 +823,16 @@ impl<B: Inspect> Host<B> {
 
     /// Reads process `pid` and queues the references it needs, loading
     /// the batch whenever it is full: a process mapping more files than a
-    /// batch holds never has more of them open at once.
+    /// batch holds never has more of them open at once. `again`: a read
+    /// of the end of a pass ([`Self::revisit_waiting`]), whose changes are
+    /// eim's own, not something host events missed.
     fn visit(
         &mut self,
         pid: i32,
         batch: &mut Batch,
-        releases: &mut Vec<FileId>,
         report: &mut StepReport,
         progress: &mut dyn Progress,
+        again: bool,
     ) -> Result<(), ProcessError> {
         let start_time = procs::start_time(pid)?;
         let mappings = procs::exec_mappings(pid)?;
@@ -748,55 +844,77 @@ impl<B: Inspect> Host<B> {
         if let Some(old) = replaced {
             self.counters.exited += 1;
             report.exited += 1;
-            releases.extend(old.held);
+            batch.releases.extend(old.held);
         }
         if !known {
             report.new_processes += 1;
             // Only a process that maps files needs the table (see above).
-            if !mappings.files.is_empty() {
+            if !mappings.files.is_empty() && !again {
                 report.note_missed(Missed::NewProcess { pid });
             }
         }
-        report.file_mappings += mappings.files.len();
-        report.anonymous_mappings += mappings.anonymous;
-        if !mappings.files.is_empty() {
-            report.with_files += 1;
+        if !again {
+            report.file_mappings += mappings.files.len();
+            report.anonymous_mappings += mappings.anonymous;
+            if !mappings.files.is_empty() {
+                report.with_files += 1;
+            }
         }
-        let mut mapped = BTreeSet::new();
-        let mut first_mapping: HashMap<FileId, &ExecMapping> = HashMap::new();
         let mut current = HashSet::with_capacity(mappings.files.len());
         // Mappings not seen before in this process: an mmap event names each.
         let mut new_mappings = 0;
         for m in &mappings.files {
             let key = MappingKey::of(m);
             current.insert(key);
-            let resolution = match entry.mappings.get(&key) {
-                Some(r) => Some(*r),
+            let cached = entry.mappings.get(&key).copied().filter(|r| match r {
+                // A file this process does not hold (its load failed) is
+                // judged again before it is taken: its id may have another
+                // owner since.
+                Resolution::File(id) => entry.held.contains(id) || self.manager.is_deferred(*id),
+                _ => true,
+            });
+            let resolved = match cached {
+                Some(r) => Resolved::Mapping(r),
                 None => {
-                    new_mappings += 1;
-                    self.resolve(pid, m, batch)
+                    if !entry.mappings.contains_key(&key) {
+                        new_mappings += 1;
+                    }
+                    self.resolve(pid, m, batch, Some(&mut entry))
                 }
             };
-            match resolution {
-                Some(r) => {
+            match resolved {
+                Resolved::Mapping(r) => {
                     entry.mappings.insert(key, r);
-                    if let Resolution::File(id) = r {
-                        mapped.insert(id);
-                        first_mapping.entry(id).or_insert(m);
-                    }
                 }
-                // Gone (unmapped, or the process is exiting): not cached,
-                // so a later step tries again if it is still there.
-                None => self.counters.files_vanished += 1,
+                // Not cached, so a later read tries again if it is still
+                // there.
+                Resolved::Gone => {
+                    entry.mappings.remove(&key);
+                    self.counters.files_vanished += 1;
+                }
+                Resolved::Wait => {
+                    entry.mappings.remove(&key);
+                    self.revisit.insert(pid);
+                }
             }
         }
-        if known && new_mappings > 0 {
+        if known && new_mappings > 0 && !again {
             report.note_missed(Missed::NewMappings {
                 pid,
                 mappings: new_mappings,
             });
         }
         entry.keep_mappings(&current);
+        // From the resolutions as they stand after the loop: an owner
+        // evicted during it took its earlier mappings' resolutions along.
+        let mut mapped = BTreeSet::new();
+        let mut first_mapping: HashMap<FileId, &ExecMapping> = HashMap::new();
+        for m in &mappings.files {
+            if let Some(Resolution::File(id)) = entry.mappings.get(&MappingKey::of(m)) {
+                mapped.insert(*id);
+                first_mapping.entry(*id).or_insert(m);
+            }
+        }
         let list = self.process_mapping_list(&entry, &mappings.files);
         if let Some(op) = self.process_maps.set(pid as u32, list) {
             self.apply_process_op(op);
@@ -804,7 +922,7 @@ impl<B: Inspect> Host<B> {
         let changes = entry.changes(&mapped);
         for id in changes.release {
             entry.held.remove(&id);
-            releases.push(id);
+            batch.releases.push(id);
         }
         // Back in the table before any load: a batch loaded below records
         // what this process took in its entry.
@@ -827,23 +945,260 @@ impl<B: Inspect> Host<B> {
         Ok(())
     }
 
-    /// Opens a mapping's file and computes its id. `None` if it has gone.
-    /// The opened file goes into the batch if the batch has none of its id
-    /// and has room; otherwise it is closed here, and opened again if it is
-    /// to be loaded (the batch's size bounds the descriptors it holds).
-    fn resolve(&mut self, pid: i32, m: &ExecMapping, batch: &mut Batch) -> Option<Resolution> {
-        let (id128, file) = match self.identify(pid, m)? {
-            Identified::File(id128, file) => (id128, file),
-            Identified::Unusable => return Some(Resolution::Unusable),
+    /// Opens a mapping's file, computes its id and judges it against the
+    /// id's owner ([`Self::admit`]). The opened file goes into the batch
+    /// if it may be loaded, the batch has none of its id and has room;
+    /// otherwise it is closed here, and opened again if it is to be loaded
+    /// (the batch's size bounds the descriptors it holds). `current`: the
+    /// entry of the process being read, out of the table meanwhile.
+    fn resolve(
+        &mut self,
+        pid: i32,
+        m: &ExecMapping,
+        batch: &mut Batch,
+        current: Option<&mut ProcessEntry>,
+    ) -> Resolved {
+        let (id128, file, identity) = match self.identify(pid, m) {
+            None => return Resolved::Gone,
+            Some(Identified::Unusable) => return Resolved::Mapping(Resolution::Unusable),
+            Some(Identified::File(id128, file, identity)) => (id128, file, identity),
         };
         let id = id128.host();
-        if batch.files.len() < self.batch_limit() {
-            batch.files.entry(id).or_insert_with(|| HostFile {
-                id: id128,
-                elf: host_elf_ref(pid, m).with_file(file),
-            });
+        match self.admit(pid, m, id, &file, identity, batch, current) {
+            Resolved::Mapping(Resolution::File(_)) => {}
+            other => return other,
         }
-        Some(Resolution::File(id))
+        if batch.files.len() < self.batch_limit() {
+            batch
+                .files
+                .entry(id)
+                .or_insert_with(|| HostFile::new(id128, host_elf_ref(pid, m).with_file(file)));
+        }
+        Resolved::Mapping(Resolution::File(id))
+    }
+
+    /// Judges a file presenting `id` against the id's owner
+    /// ([`crate::host::claims`]): the owner, or a file with its bytes, may
+    /// be loaded; another file collides, unless it is trusted and the
+    /// owner is not, in which case the owner is evicted first.
+    #[allow(clippy::too_many_arguments)]
+    fn admit(
+        &mut self,
+        pid: i32,
+        m: &ExecMapping,
+        id: FileId,
+        file: &std::fs::File,
+        identity: Identity,
+        batch: &mut Batch,
+        current: Option<&mut ProcessEntry>,
+    ) -> Resolved {
+        let key = FileKey {
+            dev: identity.dev,
+            inode: identity.inode,
+        };
+        if let Some(claim) = self.claims.get(id) {
+            if claim.owner == key {
+                return Resolved::Mapping(Resolution::File(id));
+            }
+            // Tables gone, or a failure no longer deferred: nothing to
+            // defend, the next file owns the id.
+            let stale = match claim.state {
+                State::Loaded(_) => !self.manager.knows(id) && !batch.files.contains_key(&id),
+                State::Failed => !self.manager.is_deferred(id),
+                State::Pending => false,
+            };
+            if stale {
+                self.claims.forget(id);
+            }
+        }
+        // Only for a new id, or another file than its owner: a stat and
+        // the directories up to the process's root.
+        let meta = match file.metadata() {
+            Ok(meta) => meta,
+            Err(e) => {
+                let e = OpenError::Io {
+                    pid,
+                    path: m.path.clone(),
+                    cause: e,
+                };
+                self.note_unopenable(m, &e);
+                return Resolved::Mapping(Resolution::Unusable);
+            }
+        };
+        let candidate = Candidate {
+            stamp: collide::stamp_of(&meta),
+            trusted: collide::trusted(pid, &m.path, &meta),
+            path: m.path.clone(),
+        };
+        // A take-over compared nothing: the evicted owner's files are judged
+        // against the new owner when their processes are read again, and
+        // listed then if they differ.
+        let mut compared = true;
+        let verdict = match self.claims.admit(id, &candidate) {
+            Admit::Owner | Admit::Same | Admit::Deferred => Verdict::Share,
+            Admit::Collides => Verdict::Collision,
+            Admit::Wait => return Resolved::Wait,
+            Admit::TakeOver => {
+                compared = false;
+                Verdict::Replace
+            }
+            Admit::Check(digest) => {
+                let same = match collide::same_bytes(file, meta.len(), &digest) {
+                    Ok(same) => same,
+                    Err(e) => {
+                        tracing::debug!(pid, path = %m.path.display(), "cannot compare with the owner of {id}: {e}");
+                        false
+                    }
+                };
+                self.claims.judge(id, &candidate, same)
+            }
+        };
+        match verdict {
+            Verdict::Share => Resolved::Mapping(Resolution::File(id)),
+            Verdict::Collision => {
+                self.note_collision(id, &candidate, false);
+                Resolved::Mapping(Resolution::Collision(id))
+            }
+            Verdict::Replace => {
+                // Before the eviction, which may forget it with the tables.
+                let old = self.claims.get(id).cloned();
+                if !self.evict(id, batch, current) {
+                    // Something else still holds the owner's tables: they
+                    // cannot be replaced now, so this file is not loaded.
+                    self.note_collision(id, &candidate, false);
+                    return Resolved::Mapping(Resolution::Collision(id));
+                }
+                self.claims.take_over(id, &candidate);
+                if let Some(old) = old.filter(|_| compared) {
+                    let loser = Candidate {
+                        stamp: crate::host::claims::Stamp {
+                            key: old.owner,
+                            size: meta.len(),
+                            mtime_ns: 0,
+                            ctime_ns: 0,
+                        },
+                        trusted: old.trusted,
+                        path: old.path,
+                    };
+                    self.note_collision(id, &loser, true);
+                    self.counters.owners_replaced += 1;
+                }
+                Resolved::Mapping(Resolution::File(id))
+            }
+        }
+    }
+
+    /// Evicts `id`'s owner: every process's resolutions naming it are
+    /// forgotten (each is read again at the end of the pass and judged
+    /// against the new owner), their references released, the batch's
+    /// references and file of it dropped, and its tables unloaded (the
+    /// usual unload plan: pages first, then the table). False if the
+    /// tables are still loaded afterwards (a reference the host does not
+    /// track), so that nothing may be loaded under the id.
+    fn evict(&mut self, id: FileId, batch: &mut Batch, current: Option<&mut ProcessEntry>) -> bool {
+        let mut release = 0;
+        let pids: Vec<i32> = self.processes.pids_naming(id);
+        for pid in pids {
+            if let Some(entry) = self.processes.get_mut(pid) {
+                let (forgot, held) = entry.forget_file(id);
+                release += usize::from(held);
+                if forgot || held {
+                    self.revisit.insert(pid);
+                    self.drop_process_mapping_of(pid, id);
+                }
+            }
+        }
+        if let Some(entry) = current {
+            // The process being read: its later resolutions are its own.
+            let (_, held) = entry.forget_file(id);
+            release += usize::from(held);
+        }
+        batch.refs.retain(|(pid, i)| {
+            if *i == id {
+                self.revisit.insert(*pid);
+            }
+            *i != id
+        });
+        batch.files.remove(&id);
+        let before = batch.releases.len();
+        batch.releases.retain(|i| *i != id);
+        release += before - batch.releases.len();
+        for _ in 0..release {
+            self.release(id);
+        }
+        if let Err(e) = self.manager.unload_if_unused(id) {
+            tracing::warn!("{e}");
+        }
+        self.manager.forgive(id);
+        self.problems.remove(&id);
+        !self.manager.knows(id)
+    }
+
+    /// Removes `id`'s mappings from process `pid`'s `eim_process_mappings`
+    /// entry at once (not at its next read): no mapping of a file that
+    /// lost its id may point at the id's next tables.
+    fn drop_process_mapping_of(&mut self, pid: i32, id: FileId) {
+        let Some(now) = self.process_maps.get(pid as u32) else {
+            return;
+        };
+        if !now.mappings.iter().any(|m| m.file_id == id.0) {
+            return;
+        }
+        let kept: Vec<ProcessMapping> = now
+            .mappings
+            .iter()
+            .filter(|m| m.file_id != id.0)
+            .copied()
+            .collect();
+        if let Some(op) = self.process_maps.set(pid as u32, kept) {
+            self.apply_process_op(op);
+        }
+    }
+
+    /// Lists and counts a collision at `id`, once per file; logged once.
+    fn note_collision(&mut self, id: FileId, loser: &Candidate, replaced: bool) {
+        let key = (id, loser.stamp.key);
+        if self.collisions.contains_key(&key) {
+            return;
+        }
+        self.counters.collisions += 1;
+        let owner = self.claims.get(id);
+        let owner_path = owner.map_or_else(PathBuf::new, |c| c.path.clone());
+        let who = |trusted: bool| if trusted { "trusted" } else { "untrusted" };
+        let cause = if replaced {
+            format!(
+                "it lost the file id (and any tables loaded from it) to {} ({}), which presents the same id with other bytes",
+                owner_path.display(),
+                who(owner.is_some_and(|c| c.trusted))
+            )
+        } else {
+            format!(
+                "it presents the file id of {} ({}) with other bytes: not loaded",
+                owner_path.display(),
+                who(owner.is_some_and(|c| c.trusted))
+            )
+        };
+        let file_id = self.files.get(&id).map(|r| r.id.to_string());
+        let reason = format!(
+            "file {id}: {} ({}, device {} inode {}): {cause}",
+            loser.path.display(),
+            who(loser.trusted),
+            loser.stamp.key.dev,
+            loser.stamp.key.inode
+        );
+        tracing::warn!("file id collision: {reason}");
+        if self.collisions.len() < MAX_COLLISIONS_LISTED {
+            self.collisions.insert(
+                key,
+                Problem {
+                    path: loser.path.clone(),
+                    file_id,
+                    kind: ProblemKind::Collision,
+                    reason,
+                    cause: "presents another file's id with other bytes (file id collision)".into(),
+                },
+            );
+        }
     }
 
     /// Opens a mapping's file, computes its id and records the file. `None`
@@ -891,21 +1246,25 @@ impl<B: Inspect> Host<B> {
             }
         });
         record.saw(&m.path);
-        Some(Identified::File(id128, opened.file))
+        Some(Identified::File(id128, opened.file, opened.identity))
     }
 
     /// Opens the file of `m` again for a batch that has room for it (its
     /// mapping was resolved earlier, in this step or an earlier one).
     /// False if it cannot be opened now, or is no longer the file `id`.
     fn open_for_batch(&mut self, pid: i32, id: FileId, m: &ExecMapping, batch: &mut Batch) -> bool {
-        match self.resolve(pid, m, batch) {
-            Some(Resolution::File(now)) if now == id && batch.files.contains_key(&id) => true,
-            Some(Resolution::File(now)) => {
+        match self.resolve(pid, m, batch, None) {
+            Resolved::Mapping(Resolution::File(now))
+                if now == id && batch.files.contains_key(&id) =>
+            {
+                true
+            }
+            Resolved::Mapping(Resolution::File(now)) => {
                 tracing::debug!(pid, path = %m.path.display(), was = %id, now = %now, "file changed since it was identified");
                 false
             }
-            Some(Resolution::Unusable) => false,
-            None => {
+            Resolved::Mapping(_) | Resolved::Wait => false,
+            Resolved::Gone => {
                 self.counters.files_vanished += 1;
                 false
             }
@@ -948,6 +1307,16 @@ impl<B: Inspect> Host<B> {
         // line and the count. Bounded by the batch.
         let mut failures: BTreeMap<FileId, (FailureLine, u64)> = BTreeMap::new();
         for ((pid, id), result) in refs.into_iter().zip(results) {
+            match &result {
+                // The first result of an id that was extracted now gives
+                // its owner's digest; later ones (references on a known
+                // file) leave it.
+                Ok(_) => self.claims.loaded(id, files[&id].source()),
+                Err(e) if ProblemKind::of(e).is_none() => {
+                    self.claims.forget(id);
+                }
+                Err(_) => self.claims.failed(id),
+            }
             match result {
                 Ok(info) => {
                     if let Some(entry) = self.processes.get_mut(pid) {
@@ -1024,6 +1393,24 @@ impl<B: Inspect> Host<B> {
         if let Err(e) = result {
             tracing::warn!("{e}");
             self.counters.release_errors += 1;
+        }
+        // Its tables gone, the id has nothing to defend (a delayed unload
+        // is swept after `cleanup_unused`).
+        if !self.manager.knows(id) {
+            self.claims.forget(id);
+        }
+    }
+
+    /// Forgets the claims of ids whose tables are gone and that are not
+    /// deferred: the claims stay as many as the files loaded or failing.
+    fn sweep_claims(&mut self) {
+        let gone: Vec<FileId> = self
+            .claims
+            .ids()
+            .filter(|&id| !self.manager.knows(id) && !self.manager.is_deferred(id))
+            .collect();
+        for id in gone {
+            self.claims.forget(id);
         }
     }
 
@@ -1116,7 +1503,7 @@ impl<B: Inspect> Host<B> {
             .and_then(|e: &ProcessEntry| e.mappings.get(&MappingKey::of(&m)))
             .and_then(|r| match r {
                 Resolution::File(id) => Some(*id),
-                Resolution::Unusable => None,
+                Resolution::Unusable | Resolution::Collision(_) => None,
             });
         Ok(Some((m, id)))
     }

@@ -74,6 +74,7 @@ pub fn kind_name(kind: ProblemKind) -> &'static str {
         ProblemKind::Failed => "failed",
         ProblemKind::Unopenable => "unopenable",
         ProblemKind::Unsupported => "unsupported",
+        ProblemKind::Collision => "collision",
     }
 }
 

@@ -194,6 +194,9 @@ pub struct Files {
     pub unopenable: usize,
     /// Files eim does not extract (not failures; see `unsupported`).
     pub unsupported: usize,
+    /// Files listed as presenting another file's id with other bytes
+    /// (`host::claims`): not loaded.
+    pub collisions: usize,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -439,6 +442,7 @@ impl Summary {
                 failed: count(ProblemKind::Failed),
                 unopenable: count(ProblemKind::Unopenable),
                 unsupported: unsupported.len(),
+                collisions: count(ProblemKind::Collision),
             },
             extraction,
             kernel: Kernel {
@@ -526,6 +530,7 @@ impl Summary {
         t.row(["  failed".into(), n(self.files.failed)]);
         t.row(["  not openable".into(), n(self.files.unopenable)]);
         t.row(["  unsupported".into(), n(self.files.unsupported)]);
+        t.row(["  file id collisions".into(), n(self.files.collisions)]);
         t.row(["processes vanished".into(), grouped(self.counters.vanished)]);
         t.row([
             "processes not readable (privileges)".into(),

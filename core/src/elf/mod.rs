@@ -19,6 +19,7 @@
 //! stage sees the bytes upstream sees.
 
 pub mod debuglink;
+pub mod digest;
 pub mod ehframe;
 pub mod entry;
 pub mod extract;

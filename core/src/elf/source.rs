@@ -179,6 +179,18 @@ impl LazyFile {
         }
     }
 
+    /// Every chunk held, as (its start, its bytes), by start (then end):
+    /// what the analysis read, for [`super::digest::SourceDigest::of`].
+    pub fn chunks_by_start(&self) -> Vec<(u64, &[u8])> {
+        let index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let order: Vec<(u64, usize)> = index.iter().map(|(&(start, _), &i)| (start, i)).collect();
+        drop(index);
+        order
+            .into_iter()
+            .filter_map(|(start, i)| Some((start, self.chunks.get(i)?)))
+            .collect()
+    }
+
     /// A cached chunk holding all of `range`, as (its start, its bytes): of
     /// those found, the one reaching furthest (a string read goes on from
     /// there).

@@ -82,7 +82,8 @@ impl Deferred {
         self.entries.insert(id, (now.after(self.ttl), stamp));
     }
 
-    fn remove(&mut self, id: FileId) {
+    /// Forgets `id`'s deferral.
+    pub fn remove(&mut self, id: FileId) {
         if let Some((_, stamp)) = self.entries.remove(&id) {
             self.order.remove(&stamp);
         }

@@ -107,6 +107,15 @@ impl<P: Clone> FileTable<P> {
         }
     }
 
+    /// Removes and returns `id` if no reference holds it (a delayed
+    /// unload waiting), whatever its age.
+    pub fn take_if_unused(&mut self, id: FileId) -> Option<FileEntry<P>> {
+        match self.entries.get(&id) {
+            Some(e) if e.rc == 0 => self.entries.remove(&id),
+            _ => None,
+        }
+    }
+
     /// Removes and returns the files unused since `cutoff` or earlier, in
     /// file id order (so a run is reproducible).
     pub fn take_unused(&mut self, cutoff: Timestamp) -> Vec<(FileId, FileEntry<P>)> {
