@@ -1,9 +1,11 @@
 //! The worst input eim's caps allow a CFI walk: an x86-64 ELF file whose
 //! `.eh_frame` is as big as eim reads (just under 64 MiB, its
-//! `MAX_SECTION_BYTES`), made of the smallest FDEs a toolchain emits, each
-//! with an entry in an `.eh_frame_hdr` search table (so the walk is the
-//! parallel table walk), each giving two deltas (the function's rule and
-//! its end marker: functions are far enough apart that no marker folds).
+//! `MAX_SECTION_BYTES`), made of the smallest FDEs a toolchain emits
+//! (3,355,442 of them), in one of the [`Shape`]s: with an `.eh_frame_hdr`
+//! search table (the table walk) or without (the linear walk, whose deltas
+//! are sorted at the end), functions back to back (their deltas fold
+//! away) or apart (two deltas each: the function's rule and its end
+//! marker, 6.7 million).
 //!
 //! For the memory tests (tests/eim/memory_limits.rs), the bench figure in
 //! docs/BENCHMARKS.md (`cargo run --example worst_eh_frame -- FILE`), and
@@ -19,12 +21,36 @@ pub const MAX_SECTION_BYTES: usize = 64 << 20;
 /// three `DW_CFA_nop`s of padding.
 pub const FDE_BYTES: usize = 20;
 
-/// Where the first function starts, and how far apart functions are:
-/// each is [`FUNCTION_BYTES`] long, followed by a gap longer than the 15
-/// bytes of padding eim folds an end marker into.
+/// Where the first function starts; each is [`FUNCTION_BYTES`] long.
 pub const FIRST_FUNCTION: u64 = 0x1000_0000;
-pub const FUNCTION_STRIDE: u64 = 32;
 pub const FUNCTION_BYTES: u32 = 16;
+
+/// How the FDEs are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// With an `.eh_frame_hdr` search table naming every FDE.
+    pub search_table: bool,
+    /// Functions 16 bytes apart (after each one's end), more than the 15
+    /// bytes of padding eim folds an end marker into: two deltas each.
+    /// Otherwise back to back: the deltas fold into a few.
+    pub apart: bool,
+}
+
+impl Shape {
+    /// The most deltas: a search table, functions apart.
+    pub const WORST: Self = Self {
+        search_table: true,
+        apart: true,
+    };
+
+    fn stride(self) -> u64 {
+        if self.apart {
+            2 * u64::from(FUNCTION_BYTES)
+        } else {
+            u64::from(FUNCTION_BYTES)
+        }
+    }
+}
 
 /// The CIE: "zR", code align 1, data align -8, return address r16,
 /// pcrel sdata4 pointers; `def_cfa rsp+8; offset r16 at cfa-8`.
@@ -47,11 +73,15 @@ pub fn fdes_in(section_bytes: usize) -> usize {
 }
 
 /// The file: `fdes` FDEs (use [`fdes_in`]`(`[`MAX_SECTION_BYTES`]`)` for
-/// the worst case), with their search table.
-pub fn minimal_fde_elf(fdes: usize) -> Vec<u8> {
+/// the worst case) laid out as `shape` says.
+pub fn minimal_fde_elf(fdes: usize, shape: Shape) -> Vec<u8> {
     let phdrs = 2;
     let hdr_at = EHDR + phdrs * PHDR;
-    let hdr_len = 12 + 8 * fdes;
+    // Without a search table: a header naming no table (eim then finds no
+    // usable one and walks the section), as a file without one reads.
+    let entries = if shape.search_table { fdes } else { 0 };
+    let hdr_len = 12 + 8 * entries;
+    let function = |i: usize| FIRST_FUNCTION + i as u64 * shape.stride();
     let eh_at = (hdr_at + hdr_len).next_multiple_of(8);
     let eh_len = CIE.len() + FDE_BYTES * fdes;
     let strtab_at = eh_at + eh_len;
@@ -83,10 +113,11 @@ pub fn minimal_fde_elf(fdes: usize) -> Vec<u8> {
 
     // .eh_frame_hdr: version 1, eh_frame_ptr pcrel sdata4, count udata4,
     // table datarel sdata4; entries (function start, FDE) by address.
-    f.extend_from_slice(&[1, 0x1b, 0x03, 0x3b]);
+    let table_enc = if shape.search_table { 0x3b } else { 0xff };
+    f.extend_from_slice(&[1, 0x1b, 0x03, table_enc]);
     put32(&mut f, (eh_at as u32).wrapping_sub(hdr_at as u32 + 4));
-    put32(&mut f, fdes as u32);
-    for i in 0..fdes {
+    put32(&mut f, entries as u32);
+    for i in 0..entries {
         let fde = (eh_at + CIE.len() + i * FDE_BYTES) as u64;
         put32(&mut f, function(i).wrapping_sub(hdr_at as u64) as u32);
         put32(&mut f, fde.wrapping_sub(hdr_at as u64) as u32);
@@ -115,11 +146,6 @@ pub fn minimal_fde_elf(fdes: usize) -> Vec<u8> {
     shdr(&mut f, 25, 3, 0, strtab_at, strtab.len(), 1);
     debug_assert_eq!(f.len(), total);
     f
-}
-
-/// The start of function `i`.
-pub fn function(i: usize) -> u64 {
-    FIRST_FUNCTION + i as u64 * FUNCTION_STRIDE
 }
 
 fn put16(f: &mut Vec<u8>, v: u16) {
@@ -167,7 +193,7 @@ mod tests {
         let fdes = fdes_in(MAX_SECTION_BYTES);
         assert!(CIE.len() + fdes * FDE_BYTES <= MAX_SECTION_BYTES);
         assert!(CIE.len() + (fdes + 1) * FDE_BYTES > MAX_SECTION_BYTES);
-        let small = minimal_fde_elf(100);
+        let small = minimal_fde_elf(100, Shape::WORST);
         // The .eh_frame section: from its header.
         let sh_at = u64::from_le_bytes(small[40..48].try_into().unwrap()) as usize;
         let eh = &small[sh_at + 2 * SHDR..sh_at + 3 * SHDR];

@@ -22,6 +22,23 @@ const HDR_SIZE: usize = 4;
 /// growing a large output (pages reserved but never written cost nothing).
 const SECTION_BYTES_PER_DELTA: usize = 6;
 
+/// The most deltas reserved up front (24 MiB): a 64 MiB section would
+/// otherwise reserve 268 MB of address space, which an address-space
+/// limit refuses though the walk may never need it. Past this the list
+/// grows as it needs (large blocks are remapped, not copied).
+const MAX_RESERVED_DELTAS: usize = 1 << 20;
+
+/// A parallel walk hands its helpers copies of the two sections; past this
+/// many bytes of them it walks on this thread alone, with no copy. Real
+/// files stay well under it (librustc_driver: 7 MB), so they keep their
+/// helpers; the biggest sections the caps allow (64 MiB of `.eh_frame`
+/// and its table) do not double the walk's memory.
+const MAX_PARALLEL_SECTION_BYTES: usize = 16 << 20;
+
+/// The stack of a helper thread: the walk recurses nowhere, and its frames
+/// are small.
+const HELPER_STACK_BYTES: usize = 512 << 10;
+
 /// A walk may parse at most this many times its section's bytes (CIE and
 /// FDE records together). A valid section needs at most twice; only a
 /// search table naming the same FDEs over and over needs more, and would
@@ -633,6 +650,7 @@ fn helpers() -> &'static Helpers {
             // A helper that cannot be started only means less help.
             let _ = std::thread::Builder::new()
                 .name("eim-eh-frame".into())
+                .stack_size(HELPER_STACK_BYTES)
                 .spawn(move || loop {
                     let job = {
                         let mut jobs = helpers.jobs.lock().unwrap_or_else(|e| e.into_inner());
@@ -675,7 +693,8 @@ impl<F: ForkFilter> Walker<'_, '_, F> {
         let mut table = Table::new(hdr)?;
         let (held, count) = (table.held(), table.count);
         let chunks = parallelism.chunks(count);
-        if chunks <= 1 || held < count {
+        let copies = eh.data.len().saturating_add(hdr.data.len());
+        if chunks <= 1 || held < count || copies > MAX_PARALLEL_SECTION_BYTES {
             return self.walk_entries(&mut table, eh, 0..count, held, None);
         }
         // `count <= held` entries of 8 bytes: no overflow.
@@ -837,8 +856,9 @@ fn walker_over<'a, 'd, F: FdeFilter + ?Sized>(
     filter: &'a mut F,
     deltas: &'a mut IntervalData,
 ) -> (Walker<'a, 'd, F>, usize) {
-    let reserve = section_len / SECTION_BYTES_PER_DELTA;
-    deltas.deltas.reserve(reserve);
+    let reserve = (section_len / SECTION_BYTES_PER_DELTA).min(MAX_RESERVED_DELTAS);
+    // Only an estimate: without the room the walk still runs.
+    crate::fallible::try_reserve(&mut deltas.deltas, reserve);
     let out = Emitter {
         arch,
         code: Code::File(code),
