@@ -271,12 +271,58 @@ impl IntervalData {
 pub trait DeltaSink {
     /// [`IntervalData::add_ex`].
     fn add_ex(&mut self, delta: StackDelta, sorted: bool);
+
+    /// Makes sure `additional` more appends cannot fail for want of
+    /// memory, or says why they could: the appends themselves cannot
+    /// fail, and an allocation failing there ends the process.
+    fn make_room(&mut self, additional: usize) -> Result<(), NoRoom> {
+        let _ = additional;
+        Ok(())
+    }
+}
+
+/// The most deltas an extraction holds: twice what the kernel takes for
+/// one file (a kernel entry holds one delta or a merged pair), so a file
+/// with more could never be loaded. Bounds the memory of a hostile CFI
+/// walk (64 MiB of `.eh_frame` rows would otherwise give 22 million
+/// deltas, 540 MB).
+pub const MAX_EXTRACTED_DELTAS: usize = 2 * crate::abi::MAX_KERNEL_DELTAS;
+
+/// Why a list of deltas cannot grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoRoom {
+    #[error("more than {max} stack deltas, more than the kernel maps can hold")]
+    TooMany { max: usize },
+    #[error("no memory for more than {held} stack deltas ({bytes} bytes more could not be had)")]
+    Memory { held: usize, bytes: usize },
 }
 
 impl DeltaSink for IntervalData {
     #[inline(always)]
     fn add_ex(&mut self, delta: StackDelta, sorted: bool) {
         IntervalData::add_ex(self, delta, sorted);
+    }
+
+    #[inline]
+    fn make_room(&mut self, additional: usize) -> Result<(), NoRoom> {
+        let held = self.deltas.len();
+        if self.deltas.capacity() - held >= additional {
+            return Ok(());
+        }
+        if held.saturating_add(additional) > MAX_EXTRACTED_DELTAS {
+            return Err(NoRoom::TooMany {
+                max: MAX_EXTRACTED_DELTAS,
+            });
+        }
+        // As the list would have grown: to twice its size at least.
+        let want = additional.max(self.deltas.capacity());
+        if crate::fallible::try_reserve(&mut self.deltas, want) {
+            return Ok(());
+        }
+        Err(NoRoom::Memory {
+            held,
+            bytes: want.saturating_mul(std::mem::size_of::<StackDelta>()),
+        })
     }
 }
 

@@ -147,6 +147,24 @@ impl<'d> Table<'d> {
     }
 }
 
+/// Why [`Walker::fde`] failed: the record, or no room for its deltas.
+enum FdeError {
+    Header(HeaderError),
+    NoRoom(crate::deltas::NoRoom),
+}
+
+impl From<HeaderError> for FdeError {
+    fn from(e: HeaderError) -> Self {
+        Self::Header(e)
+    }
+}
+
+impl From<EntryError> for FdeError {
+    fn from(e: EntryError) -> Self {
+        Self::Header(HeaderError::Fatal(e))
+    }
+}
+
 /// Parsed CIEs by section offset. Every CIE is parsed once (upstream keeps
 /// 16 in an LRU; the result is the same, and a hostile file cannot make eim
 /// re-parse CIEs).
@@ -262,13 +280,20 @@ impl<'a, 'd, F: FdeFilter + ?Sized, S: DeltaSink> Walker<'a, 'd, F, S> {
     /// Parses the FDE at `r.pos` and emits its deltas; returns its size.
     /// `sorted` is passed to the first delta's append (later ones are
     /// sorted within the FDE).
-    fn fde(&mut self, r: &mut Reader<'_>, table_ip: u64, sorted: bool) -> Result<u64, HeaderError> {
+    fn fde(&mut self, r: &mut Reader<'_>, table_ip: u64, sorted: bool) -> Result<u64, FdeError> {
         let fde_at = r.pos;
         let (len, cie_pos) = parse_header(r, false)?;
         let cie = self.cies.get(r, cie_pos, self.out.arch)?;
         let range = parse_fde_range(r, cie, table_ip, fde_at)?;
         let out = &mut self.out;
         if out.filter.keep(range.start, range.len, out.deltas) {
+            // At most one delta per instruction byte, the state after the
+            // last, and the end marker: room for them is had (or refused)
+            // here, so that the appends cannot fail.
+            let most = r.end().saturating_sub(r.pos).saturating_add(2);
+            out.deltas
+                .make_room(usize::try_from(most).unwrap_or(usize::MAX))
+                .map_err(FdeError::NoRoom)?;
             out.emit(*r, cie, range, sorted, fde_at)?;
         }
         Ok(len)
@@ -394,11 +419,12 @@ impl<F: FdeFilter + ?Sized, S: DeltaSink> Walker<'_, '_, F, S> {
             }
             match self.fde(&mut r, ip, index > 0) {
                 Ok(size) => self.spend(size)?,
-                Err(HeaderError::Empty) => {}
-                Err(HeaderError::UnexpectedType { id, .. }) => {
+                Err(FdeError::Header(HeaderError::Empty)) => {}
+                Err(FdeError::Header(HeaderError::UnexpectedType { id, .. })) => {
                     return Err(CfiError::TableFde(EntryError::UnexpectedType(id)))
                 }
-                Err(HeaderError::Fatal(e)) => return Err(CfiError::TableFde(e)),
+                Err(FdeError::Header(HeaderError::Fatal(e))) => return Err(CfiError::TableFde(e)),
+                Err(FdeError::NoRoom(e)) => return Err(e.into()),
             }
         }
         Ok(())
@@ -413,9 +439,12 @@ impl<F: FdeFilter + ?Sized, S: DeltaSink> Walker<'_, '_, F, S> {
         while at < size {
             let mut r = Reader::new(section.data, at, section.vaddr, debug_frame);
             let len = match self.fde(&mut r, 0, false) {
-                Ok(len) | Err(HeaderError::UnexpectedType { len, .. }) => len,
-                Err(HeaderError::Empty) => 4,
-                Err(HeaderError::Fatal(error)) => return Err(CfiError::Fde { at, error }),
+                Ok(len) | Err(FdeError::Header(HeaderError::UnexpectedType { len, .. })) => len,
+                Err(FdeError::Header(HeaderError::Empty)) => 4,
+                Err(FdeError::Header(HeaderError::Fatal(error))) => {
+                    return Err(CfiError::Fde { at, error })
+                }
+                Err(FdeError::NoRoom(e)) => return Err(e.into()),
             };
             self.spend(len)?;
             // Records are at least 4 bytes, so the walk moves forward.
