@@ -24,8 +24,7 @@ const USUAL_LIMIT: u64 = 250_000 * 1024;
 /// Limits tried, from the highest down, to find one too tight for `scan`
 /// to work at all: the first that fails must fail in one line.
 const TIGHT_LIMITS: [u64; 8] = [
-    40_000_000, 36_000_000, 32_000_000, 28_000_000, 24_000_000, 20_000_000, 16_000_000,
-    12_000_000,
+    40_000_000, 36_000_000, 32_000_000, 28_000_000, 24_000_000, 20_000_000, 16_000_000, 12_000_000,
 ];
 
 fn eim() -> PathBuf {
@@ -111,7 +110,10 @@ fn no_abort(what: &str, out: &Output) -> Vec<String> {
         out.status
     );
     for abort in ["backtrace", "memory allocation of", "panicked"] {
-        assert!(!stderr.contains(abort), "{what}: {abort:?} on stderr:\n{stderr}");
+        assert!(
+            !stderr.contains(abort),
+            "{what}: {abort:?} on stderr:\n{stderr}"
+        );
     }
     stderr
         .lines()
@@ -124,11 +126,17 @@ fn no_abort(what: &str, out: &Output) -> Vec<String> {
 /// allocate under `limit`.
 fn out_of_memory_in_one_line(what: &str, limit: u64, out: &Output) {
     let lines = no_abort(what, out);
-    assert_eq!(out.status.code(), Some(1), "{what}: {}: {lines:?}", out.status);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{what}: {}: {lines:?}",
+        out.status
+    );
     assert_eq!(lines.len(), 1, "{what}: not one line: {lines:#?}");
     let limits = format!("bytes (address-space limit {limit} bytes, cgroup memory limit ");
     assert!(
-        lines[0].starts_with("eim: out of memory: could not allocate ") && lines[0].contains(&limits),
+        lines[0].starts_with("eim: out of memory: could not allocate ")
+            && lines[0].contains(&limits),
         "{what}: {}",
         lines[0]
     );
@@ -141,7 +149,12 @@ fn deltas_work_or_fail_in_one_line(what: &str, out: &Output) -> bool {
     if out.status.success() {
         return false;
     }
-    assert_eq!(out.status.code(), Some(1), "{what}: {}: {lines:?}", out.status);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{what}: {}: {lines:?}",
+        out.status
+    );
     assert_eq!(lines.len(), 1, "{what}: not one line: {lines:#?}");
     assert!(
         lines[0].starts_with("eim: out of memory: could not allocate ")
@@ -164,11 +177,24 @@ fn scan_and_watch(backend: &[&str], limit: u64) -> Vec<(String, Output)> {
     let mut runs = Vec::new();
     for command in [
         vec!["scan", "--json", "--pid", &pid],
-        vec!["watch", "--json", "--pid", &pid, "--steps", "2", "--interval", "100ms"],
+        vec![
+            "watch",
+            "--json",
+            "--pid",
+            &pid,
+            "--steps",
+            "2",
+            "--interval",
+            "100ms",
+        ],
     ] {
         let mut args: Vec<&OsStr> = command.iter().map(|a| os(a)).collect();
         args.extend(backend.iter().map(|a| os(a)));
-        let what = format!("eim {} {} under {limit} bytes", command[0], backend.join(" "));
+        let what = format!(
+            "eim {} {} under {limit} bytes",
+            command[0],
+            backend.join(" ")
+        );
         runs.push((what, eim_limited(limit, &args)));
     }
     runs
@@ -210,7 +236,10 @@ fn scan_and_watch_work_or_fail_cleanly(backend: &[&str]) {
             return;
         }
     }
-    panic!("eim worked under every limit down to {} bytes", TIGHT_LIMITS[7]);
+    panic!(
+        "eim worked under every limit down to {} bytes",
+        TIGHT_LIMITS[7]
+    );
 }
 
 /// Row "scan and watch under `ulimit -v 250000`" (sim backend): they work,
