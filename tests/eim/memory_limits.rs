@@ -27,8 +27,13 @@ const TIGHT_LIMITS: [u64; 8] = [
     40_000_000, 36_000_000, 32_000_000, 28_000_000, 24_000_000, 20_000_000, 16_000_000, 12_000_000,
 ];
 
+/// The `eim` binary cargo built for these tests, or `$EIM_MEMORY_BIN`:
+/// another build to run the cases against (an older one, to see them
+/// reproduce the aborts they guard against).
 fn eim() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_eim"))
+    std::env::var_os("EIM_MEMORY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_eim")))
 }
 
 /// A file of the worst input, mapped executable (private, read-only) by
