@@ -627,6 +627,23 @@ mod tests {
     }
 
     #[test]
+    fn room_past_what_the_kernel_takes_is_refused() {
+        let mut data = IntervalData::new();
+        assert_eq!(data.make_room(1000), Ok(()));
+        assert!(data.deltas.capacity() >= 1000);
+        assert_eq!(
+            data.make_room(MAX_EXTRACTED_DELTAS + 1),
+            Err(NoRoom::TooMany {
+                max: MAX_EXTRACTED_DELTAS
+            })
+        );
+        assert!(
+            data.deltas.capacity() < MAX_EXTRACTED_DELTAS,
+            "nothing reserved"
+        );
+    }
+
+    #[test]
     fn find_returns_the_rule_in_force() {
         let data = IntervalData::from_deltas(vec![d(0x10, 0, sp(8)), d(0x20, 0, sp(16))]);
         assert_eq!(data.find(0x0f), None);
