@@ -71,6 +71,123 @@ fn same_rule(a: &UnwindInfo, b: &UnwindInfo) -> bool {
     ((bytes(a) ^ bytes(b)) | (a.param ^ b.param) as u32 | (a.fp_param ^ b.fp_param) as u32) == 0
 }
 
+/// A command carries no frame-pointer rule.
+#[inline(always)]
+fn normalized(mut delta: StackDelta) -> StackDelta {
+    if delta.info.opcode == opcode::COMMAND {
+        delta.info.fp_opcode = 0;
+        delta.info.fp_param = 0;
+    }
+    delta
+}
+
+/// The end of a list that sorted appends fold into: a `Vec`, or the front
+/// of one being folded in place ([`IntervalData::sort_and_dedup`]).
+trait Tail {
+    fn slice(&mut self) -> &mut [StackDelta];
+    fn push(&mut self, delta: StackDelta);
+    fn pop(&mut self);
+}
+
+impl Tail for Vec<StackDelta> {
+    #[inline(always)]
+    fn slice(&mut self) -> &mut [StackDelta] {
+        self.as_mut_slice()
+    }
+    #[inline(always)]
+    fn push(&mut self, delta: StackDelta) {
+        Vec::push(self, delta);
+    }
+    #[inline(always)]
+    fn pop(&mut self) {
+        Vec::pop(self);
+    }
+}
+
+/// `buf[..len]`, written while `buf[len..]` is still being read.
+struct Front<'a> {
+    buf: &'a mut Vec<StackDelta>,
+    len: usize,
+}
+
+impl Tail for Front<'_> {
+    fn slice(&mut self) -> &mut [StackDelta] {
+        let len = self.len;
+        self.buf.get_mut(..len).unwrap_or_default()
+    }
+    fn push(&mut self, delta: StackDelta) {
+        // The caller reads element `len` or later before pushing, so the
+        // slot is its own or one it has read.
+        if let Some(slot) = self.buf.get_mut(self.len) {
+            *slot = delta;
+            self.len += 1;
+        }
+    }
+    fn pop(&mut self) {
+        self.len = self.len.saturating_sub(1);
+    }
+}
+
+/// A sorted append (upstream's `AddEx` with a sorted source).
+#[inline(always)]
+fn append_sorted<T: Tail>(tail: &mut T, delta: StackDelta) {
+    // The common case inline: the tail is not an end marker, so only the
+    // tail is compared (as `fold` does).
+    if let Some(prev) = tail.slice().last_mut() {
+        if prev.hints & hint::GAP == 0 {
+            if same_rule(&prev.info, &delta.info) {
+                prev.hints |= delta.hints & hint::KEEP;
+            } else if prev.address == delta.address {
+                *prev = delta;
+            } else {
+                tail.push(delta);
+            }
+            return;
+        }
+    }
+    if let Some(folded) = fold(tail, delta) {
+        tail.push(folded);
+    }
+}
+
+/// Applies the folding rules against the tail; returns the delta if it
+/// still has to be appended.
+#[inline]
+fn fold<T: Tail>(tail: &mut T, delta: StackDelta) -> Option<StackDelta> {
+    let prev = match tail.slice() {
+        [] => return Some(delta),
+        [.., before, last]
+            if last.hints & hint::GAP != 0
+                && last.address.wrapping_add(MINIMUM_GAP) >= delta.address =>
+        {
+            // The marker was padding between two functions.
+            if !same_rule(&before.info, &delta.info) {
+                *last = delta;
+                return None;
+            }
+            tail.pop();
+            tail.slice().last_mut()?
+        }
+        [last]
+            if last.hints & hint::GAP != 0
+                && last.address.wrapping_add(MINIMUM_GAP) >= delta.address =>
+        {
+            *last = delta;
+            return None;
+        }
+        [.., last] => last,
+    };
+    if same_rule(&prev.info, &delta.info) {
+        prev.hints |= delta.hints & hint::KEEP;
+        return None;
+    }
+    if prev.address == delta.address {
+        *prev = delta;
+        return None;
+    }
+    Some(delta)
+}
+
 /// The unwind data of one file: deltas sorted by address.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IntervalData {
@@ -105,87 +222,42 @@ impl IntervalData {
     /// the padding after an end-of-function marker. With `sorted == false`
     /// it only appends (the list is sorted and de-duplicated later).
     #[inline(always)]
-    pub fn add_ex(&mut self, mut delta: StackDelta, sorted: bool) {
-        if delta.info.opcode == opcode::COMMAND {
-            delta.info.fp_opcode = 0;
-            delta.info.fp_param = 0;
-        }
+    pub fn add_ex(&mut self, delta: StackDelta, sorted: bool) {
+        let delta = normalized(delta);
         if sorted {
-            // The common case inline: the tail is not an end marker, so
-            // only the tail is compared (as `fold` does).
-            if let Some(prev) = self.deltas.last_mut() {
-                if prev.hints & hint::GAP == 0 {
-                    if same_rule(&prev.info, &delta.info) {
-                        prev.hints |= delta.hints & hint::KEEP;
-                    } else if prev.address == delta.address {
-                        *prev = delta;
-                    } else {
-                        self.deltas.push(delta);
-                    }
-                    return;
-                }
-            }
-            if let Some(folded) = self.fold(delta) {
-                self.deltas.push(folded);
-            }
+            append_sorted(&mut self.deltas, delta);
         } else {
             self.deltas.push(delta);
         }
-    }
-
-    /// Applies the folding rules against the tail; returns the delta if it
-    /// still has to be appended.
-    #[inline]
-    fn fold(&mut self, delta: StackDelta) -> Option<StackDelta> {
-        let prev = match self.deltas.as_mut_slice() {
-            [] => return Some(delta),
-            [.., before, last]
-                if last.hints & hint::GAP != 0
-                    && last.address.wrapping_add(MINIMUM_GAP) >= delta.address =>
-            {
-                // The marker was padding between two functions.
-                if !same_rule(&before.info, &delta.info) {
-                    *last = delta;
-                    return None;
-                }
-                self.deltas.pop();
-                self.deltas.last_mut()?
-            }
-            [last]
-                if last.hints & hint::GAP != 0
-                    && last.address.wrapping_add(MINIMUM_GAP) >= delta.address =>
-            {
-                *last = delta;
-                return None;
-            }
-            [.., last] => last,
-        };
-        if same_rule(&prev.info, &delta.info) {
-            prev.hints |= delta.hints & hint::KEEP;
-            return None;
-        }
-        if prev.address == delta.address {
-            *prev = delta;
-            return None;
-        }
-        Some(delta)
     }
 
     /// Sorts by (address, opcode, param) and re-applies the folding rules,
     /// as upstream does after unsorted sources. Ties are broken by the whole
     /// delta so the result never depends on the input order (upstream's sort
     /// is not stable; eim's is deterministic).
+    ///
+    /// In place: the folded list is written over the front of the sorted
+    /// one (each append adds at most one element, so it never overtakes
+    /// the element being read), so an unsorted list of millions of deltas
+    /// does not need a second one.
     pub fn sort_and_dedup(&mut self) {
-        let mut all = core::mem::take(&mut self.deltas);
-        all.sort_by(|a, b| {
+        self.deltas.sort_by(|a, b| {
             (a.address, a.info.opcode, a.info.param)
                 .cmp(&(b.address, b.info.opcode, b.info.param))
                 .then_with(|| (a.info, a.hints).cmp(&(b.info, b.hints)))
         });
-        self.deltas.reserve(all.len());
-        for d in all {
-            self.add(d);
+        let mut front = Front {
+            buf: &mut self.deltas,
+            len: 0,
+        };
+        for read in 0..front.buf.len() {
+            let Some(&delta) = front.buf.get(read) else {
+                break;
+            };
+            append_sorted(&mut front, normalized(delta));
         }
+        let len = front.len;
+        self.deltas.truncate(len);
     }
 
     /// The delta in force at `address`: the last one at or below it.
@@ -199,12 +271,58 @@ impl IntervalData {
 pub trait DeltaSink {
     /// [`IntervalData::add_ex`].
     fn add_ex(&mut self, delta: StackDelta, sorted: bool);
+
+    /// Makes sure `additional` more appends cannot fail for want of
+    /// memory, or says why they could: the appends themselves cannot
+    /// fail, and an allocation failing there ends the process.
+    fn make_room(&mut self, additional: usize) -> Result<(), NoRoom> {
+        let _ = additional;
+        Ok(())
+    }
+}
+
+/// The most deltas an extraction holds: twice what the kernel takes for
+/// one file (a kernel entry holds one delta or a merged pair), so a file
+/// with more could never be loaded. Bounds the memory of a hostile CFI
+/// walk (64 MiB of `.eh_frame` rows would otherwise give 22 million
+/// deltas, 540 MB).
+pub const MAX_EXTRACTED_DELTAS: usize = 2 * crate::abi::MAX_KERNEL_DELTAS;
+
+/// Why a list of deltas cannot grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoRoom {
+    #[error("more than {max} stack deltas, more than the kernel maps can hold")]
+    TooMany { max: usize },
+    #[error("no memory for more than {held} stack deltas ({bytes} bytes more could not be had)")]
+    Memory { held: usize, bytes: usize },
 }
 
 impl DeltaSink for IntervalData {
     #[inline(always)]
     fn add_ex(&mut self, delta: StackDelta, sorted: bool) {
         IntervalData::add_ex(self, delta, sorted);
+    }
+
+    #[inline]
+    fn make_room(&mut self, additional: usize) -> Result<(), NoRoom> {
+        let held = self.deltas.len();
+        if self.deltas.capacity() - held >= additional {
+            return Ok(());
+        }
+        if held.saturating_add(additional) > MAX_EXTRACTED_DELTAS {
+            return Err(NoRoom::TooMany {
+                max: MAX_EXTRACTED_DELTAS,
+            });
+        }
+        // As the list would have grown: to twice its size at least.
+        let want = additional.max(self.deltas.capacity());
+        if crate::fallible::try_reserve(&mut self.deltas, want) {
+            return Ok(());
+        }
+        Err(NoRoom::Memory {
+            held,
+            bytes: want.saturating_mul(std::mem::size_of::<StackDelta>()),
+        })
     }
 }
 
@@ -478,6 +596,50 @@ mod tests {
                 d(0x20, hint::KEEP, sp(24)),
                 d(0x30, hint::KEEP, sp(16)),
             ]
+        );
+    }
+
+    /// The in-place fold of `sort_and_dedup` gives what appending the
+    /// sorted deltas one by one to a new list gives (its former way, which
+    /// held the sorted list and the folded one at once).
+    #[test]
+    fn sorting_in_place_folds_as_appending_to_a_new_list() {
+        use proptest::prelude::*;
+        let rules = [sp(8), sp(16), info::INVALID, info::STOP, sp(24)];
+        let hints = [hint::NONE, hint::KEEP, hint::GAP, hint::KEEP | hint::GAP];
+        let delta = (0u64..96, 0..hints.len(), 0..rules.len())
+            .prop_map(move |(a, h, r)| d(a, hints[h], rules[r]));
+        proptest!(ProptestConfig::with_cases(4000), |(input in proptest::collection::vec(delta, 0..40))| {
+            let mut in_place = IntervalData::from_deltas(input.clone());
+            in_place.sort_and_dedup();
+            let mut sorted = input;
+            sorted.sort_by(|a, b| {
+                (a.address, a.info.opcode, a.info.param)
+                    .cmp(&(b.address, b.info.opcode, b.info.param))
+                    .then_with(|| (a.info, a.hints).cmp(&(b.info, b.hints)))
+            });
+            let mut appended = IntervalData::new();
+            for x in sorted {
+                appended.add(x);
+            }
+            prop_assert_eq!(in_place.deltas, appended.deltas);
+        });
+    }
+
+    #[test]
+    fn room_past_what_the_kernel_takes_is_refused() {
+        let mut data = IntervalData::new();
+        assert_eq!(data.make_room(1000), Ok(()));
+        assert!(data.deltas.capacity() >= 1000);
+        assert_eq!(
+            data.make_room(MAX_EXTRACTED_DELTAS + 1),
+            Err(NoRoom::TooMany {
+                max: MAX_EXTRACTED_DELTAS
+            })
+        );
+        assert!(
+            data.deltas.capacity() < MAX_EXTRACTED_DELTAS,
+            "nothing reserved"
         );
     }
 

@@ -79,6 +79,7 @@ pub mod driver;
 pub mod elf;
 pub mod encode;
 pub mod error;
+pub mod fallible;
 pub mod info;
 pub mod interp;
 pub mod machine;

@@ -110,6 +110,12 @@ pub struct Config {
 /// over the peak.
 pub const DEFAULT_BATCH_BYTES: usize = 64 << 20;
 
+/// The stack of the extractor thread of [`ExecutableInfoManager::load_many`]:
+/// twice std's default, for the file provider's code (loaders included),
+/// which otherwise runs on the caller's thread; sized here rather than by
+/// `RUST_MIN_STACK`, so that an address-space limit sees a known figure.
+const EXTRACTOR_STACK_BYTES: usize = 4 << 20;
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -849,6 +855,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
                 let jobs = &jobs;
                 let extractor = std::thread::Builder::new()
                     .name("eim-extract".into())
+                    .stack_size(EXTRACTOR_STACK_BYTES)
                     .spawn_scoped(scope, move || {
                         self.extract_parts(jobs, |part| ready.send(part).is_ok())
                     });

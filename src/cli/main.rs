@@ -23,6 +23,7 @@ mod inspect;
 mod loaders;
 mod lookup;
 mod man;
+mod memory;
 mod out;
 mod profile;
 mod scan;
@@ -32,6 +33,11 @@ mod stop;
 mod synth;
 mod tables;
 mod watch;
+
+/// An allocation that fails ends eim with one line, not an abort
+/// ([`memory`]).
+#[global_allocator]
+static ALLOCATOR: memory::ExitOnFailure = memory::ExitOnFailure;
 
 // The text tables live in the library (the scan summary uses them too).
 use eim::report::table;
@@ -166,6 +172,7 @@ fn raise_descriptor_limit() {
 }
 
 fn main() -> ExitCode {
+    memory::configure();
     let cli = Cli::parse();
     init_logging(cli.verbose);
     raise_descriptor_limit();

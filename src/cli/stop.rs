@@ -49,6 +49,8 @@ pub fn on_signals(maps: Maps) -> Arc<AtomicBool> {
     let flag = stop.clone();
     let spawned = std::thread::Builder::new()
         .name("eim-signals".into())
+        // It waits for signals and writes a note: a small stack.
+        .stack_size(256 << 10)
         .spawn(move || {
             // Listening needs no privilege, and a thread's capabilities
             // are its own (eim::sandbox).

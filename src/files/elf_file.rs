@@ -205,7 +205,7 @@ impl From<SourceError> for Unreliable {
                 kind: ExtractErrorKind::Io,
                 message: format!("cannot read: {e}"),
             },
-            SourceError::OverBudget { .. } => Self {
+            SourceError::OverBudget { .. } | SourceError::NoMemory { .. } => Self {
                 kind: ExtractErrorKind::TooLarge,
                 message: format!("refused: {e}"),
             },

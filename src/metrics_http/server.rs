@@ -112,6 +112,7 @@ impl MetricsServer {
         rt.spawn(supervise(Arc::new(listener), metrics, limits));
         let thread = std::thread::Builder::new()
             .name("eim-metrics".into())
+            .stack_size(THREAD_STACK_BYTES)
             .spawn(move || {
                 // Serving needs no privilege (the socket is bound), and a
                 // thread's capabilities are its own (crate::sandbox).
@@ -162,10 +163,17 @@ fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(BACKLOG)
 }
 
+/// The stack of the server's thread and of any blocking thread its
+/// runtime starts (it starts none today): it parses requests and renders
+/// text, in frames of a few KiB.
+const THREAD_STACK_BYTES: usize = 1 << 20;
+
 pub(super) fn runtime() -> io::Result<Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
+        .thread_stack_size(THREAD_STACK_BYTES)
+        .max_blocking_threads(1)
         .build()
 }
 

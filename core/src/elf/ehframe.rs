@@ -214,4 +214,8 @@ pub enum CfiError {
     /// The record at a section offset failed (linear walk).
     #[error("failed to parse FDE {at:#x}: {error}")]
     Fde { at: u64, error: EntryError },
+    /// The deltas outgrew the memory eim could have, or what the kernel
+    /// takes: the file is refused, eim goes on.
+    #[error(transparent)]
+    NoRoom(#[from] crate::deltas::NoRoom),
 }

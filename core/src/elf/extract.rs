@@ -146,6 +146,8 @@ impl ExtractError {
     pub fn kind(&self) -> ExtractErrorKind {
         match &self.cause {
             Cause::DebugFile(e) => e.kind,
+            // Too many deltas, or not the memory for them.
+            Cause::Cfi(CfiError::NoRoom(_)) => ExtractErrorKind::TooLarge,
             Cause::Go(_) | Cause::Cfi(_) => ExtractErrorKind::Invalid,
         }
     }

@@ -68,6 +68,10 @@ pub enum SourceError {
     /// Reading more would pass the cache's byte budget.
     #[error("reading {len} bytes at offset {offset} would hold more than {budget} bytes of the file in memory")]
     OverBudget { offset: u64, len: u64, budget: u64 },
+    /// The memory for the read could not be had (an address-space or
+    /// cgroup limit): the file fails, eim goes on.
+    #[error("no memory to read {len} bytes at offset {offset}")]
+    NoMemory { offset: u64, len: u64 },
 }
 
 /// A file's bytes, read by range. Implemented outside the core (with
@@ -225,7 +229,17 @@ impl LazyFile {
             });
         }
         tracing::trace!(offset = start, len = size, "read");
-        let mut buf = vec![0u8; size as usize].into_boxed_slice();
+        // Up to a whole section (64 MiB) at once: had fallibly.
+        let mut buf = Vec::new();
+        if !crate::fallible::fallibly(|| buf.try_reserve_exact(size as usize).is_ok()) {
+            self.held.fetch_sub(size, Ordering::Relaxed);
+            return Err(SourceError::NoMemory {
+                offset: start,
+                len: size,
+            });
+        }
+        buf.resize(size as usize, 0);
+        let mut buf = buf.into_boxed_slice();
         self.reads.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.source.read_exact_at(start, &mut buf) {
             self.held.fetch_sub(size, Ordering::Relaxed);

@@ -28,6 +28,7 @@ const CORE_LAYERS: &[(&str, &[&str])] = &[
             "sync",
             "abi",
             "deltas",
+            "fallible",
             "encode",
             "ops",
             "process_maps",

@@ -17,7 +17,9 @@
 //! * [`host`]: a big host in one process (distinct libraries mapped);
 //! * [`cfi`]: gimli's decoding of `.eh_frame`, the floor a CFI walk can
 //!   reach;
-//! * [`rng`]: a small deterministic generator.
+//! * [`rng`]: a small deterministic generator;
+//! * [`worst_eh_frame`]: the biggest `.eh_frame` of minimal FDEs eim's caps
+//!   allow, as an ELF file.
 //!
 //! It depends on no eim crate, so that eim-core's own tests can use it.
 
@@ -31,6 +33,7 @@ pub mod oracle;
 pub mod rng;
 pub mod skip;
 pub mod tools;
+pub mod worst_eh_frame;
 
 pub use data::{read, read_xz, testdata};
 pub use skip::{present, skip_or_fail};

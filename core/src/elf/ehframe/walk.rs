@@ -22,6 +22,23 @@ const HDR_SIZE: usize = 4;
 /// growing a large output (pages reserved but never written cost nothing).
 const SECTION_BYTES_PER_DELTA: usize = 6;
 
+/// The most deltas reserved up front (24 MiB): a 64 MiB section would
+/// otherwise reserve 268 MB of address space, which an address-space
+/// limit refuses though the walk may never need it. Past this the list
+/// grows as it needs (large blocks are remapped, not copied).
+const MAX_RESERVED_DELTAS: usize = 1 << 20;
+
+/// A parallel walk hands its helpers copies of the two sections; past this
+/// many bytes of them it walks on this thread alone, with no copy. Real
+/// files stay well under it (librustc_driver: 7 MB), so they keep their
+/// helpers; the biggest sections the caps allow (64 MiB of `.eh_frame`
+/// and its table) do not double the walk's memory.
+const MAX_PARALLEL_SECTION_BYTES: usize = 16 << 20;
+
+/// The stack of a helper thread: the walk recurses nowhere, and its frames
+/// are small.
+const HELPER_STACK_BYTES: usize = 512 << 10;
+
 /// A walk may parse at most this many times its section's bytes (CIE and
 /// FDE records together). A valid section needs at most twice; only a
 /// search table naming the same FDEs over and over needs more, and would
@@ -127,6 +144,24 @@ impl<'d> Table<'d> {
             });
         }
         Ok(Reader::new(eh.data, fde - eh.vaddr, eh.vaddr, false))
+    }
+}
+
+/// Why [`Walker::fde`] failed: the record, or no room for its deltas.
+enum FdeError {
+    Header(HeaderError),
+    NoRoom(crate::deltas::NoRoom),
+}
+
+impl From<HeaderError> for FdeError {
+    fn from(e: HeaderError) -> Self {
+        Self::Header(e)
+    }
+}
+
+impl From<EntryError> for FdeError {
+    fn from(e: EntryError) -> Self {
+        Self::Header(HeaderError::Fatal(e))
     }
 }
 
@@ -245,13 +280,20 @@ impl<'a, 'd, F: FdeFilter + ?Sized, S: DeltaSink> Walker<'a, 'd, F, S> {
     /// Parses the FDE at `r.pos` and emits its deltas; returns its size.
     /// `sorted` is passed to the first delta's append (later ones are
     /// sorted within the FDE).
-    fn fde(&mut self, r: &mut Reader<'_>, table_ip: u64, sorted: bool) -> Result<u64, HeaderError> {
+    fn fde(&mut self, r: &mut Reader<'_>, table_ip: u64, sorted: bool) -> Result<u64, FdeError> {
         let fde_at = r.pos;
         let (len, cie_pos) = parse_header(r, false)?;
         let cie = self.cies.get(r, cie_pos, self.out.arch)?;
         let range = parse_fde_range(r, cie, table_ip, fde_at)?;
         let out = &mut self.out;
         if out.filter.keep(range.start, range.len, out.deltas) {
+            // At most one delta per instruction byte, the state after the
+            // last, and the end marker: room for them is had (or refused)
+            // here, so that the appends cannot fail.
+            let most = r.end().saturating_sub(r.pos).saturating_add(2);
+            out.deltas
+                .make_room(usize::try_from(most).unwrap_or(usize::MAX))
+                .map_err(FdeError::NoRoom)?;
             out.emit(*r, cie, range, sorted, fde_at)?;
         }
         Ok(len)
@@ -377,11 +419,12 @@ impl<F: FdeFilter + ?Sized, S: DeltaSink> Walker<'_, '_, F, S> {
             }
             match self.fde(&mut r, ip, index > 0) {
                 Ok(size) => self.spend(size)?,
-                Err(HeaderError::Empty) => {}
-                Err(HeaderError::UnexpectedType { id, .. }) => {
+                Err(FdeError::Header(HeaderError::Empty)) => {}
+                Err(FdeError::Header(HeaderError::UnexpectedType { id, .. })) => {
                     return Err(CfiError::TableFde(EntryError::UnexpectedType(id)))
                 }
-                Err(HeaderError::Fatal(e)) => return Err(CfiError::TableFde(e)),
+                Err(FdeError::Header(HeaderError::Fatal(e))) => return Err(CfiError::TableFde(e)),
+                Err(FdeError::NoRoom(e)) => return Err(e.into()),
             }
         }
         Ok(())
@@ -396,9 +439,12 @@ impl<F: FdeFilter + ?Sized, S: DeltaSink> Walker<'_, '_, F, S> {
         while at < size {
             let mut r = Reader::new(section.data, at, section.vaddr, debug_frame);
             let len = match self.fde(&mut r, 0, false) {
-                Ok(len) | Err(HeaderError::UnexpectedType { len, .. }) => len,
-                Err(HeaderError::Empty) => 4,
-                Err(HeaderError::Fatal(error)) => return Err(CfiError::Fde { at, error }),
+                Ok(len) | Err(FdeError::Header(HeaderError::UnexpectedType { len, .. })) => len,
+                Err(FdeError::Header(HeaderError::Empty)) => 4,
+                Err(FdeError::Header(HeaderError::Fatal(error))) => {
+                    return Err(CfiError::Fde { at, error })
+                }
+                Err(FdeError::NoRoom(e)) => return Err(e.into()),
             };
             self.spend(len)?;
             // Records are at least 4 bytes, so the walk moves forward.
@@ -633,6 +679,7 @@ fn helpers() -> &'static Helpers {
             // A helper that cannot be started only means less help.
             let _ = std::thread::Builder::new()
                 .name("eim-eh-frame".into())
+                .stack_size(HELPER_STACK_BYTES)
                 .spawn(move || loop {
                     let job = {
                         let mut jobs = helpers.jobs.lock().unwrap_or_else(|e| e.into_inner());
@@ -675,7 +722,8 @@ impl<F: ForkFilter> Walker<'_, '_, F> {
         let mut table = Table::new(hdr)?;
         let (held, count) = (table.held(), table.count);
         let chunks = parallelism.chunks(count);
-        if chunks <= 1 || held < count {
+        let copies = eh.data.len().saturating_add(hdr.data.len());
+        if chunks <= 1 || held < count || copies > MAX_PARALLEL_SECTION_BYTES {
             return self.walk_entries(&mut table, eh, 0..count, held, None);
         }
         // `count <= held` entries of 8 bytes: no overflow.
@@ -837,8 +885,9 @@ fn walker_over<'a, 'd, F: FdeFilter + ?Sized>(
     filter: &'a mut F,
     deltas: &'a mut IntervalData,
 ) -> (Walker<'a, 'd, F>, usize) {
-    let reserve = section_len / SECTION_BYTES_PER_DELTA;
-    deltas.deltas.reserve(reserve);
+    let reserve = (section_len / SECTION_BYTES_PER_DELTA).min(MAX_RESERVED_DELTAS);
+    // Only an estimate: without the room the walk still runs.
+    crate::fallible::try_reserve(&mut deltas.deltas, reserve);
     let out = Emitter {
         arch,
         code: Code::File(code),
