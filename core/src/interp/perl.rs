@@ -40,10 +40,7 @@ impl InterpreterData for PerlData {
     }
 
     fn facts(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("version", self.version()),
-            ("runops", self.runops.fact()),
-        ]
+        vec![("version", self.version()), ("runops", self.runops.fact())]
     }
 }
 
