@@ -115,9 +115,13 @@ pub struct Fact {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LoaderMatch {
     pub loader: String,
-    /// The name the loader recognised: the path as given, or, when no
-    /// loader claims that name, the path with its symbolic links resolved.
+    /// The name the loader recognised: empty for the path as given; when
+    /// no loader claims that name, the path with its symbolic links
+    /// resolved; when no loader claims either, the name the file's own
+    /// symbols give it (`evidence` then says which).
     pub name: String,
+    /// What in the file named it, when its names did not.
+    pub evidence: Option<String>,
     /// The interpreter's version, if the loader read one.
     pub version: Option<String>,
     /// What it found (addresses in hex, tables by their size).
@@ -153,10 +157,10 @@ impl LoaderMatch {
         if !self.ranges.is_empty() {
             line.push_str(&format!(" interpreter_offsets {}", self.ranges.join(" ")));
         }
-        if self.name.is_empty() {
-            line
-        } else {
-            format!("{line} [as {}]", self.name)
+        match (&self.evidence, self.name.is_empty()) {
+            (_, true) => line,
+            (None, false) => format!("{line} [as {}]", self.name),
+            (Some(why), false) => format!("{line} [as {}: it {why}]", self.name),
         }
     }
 }
@@ -165,7 +169,8 @@ impl LoaderMatch {
 /// the gaps come from `deltas`, empty when extraction failed). Loaders
 /// that go by name see the path as given first; when none claims it, the
 /// path with its symbolic links resolved (`/usr/bin/python3` is
-/// `python3.11`), which `name` then records.
+/// `python3.11`), which `name` then records; when none claims either, the
+/// name the file's symbols give it (`identity::by_evidence`).
 pub fn loaders(
     file_id: FileId,
     path: &Path,
@@ -182,6 +187,16 @@ pub fn loaders(
         if let Some(resolved) = resolved_name(path) {
             matches = detect(&resolved);
             as_name = resolved;
+        }
+    }
+    let mut evidence = None;
+    if matches.is_empty() {
+        // Neither name is an interpreter's: what the file defines may say
+        // it is one (a renamed copy).
+        if let Some(identity) = eim_core::interp::identity::by_evidence(elf) {
+            matches = detect(&identity.name);
+            as_name = identity.name;
+            evidence = Some(identity.evidence);
         }
     }
     matches
@@ -204,6 +219,7 @@ pub fn loaders(
             LoaderMatch {
                 loader: m.loader.to_string(),
                 name: as_name.clone(),
+                evidence: evidence.clone(),
                 version,
                 facts,
                 error,

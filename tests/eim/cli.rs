@@ -896,3 +896,50 @@ fn one_range_vocabulary_and_interpreters_found_through_links() {
     let _ = running.kill();
     let _ = running.wait();
 }
+
+/// A renamed copy of an interpreter (`mypy`, a copy of python3.11) is
+/// found by what it defines, with the ranges the real file gets, and says
+/// why; a renamed copy of a program that is no interpreter is claimed by
+/// no loader.
+#[test]
+fn a_renamed_interpreter_is_found_by_its_symbols() {
+    let python = std::path::Path::new("/usr/bin/python3.11");
+    if !eim_test_support::present(python) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let copy = dir.path().join("mypy");
+    std::fs::copy(python, &copy).expect("copy python3.11");
+    let loaders_of = |path: &std::path::Path| -> Vec<Value> {
+        let report: Value =
+            serde_json::from_str(&stdout_of(eim().arg("inspect").arg("--json").arg(path)))
+                .expect("inspect JSON");
+        report["loaders"].as_array().expect("loaders").clone()
+    };
+    let real = loaders_of(python);
+    let renamed = loaders_of(&copy);
+    let python_of = |loaders: &[Value]| {
+        loaders
+            .iter()
+            .find(|m| m["loader"] == "python")
+            .cloned()
+            .unwrap_or_else(|| panic!("no python loader: {loaders:?}"))
+    };
+    let (real, renamed) = (python_of(&real), python_of(&renamed));
+    assert_eq!(renamed["ranges"], real["ranges"], "{renamed}");
+    assert_eq!(renamed["version"], real["version"], "{renamed}");
+    assert_eq!(renamed["name"], "python3.11", "{renamed}");
+    assert!(
+        renamed["evidence"]
+            .as_str()
+            .is_some_and(|e| e.contains("Py_Version")),
+        "{renamed}"
+    );
+    assert!(real["evidence"].is_null(), "{real}");
+    let text = stdout_of(eim().arg("inspect").arg(&copy));
+    assert!(text.contains("[as python3.11: it defines Py_Version"), "{text}");
+
+    let other = dir.path().join("python-tool");
+    std::fs::copy("/usr/bin/ls", &other).expect("copy ls");
+    assert!(loaders_of(&other).is_empty(), "ls is no interpreter");
+}

@@ -23,8 +23,9 @@
 //! the file is read but its note segments (`tests/eim/loaders_evidence.rs`).
 //!
 //! One module per interpreter; [`access`] holds the ELF reading they share,
-//! [`evidence`] what they test first, and [`names`] the file-name patterns
-//! of spec 8.2.
+//! [`evidence`] what they test first, [`names`] the file-name patterns
+//! of spec 8.2, and [`identity`] what interpreter a file is by its symbols
+//! whatever its name (for `eim inspect`).
 
 pub mod access;
 pub mod apm;
@@ -32,6 +33,7 @@ pub mod dotnet;
 pub mod evidence;
 pub mod go;
 pub mod hotspot;
+pub mod identity;
 pub mod names;
 pub mod perl;
 pub mod php;
