@@ -416,14 +416,26 @@ fn a_watch_killed_anywhere_restarts_to_a_fresh_scans_maps_and_never_loses_a_mapp
         let mut followed = vec![pids[0]];
         followed.extend(pids[1..].iter().copied().filter(|_| rng.below(2) == 0));
         // Half the kills early (loading the program, the walk, the
-        // reconcile, the first step), the rest later (steps, idling).
-        let delay = match rng.below(4) {
-            0 => rng.below(40),
-            1 => 40 + rng.below(160),
-            2 => 200 + rng.below(300),
-            _ => 500 + rng.below(700),
+        // reconcile, the first step), a quarter later, and a quarter
+        // after the maps were reconciled (steps, idling): counted from
+        // the moment the watch says so, since how long a start takes
+        // depends on the machine's load, not on the seed.
+        let (delay, after_reconcile) = match rng.below(4) {
+            0 => (rng.below(40), false),
+            1 => (40 + rng.below(160), false),
+            2 => (200 + rng.below(300), false),
+            _ => (rng.below(700), true),
         };
-        let victim = Watch::spawn(&dir, &followed, scratch.dir.path().join("victim.log"));
+        let mut victim = Watch::spawn(&dir, &followed, scratch.dir.path().join("victim.log"));
+        if after_reconcile {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline
+                && victim.running()
+                && !victim.stderr().contains("maps reconciled")
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         std::thread::sleep(Duration::from_millis(delay));
         let killed = victim.kill();
         assert_eq!(
