@@ -144,6 +144,84 @@ pub struct PinLock {
     /// Whether the file was empty when this process took it: no earlier
     /// owner wrote into it, so a refused start may remove it.
     fresh: bool,
+    /// What this owner tells readers (see [`OwnerNotes`]).
+    notes: OwnerNotes,
+}
+
+/// What a running owner tells the readers of its pins through its lock
+/// file, after the pid and the slots-zeroed record: the file-id collisions
+/// it has seen (`collisions N`, then at most [`MAX_NOTED_COLLISIONS`]
+/// `collision ...` lines, each a one-line reason naming the files), which
+/// the maps cannot say (a collision is a file that was *not* loaded).
+/// `eim status` prints them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnerNotes {
+    /// Collisions seen since the owner started.
+    pub collisions: u64,
+    /// The first of them, one line each.
+    pub listed: Vec<String>,
+}
+
+/// The most collision lines a lock file holds.
+pub const MAX_NOTED_COLLISIONS: usize = 32;
+
+/// The longest collision line kept (longer ones are cut).
+const MAX_NOTE_BYTES: usize = 512;
+
+/// The most of a lock file a reader reads.
+const MAX_LOCK_FILE_BYTES: u64 = 64 << 10;
+
+impl OwnerNotes {
+    const COUNT: &'static str = "collisions";
+    const LINE: &'static str = "collision";
+
+    fn parse(text: &str) -> Self {
+        let mut notes = Self::default();
+        for line in text.lines() {
+            if let Some(n) = line
+                .strip_prefix(Self::COUNT)
+                .and_then(|r| r.strip_prefix(' '))
+            {
+                notes.collisions = n.trim().parse().unwrap_or(0);
+            } else if let Some(what) = line
+                .strip_prefix(Self::LINE)
+                .and_then(|r| r.strip_prefix(' '))
+            {
+                if notes.listed.len() < MAX_NOTED_COLLISIONS {
+                    notes.listed.push(what.to_string());
+                }
+            }
+        }
+        notes
+    }
+
+    fn lines(&self) -> String {
+        if self.collisions == 0 {
+            return String::new();
+        }
+        let mut text = format!("{} {}\n", Self::COUNT, self.collisions);
+        for what in self.listed.iter().take(MAX_NOTED_COLLISIONS) {
+            text.push_str(&format!("{} {what}\n", Self::LINE));
+        }
+        text
+    }
+}
+
+/// `line` as one line of at most [`MAX_NOTE_BYTES`] (a path may hold a
+/// newline: it would start a record of its own).
+fn one_line(line: &str) -> String {
+    let mut out: String = line
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if out.len() > MAX_NOTE_BYTES {
+        let mut end = MAX_NOTE_BYTES;
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+    }
+    out
 }
 
 /// When a zero was last written into an `unwind_info_array` slot of the
@@ -277,6 +355,7 @@ impl PinLock {
                     SlotsZeroed::Unknown => SlotsZeroed::At(boottime()),
                     known => known,
                 },
+                notes: OwnerNotes::default(),
             };
             lock.write_pid()?;
             return Ok(lock);
@@ -330,7 +409,12 @@ impl PinLock {
     }
 
     fn rewrite(&mut self) -> io::Result<()> {
-        let text = format!("{}\n{}\n", std::process::id(), self.record.line());
+        let text = format!(
+            "{}\n{}\n{}",
+            std::process::id(),
+            self.record.line(),
+            self.notes.lines()
+        );
         self.file.set_len(0)?;
         self.file.rewind()?;
         self.file.write_all(text.as_bytes())
@@ -340,6 +424,20 @@ impl PinLock {
     /// [`SlotsZeroed`]). Called before every such write.
     pub fn record_slots_zeroed(&mut self) -> io::Result<()> {
         self.record = SlotsZeroed::At(boottime());
+        self.rewrite()
+    }
+
+    /// Records the file-id collisions this owner has seen, for readers
+    /// ([`OwnerNotes`]): `total` of them, the first of `listed`.
+    pub fn record_collisions(&mut self, total: u64, listed: &[String]) -> io::Result<()> {
+        self.notes = OwnerNotes {
+            collisions: total,
+            listed: listed
+                .iter()
+                .take(MAX_NOTED_COLLISIONS)
+                .map(|l| one_line(l))
+                .collect(),
+        };
         self.rewrite()
     }
 
@@ -369,7 +467,12 @@ pub enum ReadLock {
     /// it cleans or replaces the maps.
     Held { file: File, path: PathBuf },
     /// An owner holds the exclusive lock: the maps are live.
-    Owned { pid: Option<i32>, path: PathBuf },
+    Owned {
+        pid: Option<i32>,
+        path: PathBuf,
+        /// What the owner tells its readers.
+        notes: OwnerNotes,
+    },
 }
 
 impl ReadLock {
@@ -378,6 +481,14 @@ impl ReadLock {
         match self {
             Self::Held { .. } => None,
             Self::Owned { pid, .. } => *pid,
+        }
+    }
+
+    /// What the running owner tells its readers (`None`: no owner runs).
+    pub fn notes(&self) -> Option<&OwnerNotes> {
+        match self {
+            Self::Held { .. } => None,
+            Self::Owned { notes, .. } => Some(notes),
         }
     }
 
@@ -464,7 +575,10 @@ pub fn read_lock(dir: &Path) -> Result<ReadLock, LockError> {
     for _ in 0..ATTEMPTS {
         let file = open_lock_file(&dir_fd, &name, &path)?;
         match probe_owner(&file, &path)? {
-            Ok(Some(pid)) => return Ok(ReadLock::Owned { pid, path }),
+            Ok(Some(pid)) => {
+                let notes = owner_notes(&file);
+                return Ok(ReadLock::Owned { pid, path, notes });
+            }
             Err(()) => continue,
             Ok(None) if !same_file(&dir_fd, &name, &file) => continue,
             Ok(None) => {}
@@ -486,7 +600,10 @@ pub fn read_lock(dir: &Path) -> Result<ReadLock, LockError> {
         // An owner may have started between the probe and the readers'
         // lock: it then owns the maps (and waits for this reader).
         match probe_owner(&file, &path)? {
-            Ok(Some(pid)) => return Ok(ReadLock::Owned { pid, path }),
+            Ok(Some(pid)) => {
+                let notes = owner_notes(&file);
+                return Ok(ReadLock::Owned { pid, path, notes });
+            }
             Err(()) | Ok(None) => {
                 return Ok(ReadLock::Held {
                     file: held,
@@ -495,7 +612,34 @@ pub fn read_lock(dir: &Path) -> Result<ReadLock, LockError> {
             }
         }
     }
-    Ok(ReadLock::Owned { pid: None, path })
+    let notes = open_lock_file(&dir_fd, &name, &path)
+        .map(|f| owner_notes(&f))
+        .unwrap_or_default();
+    Ok(ReadLock::Owned {
+        pid: None,
+        path,
+        notes,
+    })
+}
+
+/// What the owner wrote for readers into its lock file (bounded read).
+fn owner_notes(file: &File) -> OwnerNotes {
+    let mut text = String::new();
+    let mut reader = file;
+    if reader.rewind().is_err() {
+        return OwnerNotes::default();
+    }
+    // A lock file is root's, 0600: still, read a bounded amount.
+    let mut bytes = Vec::new();
+    if reader
+        .take(MAX_LOCK_FILE_BYTES)
+        .read_to_end(&mut bytes)
+        .is_err()
+    {
+        return OwnerNotes::default();
+    }
+    text.push_str(&String::from_utf8_lossy(&bytes));
+    OwnerNotes::parse(&text)
 }
 
 /// Waits, at most [`READER_WAIT`], for the readers of `dir` to let go of
@@ -836,6 +980,35 @@ fn read_head(file: &File) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owner_notes_read_back_one_line_each_and_bounded() {
+        let listed: Vec<String> = (0..40)
+            .map(|i| format!("file {i}: /tmp/evil\ncollision forged {}", "x".repeat(600)))
+            .collect();
+        let notes = OwnerNotes {
+            collisions: 41,
+            listed: listed
+                .iter()
+                .take(MAX_NOTED_COLLISIONS)
+                .map(|l| one_line(l))
+                .collect(),
+        };
+        let text = format!("42\n{}\n{}", SlotsZeroed::Never.line(), notes.lines());
+        let read = OwnerNotes::parse(&text);
+        assert_eq!(read, notes);
+        assert_eq!(read.listed.len(), MAX_NOTED_COLLISIONS);
+        assert!(read
+            .listed
+            .iter()
+            .all(|l| l.len() <= MAX_NOTE_BYTES && !l.contains('\n')));
+        // The pid and the record still read as before.
+        assert_eq!(SlotsZeroed::parse(&text), SlotsZeroed::Never);
+        assert_eq!(
+            OwnerNotes::parse("42\nslots-zeroed never\n"),
+            OwnerNotes::default()
+        );
+    }
 
     #[test]
     fn the_slots_zeroed_record_reads_back_and_anything_else_is_unknown() {

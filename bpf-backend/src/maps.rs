@@ -688,6 +688,16 @@ impl KernelMaps {
         &self.config
     }
 
+    /// Tells the readers of the pins the file-id collisions this owner
+    /// has seen (the lock file's notes, [`lock::OwnerNotes`]); nothing
+    /// without a pin directory.
+    pub fn record_collisions(&mut self, total: u64, listed: &[String]) -> std::io::Result<()> {
+        match &mut self.owner {
+            Some(owner) => owner.record_collisions(total, listed),
+            None => Ok(()),
+        }
+    }
+
     /// How the pinned maps were opened (`None` without a pin directory).
     pub fn pin_report(&self) -> Option<&PinReport> {
         self.pin_report.as_ref()

@@ -108,6 +108,12 @@ pub trait Inspect: Backend {
     fn pin_report(&self) -> Option<&PinReport> {
         None
     }
+
+    /// Tells the readers of pinned maps the file-id collisions the host
+    /// has seen, `total` and the first of `listed` (`eim status` prints
+    /// them: the maps cannot say what was not loaded). Nothing for maps no
+    /// one else reads.
+    fn record_collisions(&mut self, _total: u64, _listed: &[String]) {}
 }
 
 impl Inspect for SimMaps {
@@ -174,6 +180,12 @@ impl Inspect for KernelMaps {
 
     fn pin_report(&self) -> Option<&PinReport> {
         KernelMaps::pin_report(self)
+    }
+
+    fn record_collisions(&mut self, total: u64, listed: &[String]) {
+        if let Err(e) = KernelMaps::record_collisions(self, total, listed) {
+            tracing::warn!("cannot record {total} file id collisions in the lock file: {e}");
+        }
     }
 
     fn usage(&self) -> Result<Usage, InspectError> {

@@ -149,11 +149,25 @@ pub struct Status {
     /// runs and a read that was not a snapshot found violations).
     pub reads: usize,
     pub violations: Vec<Violation>,
+    /// File-id collisions the running owner has seen (files that present
+    /// a loaded file's id with other bytes, not loaded), as it tells its
+    /// readers through its lock file: the maps cannot show a file that
+    /// was kept out.
+    pub collisions: u64,
+    /// The first of them, one reason each.
+    pub collisions_listed: Vec<String>,
 }
 
 impl Status {
     pub fn is_consistent(&self) -> bool {
         self.violations.is_empty()
+    }
+
+    /// With what the running owner says of collisions.
+    pub fn with_collisions(mut self, total: u64, listed: Vec<String>) -> Self {
+        self.collisions = total;
+        self.collisions_listed = listed;
+        self
     }
 }
 
@@ -220,6 +234,8 @@ fn status_of(
         attempts: read.attempts,
         reads,
         violations: violations.iter().map(Violation::from).collect(),
+        collisions: 0,
+        collisions_listed: Vec::new(),
     }
 }
 
@@ -339,6 +355,20 @@ pub fn render_text(s: &Status) -> String {
         grouped(s.memory.page_entries),
         grouped(s.memory.unwind_infos),
     ));
+    if s.collisions > 0 {
+        out.push_str(&format!(
+            "file id collisions (the owner's): {} files presented a loaded file's id with other bytes and were not loaded{}\n",
+            grouped(s.collisions),
+            if s.collisions_listed.len() as u64 == s.collisions {
+                String::new()
+            } else {
+                format!(", the first {} listed", s.collisions_listed.len())
+            }
+        ));
+        for c in &s.collisions_listed {
+            out.push_str(&format!("  {c}\n"));
+        }
+    }
     if s.violations.is_empty() {
         out.push_str("consistent: every page leads to a published table of its class, every slice is inside its table, every named slot holds a rule, no orphan table, every process's mappings sorted and disjoint\n");
     } else {

@@ -50,6 +50,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let reader = open_reader(&args.pin_dir)?;
     let lock = reader.lock();
     let owner = lock.is_owned().then(|| lock.owner());
+    let notes = lock.notes().cloned().unwrap_or_default();
     let dir = reader.dir().to_path_buf();
     let report = status::status(
         dir.clone(),
@@ -71,7 +72,8 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         },
         status::REREAD_AFTER,
     )
-    .with_context(|| format!("reading the maps pinned in {}", dir.display()))?;
+    .with_context(|| format!("reading the maps pinned in {}", dir.display()))?
+    .with_collisions(notes.collisions, notes.listed);
     // The report is taken: the shared lock and the pins go before a
     // single byte is written (stdout may be a pipe nobody reads).
     reader.release();

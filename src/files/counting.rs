@@ -25,7 +25,9 @@ use crate::{ElfFileRef, ElfProvider};
 pub struct HostFile {
     pub id: FileId128,
     pub elf: ElfFileRef,
-    pub source: OnceLock<Option<Arc<SourceDigest>>>,
+    /// Shared, so that whoever handed the reference to the manager can
+    /// read the digest after the manager has consumed it (a warm restart).
+    pub source: Arc<OnceLock<Option<Arc<SourceDigest>>>>,
 }
 
 impl HostFile {
@@ -33,7 +35,7 @@ impl HostFile {
         Self {
             id,
             elf,
-            source: OnceLock::new(),
+            source: Arc::default(),
         }
     }
 

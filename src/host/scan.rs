@@ -414,6 +414,8 @@ pub struct Host<B: Inspect> {
     claims: Claims,
     /// Files that collided with an id's owner, by id and file.
     collisions: BTreeMap<(FileId, FileKey), Problem>,
+    /// The collision count last handed to the backend's readers.
+    collisions_told: u64,
     /// Processes to read again at the end of the pass (see [`Resolved::Wait`]).
     revisit: BTreeSet<i32>,
     counters: Counters,
@@ -462,6 +464,7 @@ impl<B: Inspect> Host<B> {
             not_readable: BTreeMap::new(),
             claims: Claims::new(),
             collisions: BTreeMap::new(),
+            collisions_told: 0,
             revisit: BTreeSet::new(),
             counters: Counters::default(),
             last: StepReport::default(),
@@ -716,6 +719,9 @@ impl<B: Inspect> Host<B> {
             crate::host::heap::give_back();
         }
         self.clock.busy += releasing.elapsed();
+        if self.counters.collisions != self.collisions_told {
+            self.tell_collisions();
+        }
         progress.finish();
         report.elapsed = started.elapsed();
         report.phases = self.phases(
@@ -726,6 +732,16 @@ impl<B: Inspect> Host<B> {
         );
         self.last = report;
         &self.last
+    }
+
+    /// Hands the collisions seen so far to the backend, for the readers of
+    /// its maps (`eim status`).
+    fn tell_collisions(&mut self) {
+        let total = self.counters.collisions;
+        let listed: Vec<String> = self.collisions.values().map(|p| p.reason.clone()).collect();
+        self.manager
+            .with_backend(|b| b.inner.record_collisions(total, &listed));
+        self.collisions_told = total;
     }
 
     /// Counts a visit's outcome; `alive` gets the processes still there.

@@ -937,7 +937,10 @@ fn a_renamed_interpreter_is_found_by_its_symbols() {
     );
     assert!(real["evidence"].is_null(), "{real}");
     let text = stdout_of(eim().arg("inspect").arg(&copy));
-    assert!(text.contains("[as python3.11: it defines Py_Version"), "{text}");
+    assert!(
+        text.contains("[as python3.11: it defines Py_Version"),
+        "{text}"
+    );
 
     let other = dir.path().join("python-tool");
     std::fs::copy("/usr/bin/ls", &other).expect("copy ls");

@@ -615,3 +615,125 @@ fn watch_never_serves_a_poisoned_copy_to_root_nor_lets_it_block_root() {
     }
     all_ok(failures);
 }
+
+/// A pin directory of its own on the bpffs, removed at the end.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn new(name: &str) -> Self {
+        let dir = PathBuf::from(format!(
+            "/sys/fs/bpf/eim-collide-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        Self(dir)
+    }
+
+    fn arg(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A warm restart over pins that hold a poisoned copy's table (loaded when
+/// only `nobody`'s process mapped it) while root's process now maps the
+/// real library: the restart must serve root the real table (it extracted
+/// the copy, the first file of the id it found, and kept the poisoned
+/// table), the copy is a collision, and `eim status` lists it while the
+/// owner runs (the maps cannot show a file that was kept out).
+#[test]
+fn a_restart_over_a_poisoned_table_serves_root_and_status_lists_the_collision() {
+    if !eim::bpf::probe::require_bpf("file id collisions across a warm restart") {
+        return;
+    }
+    let Some(lib) = library() else {
+        eim_test_support::skip::skip_or_fail(
+            "a root library with .eh_frame (libaom, libgmp, libcurl, libbz2)",
+        );
+        return;
+    };
+    let real = expected(&lib);
+    let (_dir, copy) = attacker_copy(&lib, Poison::Instructions);
+    check_the_copy(&real, &expected(&copy), Poison::Instructions);
+    let pins = PinDir::new("restart");
+    // The attacker's process first, so that a walk by pid finds it first.
+    let mut a = Mapper::spawn(&copy, true);
+    let mut r = Mapper::spawn(&lib, false);
+    a.map();
+    run_ok(
+        eim()
+            .args(["scan", "--backend", "kernel", "--pin-dir", &pins.arg()])
+            .args(["--pid", &a.pid().to_string()]),
+    );
+    r.map();
+    let watch = eim()
+        .args([
+            "watch",
+            "--backend",
+            "kernel",
+            "--pin-dir",
+            &pins.arg(),
+            "--interval",
+            "200ms",
+            "--steps",
+            "25",
+            "--json",
+            "--pid",
+            &a.pid().to_string(),
+            "--pid",
+            &r.pid().to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start eim watch");
+    // While it runs: a status of its pins lists the collision.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut status = Value::Null;
+    while Instant::now() < deadline {
+        let out = eim()
+            .args(["status", "--json", "--pin-dir", &pins.arg()])
+            .output()
+            .expect("eim status");
+        if let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) {
+            status = v;
+            if status["collisions"].as_u64() >= Some(1) {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = watch.wait_with_output().expect("eim watch ends");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{log}", out.status);
+    let summary: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let mut failures = Vec::new();
+    failures.extend(
+        check_summary(
+            &summary,
+            &real,
+            &copy,
+            r.pid(),
+            a.pid(),
+            "watch after a restart",
+        )
+        .err(),
+    );
+    let copy_name = copy.display().to_string();
+    let listed = status["collisions_listed"].as_array().is_some_and(|l| {
+        l.iter()
+            .any(|c| c.as_str().is_some_and(|c| c.contains(&copy_name)))
+    });
+    if status["collisions"].as_u64() < Some(1) || !listed {
+        failures.push(format!(
+            "eim status does not list the copy's collision: collisions {}, listed {}",
+            status["collisions"], status["collisions_listed"]
+        ));
+    }
+    all_ok(failures);
+}

@@ -70,7 +70,9 @@ pub fn by_evidence(elf: &Elf<'_>) -> Option<Identity> {
         let text = read_cstr(elf, version.address, 32, "ruby_version").ok()?;
         let text = std::str::from_utf8(&text).ok()?;
         let plain = text.split('.').count() == 3
-            && text.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+            && text
+                .split('.')
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
         if !plain {
             return None;
         }

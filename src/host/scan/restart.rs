@@ -8,22 +8,28 @@
 //!    again. No file stays open: a host mapping thousands of files needs
 //!    no more descriptors than a step does.
 //! 2. [`ExecutableInfoManager::restart`] extracts each distinct file
-//!    (opened again one at a time, through the first of its mappings that
-//!    still opens), adopts every pinned table that is exactly what a fresh
+//!    (opened again one at a time: of the files presenting an id, a
+//!    trusted one if any, else the first that still opens; that file owns
+//!    the id, `host::claims`), adopts every pinned table that is exactly what a fresh
 //!    load would write, removes the rest top-down and loads what is
 //!    missing.
 //! 3. Each process then holds the files the manager knows, so the next
-//!    step finds nothing to take: an unchanged host writes nothing.
+//!    step finds nothing to take: an unchanged host writes nothing. A
+//!    process mapping another file than the owner under its id holds
+//!    nothing of it: the next step judges that mapping as a new one.
 //!
 //! Until step 2 removes anything, the maps are as the earlier run left
 //! them: readers keep resolving every file that was loaded, and an adopted
 //! file's entries are never touched. A stop signal during the walk ends
 //! the restart with the maps untouched.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use eim_core::elf::digest::SourceDigest;
 use eim_core::machine::{Observed, ReconcileError};
 use eim_core::manager::{MonotonicClock, RestartRefused};
 use eim_core::ops::MapKind;
@@ -33,6 +39,8 @@ use eim_core::{ExecutableInfoManager, FileId};
 use super::{cause_of, host_elf_ref, Host, Identified, Problem, ProblemKind, StepReport};
 use crate::backends::inspect::Inspect;
 use crate::files::counting::HostFile;
+use crate::host::claims::Candidate;
+use crate::host::collide;
 use crate::host::mappings::{MappingKey, ProcessEntry, Resolution};
 use crate::host::open;
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
@@ -86,6 +94,55 @@ pub struct RestartFailed<B> {
     pub backend: B,
 }
 
+/// The file a restart extracted an id from: its mapping's device and
+/// inode (as `/proc/PID/maps` gives them), the claim it makes, and the
+/// digest its extraction leaves.
+struct RestartOwner {
+    mapping: ((u32, u32), u64),
+    candidate: Candidate,
+    source: Arc<OnceLock<Option<Arc<SourceDigest>>>>,
+}
+
+/// Of the mappings of one id (`(pid, mapping)`, in walk order), the file
+/// to extract it from: the first trusted file that opens, else the first
+/// file that opens; opened, with its claim. Each distinct file (device,
+/// inode) is opened and judged once.
+fn choose_owner(
+    mappers: &[(i32, ExecMapping)],
+    strategy: open::OpenStrategy,
+) -> Option<(i32, ExecMapping, File, Candidate)> {
+    let mut first: Option<(i32, ExecMapping, File, Candidate)> = None;
+    let mut tried: BTreeSet<((u32, u32), u64)> = BTreeSet::new();
+    let several = mappers
+        .iter()
+        .any(|(_, m)| (m.dev, m.inode) != (mappers[0].1.dev, mappers[0].1.inode));
+    for (pid, m) in mappers {
+        let key = (m.dev, m.inode);
+        if tried.contains(&key) {
+            continue;
+        }
+        let Ok(opened) = open::open_mapping(*pid, m, strategy) else {
+            continue;
+        };
+        tried.insert(key);
+        let Ok(meta) = opened.file.metadata() else {
+            continue;
+        };
+        let candidate = Candidate {
+            stamp: collide::stamp_of(&meta),
+            trusted: collide::trusted(*pid, &m.path, &meta),
+            path: m.path.clone(),
+        };
+        let trusted = candidate.trusted;
+        let found = (*pid, m.clone(), opened.file, candidate);
+        if trusted || !several {
+            return Some(found);
+        }
+        first.get_or_insert(found);
+    }
+    first
+}
+
 /// A file mapped now, and the mappings it can be opened through.
 struct Mapped {
     id: FileId,
@@ -135,24 +192,35 @@ impl<B: Inspect> Host<B> {
             process_maps: _,
             claims: _,
             collisions,
+            collisions_told: _,
             revisit: _,
         } = host;
         let (provider, backend) = manager.into_parts();
         let strategy = config.strategy;
         let mut reopen_failed = 0;
+        // Which file of each id is extracted, and owns the id afterwards:
+        // of the files (device, inode) presenting it, a trusted one if any
+        // (its tables replace whatever an untrusted copy left pinned),
+        // else the first that opens (host::claims, docs/THREAT_MODEL.md,
+        // "File ids").
+        let mut owners: BTreeMap<FileId, RestartOwner> = BTreeMap::new();
         let held = mapped.iter().filter_map(|file| {
             let id128 = files.get(&file.id)?.id;
-            let reopened = file.mappers.iter().find_map(|(pid, m)| {
-                let opened = open::open_mapping(*pid, m, strategy).ok()?;
-                Some(HostFile::new(
-                    id128,
-                    host_elf_ref(*pid, m).with_file(opened.file),
-                ))
-            });
-            if reopened.is_none() {
+            let chosen = choose_owner(&file.mappers, strategy);
+            let Some((pid, m, opened, candidate)) = chosen else {
                 reopen_failed += 1;
-            }
-            Some((file.id, reopened?, file.mappers.len() as u64))
+                return None;
+            };
+            let host_file = HostFile::new(id128, host_elf_ref(pid, &m).with_file(opened));
+            owners.insert(
+                file.id,
+                RestartOwner {
+                    mapping: (m.dev, m.inode),
+                    candidate,
+                    source: host_file.source.clone(),
+                },
+            );
+            Some((file.id, host_file, file.mappers.len() as u64))
         });
         let outcome = ExecutableInfoManager::restart(
             provider,
@@ -223,15 +291,31 @@ impl<B: Inspect> Host<B> {
                 record.info = Some(entry.info.clone());
             }
         }
+        let mut claims = super::Claims::new();
         for file in &mapped {
             if !state.files.contains_key(&file.id) {
                 continue;
             }
-            for (pid, _) in &file.mappers {
-                if let Some(entry) = processes.get_mut(*pid) {
-                    entry.held.insert(file.id);
-                    counters.references_taken += 1;
+            let owner = owners.get(&file.id);
+            if let Some(owner) = owner {
+                claims.take_over(file.id, &owner.candidate);
+                claims.loaded(file.id, owner.source.get().cloned().flatten());
+            }
+            for (pid, m) in &file.mappers {
+                let Some(entry) = processes.get_mut(*pid) else {
+                    continue;
+                };
+                if owner.is_some_and(|o| o.mapping != (m.dev, m.inode)) {
+                    // Another file with the owner's id: not held, and its
+                    // mappings unresolved, so that the first step judges
+                    // it against the owner as any new mapping is judged.
+                    entry
+                        .mappings
+                        .retain(|_, r| *r != Resolution::File(file.id));
+                    continue;
                 }
+                entry.held.insert(file.id);
+                counters.references_taken += 1;
             }
         }
         let reconciled = Reconciled {
@@ -263,12 +347,10 @@ impl<B: Inspect> Host<B> {
             restarted: Some(reconciled),
             clock,
             process_maps,
-            // No owners yet: the restart loaded each id from the first of
-            // its files that opened, and every process mapping the id holds
-            // it (a known gap: docs/THREAT_MODEL.md, "File ids"). The next
-            // new file to present an id owns it without a digest.
-            claims: super::Claims::new(),
+            claims,
             collisions,
+            // The new owner's lock file starts without notes.
+            collisions_told: 0,
             revisit: Default::default(),
         })
     }
