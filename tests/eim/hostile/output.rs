@@ -56,26 +56,61 @@ fn watch_logging_to(stderr: Stdio) {
     let sleeper = sleeper();
     let want = reference_summary(sleeper.pid());
     let pid = sleeper.pid().to_string();
+    // stderr cannot be read here to see the steps happen: the metrics
+    // say when the first step has loaded the sleeper's files.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
     let mut cmd = eim(&[
         "-vv",
         "watch",
         "--interval",
         "100ms",
         "--json",
+        "--metrics-addr",
+        &addr,
         "--pid",
         &pid,
     ]);
     let mut watch = Running::spawn(cmd.stderr(stderr));
     let out = watch.take_stdout();
     watch.wait_for_handler(libc::SIGINT);
-    // Steps log too; stderr cannot be read here to see them happen.
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    let loaded = want["files"]["loaded"].as_u64().unwrap_or(0);
+    let stepped = wait_for_metric(&addr, |body| {
+        body.contains("eim_processes_tracked 1\n")
+            && body.contains(&format!("eim_num_exe_id_loaded_to_ebpf {loaded}\n"))
+    });
+    assert!(stepped, "the watch's first step never loaded {loaded} files");
+    // A few steps more, each logging.
+    std::thread::sleep(std::time::Duration::from_millis(300));
     watch.signal(libc::SIGINT);
     let status = watch.wait();
     let out = out.text();
     assert_eq!(status.code(), Some(0), "{status}");
     let got: Value = serde_json::from_str(&out).expect("JSON summary");
     assert_same_maps(&got, &want);
+}
+
+/// Polls `GET /metrics` at `addr` until `done` holds for the body (at most
+/// 60 s, however loaded the machine).
+fn wait_for_metric(addr: &str, done: impl Fn(&str) -> bool) -> bool {
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            let _ = write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+            let mut body = String::new();
+            let _ = s.read_to_string(&mut body);
+            if done(&body) {
+                return true;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
 }
 
 #[test]
