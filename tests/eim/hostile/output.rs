@@ -82,7 +82,10 @@ fn watch_logging_to(stderr: Stdio) {
         body.contains("eim_processes_tracked 1\n")
             && body.contains(&format!("eim_num_exe_id_loaded_to_ebpf {loaded}\n"))
     });
-    assert!(stepped, "the watch's first step never loaded {loaded} files");
+    assert!(
+        stepped,
+        "the watch's first step never loaded {loaded} files"
+    );
     // A few steps more, each logging.
     std::thread::sleep(std::time::Duration::from_millis(300));
     watch.signal(libc::SIGINT);
