@@ -43,7 +43,11 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::pin::MapShape;
+use std::io;
+use std::path::Path;
+
+use crate::error::KernelError;
+use crate::pin::{MapShape, PinState};
 use crate::sys::{self, SysError};
 
 /// The pin's name.
@@ -399,6 +403,29 @@ pub fn read_consistent<T, E>(
         Some(value) => Ok(Snapshot::Torn { value, attempts }),
         None => Err(ReadError::NoRead { attempts, waited }),
     }
+}
+
+/// The owner's generation counter of `dir` (this module), as
+/// [`crate::pin::check_pins`] found its pin (in `states`): re-opened with its value
+/// kept, or created afresh and pinned (nothing there, or unpinned for
+/// another shape). A directory an older eim pinned has no counter: it gets
+/// one, and the other pins are untouched.
+pub fn open_pinned(dir: &Path, states: &[(String, PinState)]) -> Result<Generation, KernelError> {
+    let path = dir.join(NAME);
+    let errno = |what, e: sys::SysError| {
+        crate::pin::pin_error(&path, what, io::Error::from_raw_os_error(e.errno))
+    };
+    let reopened = states
+        .iter()
+        .any(|(name, state)| name == NAME && *state == PinState::Reopened);
+    if reopened {
+        let fd = sys::obj_get(&path).map_err(|e| errno("opening the pin", e))?;
+        return Generation::adopt(fd).map_err(|e| errno("mapping the generation counter of", e));
+    }
+    let counter =
+        Generation::create().map_err(|e| errno("creating the generation counter for", e))?;
+    sys::obj_pin(counter.fd(), &path).map_err(|e| errno("pinning", e))?;
+    Ok(counter)
 }
 
 #[cfg(test)]

@@ -470,7 +470,7 @@ impl KernelMaps {
             let mut checked = owned.clone();
             checked.push((generation::NAME.to_string(), generation::shape()));
             let maps = pin::check_pins(&dir, &checked, config.recreate_mismatched)?;
-            let mut opened = pin::open_generation(&dir, &maps)?;
+            let mut opened = crate::generation::open_pinned(&dir, &maps)?;
             opened.yield_to_readers(lock::readers_file(&dir)?);
             counter = Some(opened);
             pin_report = Some(PinReport {

@@ -107,7 +107,7 @@ impl PinReport {
     }
 }
 
-fn pin_error(path: &Path, what: &'static str, cause: io::Error) -> KernelError {
+pub(crate) fn pin_error(path: &Path, what: &'static str, cause: io::Error) -> KernelError {
     KernelError::Pin {
         path: path.to_path_buf(),
         what,
@@ -256,30 +256,4 @@ pub fn check_pins(
             Ok((name, state))
         })
         .collect()
-}
-
-/// The owner's generation counter of `dir` ([`crate::generation`]), as
-/// [`check_pins`] found its pin (in `states`): re-opened with its value
-/// kept, or created afresh and pinned (nothing there, or unpinned for
-/// another shape). A directory an older eim pinned has no counter: it gets
-/// one, and the other pins are untouched.
-pub fn open_generation(
-    dir: &Path,
-    states: &[(String, PinState)],
-) -> Result<crate::generation::Generation, KernelError> {
-    use crate::generation::{Generation, NAME};
-    let path = dir.join(NAME);
-    let errno =
-        |what, e: sys::SysError| pin_error(&path, what, io::Error::from_raw_os_error(e.errno));
-    let reopened = states
-        .iter()
-        .any(|(name, state)| name == NAME && *state == PinState::Reopened);
-    if reopened {
-        let fd = sys::obj_get(&path).map_err(|e| errno("opening the pin", e))?;
-        return Generation::adopt(fd).map_err(|e| errno("mapping the generation counter of", e));
-    }
-    let counter =
-        Generation::create().map_err(|e| errno("creating the generation counter for", e))?;
-    sys::obj_pin(counter.fd(), &path).map_err(|e| errno("pinning", e))?;
-    Ok(counter)
 }
