@@ -328,7 +328,7 @@ pub fn extract(
 /// `parallelism.threads` threads (the result does not depend on it).
 pub fn extract_with(
     elf: &Elf<'_>,
-    mut debug_link: Option<&mut DebugLinkOpener<'_>>,
+    debug_link: Option<&mut DebugLinkOpener<'_>>,
     parallelism: Parallelism,
 ) -> Result<IntervalData, ExtractError> {
     // Folded as they come while they come in order: a linear walk need
