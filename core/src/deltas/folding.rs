@@ -209,7 +209,7 @@ impl FoldingList {
                 // After a commit there is always a pending delta.
                 _ => None,
             };
-            let reaches_back = marker.map_or(true, |marker| {
+            let reaches_back = marker.is_none_or(|marker| {
                 marker.hints & hint::GAP != 0
                     && marker.address.wrapping_add(MINIMUM_GAP) >= delta.address
             });
