@@ -9,6 +9,10 @@
 
 use crate::abi::{command, opcode, UnwindInfo};
 
+mod folding;
+
+pub use folding::FoldingList;
+
 /// Hint flags carried by a delta during extraction.
 pub mod hint {
     pub const NONE: u8 = 0;
@@ -188,6 +192,15 @@ fn fold<T: Tail>(tail: &mut T, delta: StackDelta) -> Option<StackDelta> {
     Some(delta)
 }
 
+/// The order [`IntervalData::sort_and_dedup`] sorts in: by (address,
+/// opcode, param), ties broken by the whole delta, so that deltas it finds
+/// equal are identical.
+fn sort_order(a: &StackDelta, b: &StackDelta) -> std::cmp::Ordering {
+    (a.address, a.info.opcode, a.info.param)
+        .cmp(&(b.address, b.info.opcode, b.info.param))
+        .then_with(|| (a.info, a.hints).cmp(&(b.info, b.hints)))
+}
+
 /// The unwind data of one file: deltas sorted by address.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IntervalData {
@@ -241,11 +254,7 @@ impl IntervalData {
     /// the element being read), so an unsorted list of millions of deltas
     /// does not need a second one.
     pub fn sort_and_dedup(&mut self) {
-        self.deltas.sort_by(|a, b| {
-            (a.address, a.info.opcode, a.info.param)
-                .cmp(&(b.address, b.info.opcode, b.info.param))
-                .then_with(|| (a.info, a.hints).cmp(&(b.info, b.hints)))
-        });
+        self.deltas.sort_by(sort_order);
         let mut front = Front {
             buf: &mut self.deltas,
             len: 0,
@@ -278,6 +287,37 @@ pub trait DeltaSink {
     fn make_room(&mut self, additional: usize) -> Result<(), NoRoom> {
         let _ = additional;
         Ok(())
+    }
+
+    /// Room for about `additional` more deltas, if the memory is there:
+    /// only an estimate, nothing fails without it.
+    fn reserve_hint(&mut self, additional: usize) {
+        let _ = additional;
+    }
+
+    /// The deltas appended from here on do not come in order: the list
+    /// is sorted and de-duplicated ([`IntervalData::sort_and_dedup`]) once
+    /// extraction is done, so a sink may fold it as it goes
+    /// ([`FoldingList`]).
+    fn will_be_sorted(&mut self) {}
+}
+
+/// A list that CFI walks append to: a plain [`IntervalData`], or a
+/// [`FoldingList`].
+pub trait CfiList: DeltaSink {
+    /// The plain list, for appends that come in order (a search-table
+    /// walk, before any unsorted one). A folding list stops folding.
+    fn list(&mut self) -> &mut IntervalData;
+    /// How many deltas the plain list would hold now.
+    fn held(&self) -> usize;
+}
+
+impl CfiList for IntervalData {
+    fn list(&mut self) -> &mut IntervalData {
+        self
+    }
+    fn held(&self) -> usize {
+        self.len()
     }
 }
 
@@ -323,6 +363,10 @@ impl DeltaSink for IntervalData {
             held,
             bytes: want.saturating_mul(std::mem::size_of::<StackDelta>()),
         })
+    }
+
+    fn reserve_hint(&mut self, additional: usize) {
+        crate::fallible::try_reserve(&mut self.deltas, additional);
     }
 }
 

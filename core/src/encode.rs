@@ -48,11 +48,14 @@ pub enum Rule {
 
 /// The layout of a file's kernel table, with rules not yet given slots.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Draft {
+pub struct Draft<'a> {
+    /// The deltas laid out: the entries are read from them again when
+    /// needed rather than held (6.7 million entries would take 134 MB).
+    deltas: &'a [StackDelta],
     /// Page-aligned address of the first page.
     pub first_page: u64,
-    /// (low 16 address bits, rule), in inner-array order.
-    pub entries: Vec<(u16, Rule)>,
+    /// How many entries the inner array holds ([`Draft::entries`]).
+    pub entry_count: usize,
     /// Deltas per page, one slot for every page from the first to the last.
     pub per_page: Vec<u16>,
     /// Size class of the inner array.
@@ -143,7 +146,7 @@ pub fn gaps(deltas: &[StackDelta]) -> Vec<Range<u64>> {
 /// Lays out the kernel table of `deltas`. `None` for an empty list: nothing
 /// is written for such a file. `max_pages` bounds the page entries (and the
 /// memory this function allocates) for one file.
-pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft>, EncodeError> {
+pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft<'_>>, EncodeError> {
     let (Some(first), Some(last)) = (deltas.first(), deltas.last()) else {
         return Ok(None);
     };
@@ -173,7 +176,7 @@ pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft>, Enc
         });
     }
     let mut per_page = vec![0u32; pages as usize];
-    let mut entries = Vec::with_capacity(deltas.len());
+    let mut entry_count = 0usize;
     let mut gaps = Vec::new();
     let mut dead_pages = Vec::new();
     let mut merged_into_previous = false;
@@ -201,17 +204,17 @@ pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft>, Enc
                 }
             }
         }
-        entries.push(((delta.address & PAGE_MASK) as u16, rule_of(info)));
+        entry_count += 1;
         per_page[((delta.address >> PAGE_BITS) - first_page_no) as usize] += 1;
     }
-    if entries.len() > abi::MAX_KERNEL_DELTAS {
+    if entry_count > abi::MAX_KERNEL_DELTAS {
         return Err(EncodeError::TooManyDeltas {
-            count: entries.len(),
+            count: entry_count,
             max: abi::MAX_KERNEL_DELTAS,
         });
     }
-    let map_id = abi::size_class(entries.len() as u32).ok_or(EncodeError::TooManyDeltas {
-        count: entries.len(),
+    let map_id = abi::size_class(entry_count as u32).ok_or(EncodeError::TooManyDeltas {
+        count: entry_count,
         max: abi::MAX_KERNEL_DELTAS,
     })?;
     let per_page = per_page
@@ -225,8 +228,9 @@ pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft>, Enc
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(Draft {
+        deltas,
         first_page: first_page_no << PAGE_BITS,
-        entries,
+        entry_count,
         per_page,
         map_id,
         gaps,
@@ -234,7 +238,27 @@ pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft>, Enc
     }))
 }
 
-impl Draft {
+impl Draft<'_> {
+    /// (low 16 address bits, rule) of each entry, in inner-array order:
+    /// every delta not merged into the one before, with the merge opcode
+    /// of the pair it starts, as [`draft`] laid them out.
+    pub fn entries(&self) -> impl Iterator<Item = (u16, Rule)> + '_ {
+        let deltas = self.deltas;
+        let mut merged_into_previous = false;
+        deltas.iter().enumerate().filter_map(move |(i, delta)| {
+            if merged_into_previous {
+                merged_into_previous = false;
+                return None;
+            }
+            let mut info = delta.info;
+            if let Some(next) = deltas.get(i + 1) {
+                info.merge_opcode = merge_opcode(delta, next);
+                merged_into_previous = info.merge_opcode != 0;
+            }
+            Some(((delta.address & PAGE_MASK) as u16, rule_of(info)))
+        })
+    }
+
     /// The page entries the table writes: the span minus the dead pages.
     pub fn page_entries(&self) -> u64 {
         let dead: u64 = self
@@ -258,12 +282,11 @@ impl Draft {
         // Neighbouring deltas often share a rule: hashing it again for each
         // of them was a tenth of a big host's first step.
         let mut last = None;
-        self.entries
-            .iter()
+        self.entries()
             .filter_map(|(_, rule)| match rule {
-                Rule::Slot(info) if last != Some(*info) => {
-                    last = Some(*info);
-                    seen.insert(*info).then_some(*info)
+                Rule::Slot(info) if last != Some(info) => {
+                    last = Some(info);
+                    seen.insert(info).then_some(info)
                 }
                 _ => None,
             })
@@ -278,27 +301,26 @@ impl Draft {
         mut slot_of: impl FnMut(&UnwindInfo) -> Option<u16>,
     ) -> Option<KernelTable> {
         let mut last: Option<(UnwindInfo, u16)> = None;
-        let deltas = self
-            .entries
-            .iter()
-            .map(|&(addr_low, rule)| {
-                let unwind_info = match rule {
-                    Rule::Command(value) => value,
-                    Rule::Slot(info) => match last {
-                        Some((seen, slot)) if seen == info => slot,
-                        _ => {
-                            let slot = slot_of(&info)?;
-                            last = Some((info, slot));
-                            slot
-                        }
-                    },
-                };
-                Some(abi::StackDelta {
-                    addr_low,
-                    unwind_info,
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
+        // Exactly as many as there are entries: collecting through an
+        // `Option` would grow the list by doubling.
+        let mut deltas = Vec::with_capacity(self.entry_count);
+        for (addr_low, rule) in self.entries() {
+            let unwind_info = match rule {
+                Rule::Command(value) => value,
+                Rule::Slot(info) => match last {
+                    Some((seen, slot)) if seen == info => slot,
+                    _ => {
+                        let slot = slot_of(&info)?;
+                        last = Some((info, slot));
+                        slot
+                    }
+                },
+            };
+            deltas.push(abi::StackDelta {
+                addr_low,
+                unwind_info,
+            });
+        }
         let mut first_delta = 0u32;
         let mut pages = Vec::with_capacity(self.page_entries() as usize);
         for (p, &num_deltas) in self.per_page.iter().enumerate() {
@@ -478,7 +500,7 @@ mod tests {
             d(0x1002 + big, sp(8)),
         ];
         let draft = super::draft(&merged, 1 << 20).unwrap().unwrap();
-        assert_eq!(draft.entries.len(), 3, "the pair was merged");
+        assert_eq!(draft.entry_count, 3, "the pair was merged");
         assert_eq!(gaps(&merged), draft.gaps);
         assert_eq!(draft.gaps.len(), 1);
     }
@@ -589,12 +611,50 @@ mod tests {
             .collect()
     }
 
+    /// The entries read back from the deltas are the ones `draft` counted
+    /// into the pages: merged pairs once, in address order.
+    #[test]
+    fn the_entries_are_the_ones_the_pages_count() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for _ in 0..2000 {
+            let mut address = rand(1 << 17);
+            let deltas: Vec<StackDelta> = (0..1 + rand(40))
+                .map(|_| {
+                    let far = rand(4) == 0;
+                    address += 1 + rand(if far { 1 << 16 } else { 3 });
+                    d(address, sp(8 * rand(4) as i32))
+                })
+                .collect();
+            let draft = draft(&deltas, u64::MAX).unwrap().unwrap();
+            let entries: Vec<(u16, Rule)> = draft.entries().collect();
+            assert_eq!(entries.len(), draft.entry_count);
+            let paged: usize = draft.per_page.iter().map(|&n| usize::from(n)).sum();
+            assert_eq!(paged, draft.entry_count);
+            let merged = deltas
+                .windows(2)
+                .filter(|w| merge_opcode(&w[0], &w[1]) != 0)
+                .count();
+            assert!(entries.len() >= deltas.len() - merged && entries.len() <= deltas.len());
+            let table = draft.resolve(1, |_| Some(7)).unwrap();
+            for (delta, (addr_low, _)) in table.deltas.iter().zip(&entries) {
+                assert_eq!(delta.addr_low, *addr_low);
+            }
+        }
+    }
+
     #[test]
     fn the_largest_table_fits_and_one_more_does_not() {
         let max = abi::MAX_KERNEL_DELTAS;
-        let ok = draft(&distinct(max, 4), u64::MAX).unwrap().unwrap();
+        let most = distinct(max, 4);
+        let ok = draft(&most, u64::MAX).unwrap().unwrap();
         assert_eq!(ok.map_id, 23);
-        assert_eq!(ok.entries.len(), max);
+        assert_eq!(ok.entry_count, max);
         assert_eq!(
             draft(&distinct(max + 1, 4), u64::MAX),
             Err(EncodeError::TooManyDeltas {
@@ -606,7 +666,8 @@ mod tests {
 
     #[test]
     fn a_full_page_counts_65535_and_65536_is_an_error() {
-        let full = draft(&distinct(65535, 1), 16).unwrap().unwrap();
+        let one_page = distinct(65535, 1);
+        let full = draft(&one_page, 16).unwrap().unwrap();
         assert_eq!(full.per_page, vec![65535]);
         assert_eq!(full.map_id, 16);
         let t = fresh(&full);

@@ -11,7 +11,7 @@ use std::ops::Range;
 use super::ehframe::{self, CfiError, FdeFilter, ForkFilter, Parallelism};
 use super::gopclntab::{self, GoError};
 use super::{entry, Elf, FileView};
-use crate::deltas::{hint, info, DeltaSink, IntervalData, StackDelta};
+use crate::deltas::{hint, info, CfiList, DeltaSink, FoldingList, IntervalData, StackDelta};
 
 /// With fewer deltas than this after the file's own sources, the
 /// debug-link file's `.debug_frame` is parsed too
@@ -287,12 +287,12 @@ pub fn debuglink_crc(data: &[u8]) -> u32 {
 }
 
 /// Stage 5: the debug-link file's `.debug_frame`.
-fn debug_link_stage(
+fn debug_link_stage<L: CfiList>(
     elf: &Elf<'_>,
     allow_generic_regs: bool,
     open: &mut DebugLinkOpener<'_>,
     filter: &mut Filter,
-    deltas: &mut IntervalData,
+    deltas: &mut L,
 ) -> Result<(), ExtractError> {
     let Some(link) = elf.debug_link() else {
         return Ok(());
@@ -331,7 +331,40 @@ pub fn extract_with(
     debug_link: Option<&mut DebugLinkOpener<'_>>,
     parallelism: Parallelism,
 ) -> Result<IntervalData, ExtractError> {
+    // Folded as they come while they come in order: a linear walk need
+    // not hold every delta until the final sort.
+    extract_folding(elf, debug_link, parallelism, FoldingList::new())
+}
+
+/// [`extract_with`], appending to `folding`.
+fn extract_folding(
+    elf: &Elf<'_>,
+    mut debug_link: Option<&mut DebugLinkOpener<'_>>,
+    parallelism: Parallelism,
+    mut folding: FoldingList,
+) -> Result<IntervalData, ExtractError> {
+    let sort = extract_into(elf, debug_link.as_deref_mut(), parallelism, &mut folding);
+    if !folding.is_lost() {
+        if let Some(deltas) = folding.finish(sort?) {
+            return Ok(deltas);
+        }
+    }
+    // Out of order after some were folded away: again, holding them all.
     let mut deltas = IntervalData::new();
+    if extract_into(elf, debug_link, parallelism, &mut deltas)? {
+        deltas.sort_and_dedup();
+    }
+    Ok(deltas)
+}
+
+/// The stages of [`extract_with`], appending to `deltas`; returns whether
+/// the list must then be sorted and de-duplicated.
+fn extract_into<L: CfiList>(
+    elf: &Elf<'_>,
+    debug_link: Option<&mut DebugLinkOpener<'_>>,
+    parallelism: Parallelism,
+    deltas: &mut L,
+) -> Result<bool, ExtractError> {
     let mut filter = Filter::default();
     let allow_generic_regs = allows_generic_registers(elf);
 
@@ -340,33 +373,24 @@ pub fn extract_with(
         filter.entry_pending = true;
     }
     if let Some(range) =
-        gopclntab::extract(elf, &mut deltas).map_err(|e| ExtractError::new(Stage::Golang, e))?
+        gopclntab::extract(elf, deltas.list()).map_err(|e| ExtractError::new(Stage::Golang, e))?
     {
         filter.go = range;
         filter.golang_frames = true;
     }
-    ehframe::parse_eh_frame_with(
-        elf,
-        allow_generic_regs,
-        &mut filter,
-        &mut deltas,
-        parallelism,
-    )
-    .map_err(|e| ExtractError::new(Stage::EhFrame, e))?;
-    ehframe::parse_debug_frame(elf, elf, allow_generic_regs, &mut filter, &mut deltas)
+    ehframe::parse_eh_frame_with(elf, allow_generic_regs, &mut filter, deltas, parallelism)
+        .map_err(|e| ExtractError::new(Stage::EhFrame, e))?;
+    ehframe::parse_debug_frame(elf, elf, allow_generic_regs, &mut filter, deltas)
         .map_err(|e| ExtractError::new(Stage::DebugFrame, e))?;
     if let Some(open) = debug_link {
-        if deltas.len() < DEBUG_LINK_THRESHOLD {
-            debug_link_stage(elf, allow_generic_regs, open, &mut filter, &mut deltas)?;
+        if deltas.held() < DEBUG_LINK_THRESHOLD {
+            debug_link_stage(elf, allow_generic_regs, open, &mut filter, deltas)?;
         }
     }
     if filter.entry_pending {
-        filter.add_entry_deltas(&mut deltas);
+        filter.add_entry_deltas(deltas);
     }
-    if filter.unsorted || (filter.eh_frames && filter.golang_frames) {
-        deltas.sort_and_dedup();
-    }
-    Ok(deltas)
+    Ok(filter.unsorted || (filter.eh_frames && filter.golang_frames))
 }
 
 #[cfg(test)]
@@ -460,5 +484,55 @@ mod tests {
             assert_eq!(got, want, "split {split}");
             assert!(first.same_state(&sequential) && first.eh_frames == sequential.eh_frames);
         }
+    }
+
+    /// Real files, their `.eh_frame` walked linearly (the search table's
+    /// section renamed away) and folded a delta at a time: exactly the
+    /// deltas of the plain list sorted at the end, unless out-of-order
+    /// FDEs lose the folded list (then extraction walks again).
+    #[test]
+    fn folding_real_files_as_they_are_walked_gives_what_sorting_at_the_end_gives() {
+        let root = eim_test_support::testdata();
+        let (mut folded, mut lost) = (0, 0);
+        for input in eim_test_support::oracle::available(&root) {
+            let mut bytes = input.bytes();
+            let name = b".eh_frame_hdr\0";
+            let Some(at) = bytes.windows(name.len()).position(|w| w == name) else {
+                continue;
+            };
+            bytes[at + 1] = b'E';
+            let Ok(elf) = Elf::parse(&bytes) else {
+                continue;
+            };
+            let mut plain = IntervalData::new();
+            let sort = extract_into(&elf, None, Parallelism::SEQUENTIAL, &mut plain);
+            let Ok(sort) = sort else {
+                continue;
+            };
+            assert!(sort, "{}: a linear walk", input.name);
+            plain.sort_and_dedup();
+            let mut folding = FoldingList::with_chunk(1);
+            let folding_sort = extract_into(&elf, None, Parallelism::SEQUENTIAL, &mut folding);
+            match folding_sort.map(|sort| folding.finish(sort)) {
+                Ok(Some(list)) => {
+                    assert_eq!(list, plain, "{}", input.name);
+                    folded += 1;
+                }
+                _ => lost += 1,
+            }
+            // Lost or not, extraction gives the plain list's deltas.
+            let extracted = extract_folding(
+                &elf,
+                None,
+                Parallelism::SEQUENTIAL,
+                FoldingList::with_chunk(1),
+            );
+            assert_eq!(extracted.ok(), Some(plain), "{}", input.name);
+        }
+        eprintln!("{folded} files folded as walked, {lost} lost");
+        assert!(
+            folded >= 4 && lost >= 1,
+            "{folded} files folded, {lost} lost"
+        );
     }
 }

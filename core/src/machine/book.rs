@@ -542,7 +542,7 @@ impl KernelBook {
                 page_entries: page_entries as u32,
                 map_id: class,
                 // At most the largest class's 2^23 entries.
-                deltas: draft.entries.len() as u32,
+                deltas: draft.entry_count as u32,
             },
             gaps: draft.gaps,
             dead_pages: draft.dead_pages,

@@ -194,19 +194,19 @@ fn adoptable(
         return (table.is_none() && pages.is_empty()).then_some(None);
     };
     let &(map_id, seen) = table?;
-    if map_id != draft.map_id || seen.len() > draft.entries.len() {
+    if map_id != draft.map_id || seen.len() > draft.entry_count {
         return None;
     }
     // The slot each rule has in the observed table; one slot per rule.
     let mut slot_of: BTreeMap<UnwindInfo, u16> = BTreeMap::new();
-    for (i, (_, rule)) in draft.entries.iter().enumerate() {
+    for (i, (_, rule)) in draft.entries().enumerate() {
         let Rule::Slot(info) = rule else { continue };
         let stored = seen.get(i).copied().unwrap_or_default();
         let slot = slot_value(stored)?;
-        if u32::from(slot) >= slots.capacity || slots.get(slot) != Some(*info) {
+        if u32::from(slot) >= slots.capacity || slots.get(slot) != Some(info) {
             return None;
         }
-        if *slot_of.entry(*info).or_insert(slot) != slot {
+        if *slot_of.entry(info).or_insert(slot) != slot {
             return None;
         }
     }
@@ -230,7 +230,7 @@ fn adoptable(
             page_entries: draft.page_entries() as u32,
             map_id: draft.map_id,
             // At most the largest class's 2^23 entries.
-            deltas: draft.entries.len() as u32,
+            deltas: draft.entry_count as u32,
         },
         // In first-use order, as a fresh plan records them.
         slots: draft

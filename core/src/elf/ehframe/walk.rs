@@ -11,7 +11,7 @@ use super::record::{parse_cie, parse_fde_range, parse_header, FdeRange, HeaderEr
 use super::rules::unwind_info;
 use super::vm::{Cie, Vm};
 use super::{CfiError, EntryError, FdeFilter, ForkFilter, Parallelism, MAX_SECTION_BYTES};
-use crate::deltas::{hint, info, DeltaSink, Detached, IntervalData, StackDelta};
+use crate::deltas::{hint, info, CfiList, DeltaSink, Detached, IntervalData, StackDelta};
 use crate::elf::{Arch, Elf, Region};
 
 /// `.eh_frame_hdr` fixed part: version, eh_frame_ptr encoding, fde_count
@@ -434,6 +434,7 @@ impl<F: FdeFilter + ?Sized, S: DeltaSink> Walker<'_, '_, F, S> {
     /// CIEs and empty records.
     fn walk_linear(&mut self, section: &Region<'_>, debug_frame: bool) -> Result<(), CfiError> {
         self.out.filter.mark_unsorted();
+        self.out.deltas.will_be_sorted();
         let size = section.data.len() as u64;
         let mut at = 0;
         while at < size {
@@ -877,17 +878,17 @@ impl<F: ForkFilter> Walker<'_, '_, F> {
 /// the deltas a section of that size usually gives, returned too). The one
 /// set-up of the three walks below: they differ only in the section and
 /// in how its FDEs are found.
-fn walker_over<'a, 'd, F: FdeFilter + ?Sized>(
+fn walker_over<'a, 'd, F: FdeFilter + ?Sized, S: DeltaSink>(
     section_len: usize,
     arch: Arch,
     code: &'a Elf<'d>,
     allow_generic_regs: bool,
     filter: &'a mut F,
-    deltas: &'a mut IntervalData,
-) -> (Walker<'a, 'd, F>, usize) {
+    deltas: &'a mut S,
+) -> (Walker<'a, 'd, F, S>, usize) {
     let reserve = (section_len / SECTION_BYTES_PER_DELTA).min(MAX_RESERVED_DELTAS);
     // Only an estimate: without the room the walk still runs.
-    crate::fallible::try_reserve(&mut deltas.deltas, reserve);
+    deltas.reserve_hint(reserve);
     let out = Emitter {
         arch,
         code: Code::File(code),
@@ -901,39 +902,47 @@ fn walker_over<'a, 'd, F: FdeFilter + ?Sized>(
 /// The `.eh_frame` walk both entry points share: `table` walks the FDEs
 /// through a usable search table (given the walker, the table, the section
 /// and the reserved delta count), else they are walked linearly.
-fn walk_eh_frame<F: FdeFilter + ?Sized>(
+fn walk_eh_frame<F: FdeFilter + ?Sized, L: CfiList>(
     elf: &Elf<'_>,
     allow_generic_regs: bool,
     filter: &mut F,
-    deltas: &mut IntervalData,
+    deltas: &mut L,
     table: impl FnOnce(&mut Walker<'_, '_, F>, &Region<'_>, &Region<'_>, usize) -> Result<(), CfiError>,
 ) -> Result<(), CfiError> {
     let (hdr, eh) = find_eh_sections(elf)?;
     let Some(eh) = eh else {
         return Ok(());
     };
-    let (mut walker, reserve) = walker_over(
-        eh.data.len(),
-        elf.arch,
-        elf,
-        allow_generic_regs,
-        filter,
-        deltas,
-    );
+    let len = eh.data.len();
     match hdr {
-        Some(hdr) => table(&mut walker, &hdr, &eh, reserve),
-        None => walker.walk_linear(&eh, false),
+        Some(hdr) => {
+            // In table order, so appended to the plain list.
+            let (mut walker, reserve) = walker_over(
+                len,
+                elf.arch,
+                elf,
+                allow_generic_regs,
+                filter,
+                deltas.list(),
+            );
+            table(&mut walker, &hdr, &eh, reserve)
+        }
+        None => {
+            let (mut walker, _) =
+                walker_over(len, elf.arch, elf, allow_generic_regs, filter, deltas);
+            walker.walk_linear(&eh, false)
+        }
     }
 }
 
 /// Adds the deltas of `elf`'s `.eh_frame` (spec 5.3): through the
 /// `.eh_frame_hdr` search table when it is usable, else by a linear walk.
 /// A file without `.eh_frame` adds nothing.
-pub fn parse_eh_frame<F: FdeFilter + ?Sized>(
+pub fn parse_eh_frame<F: FdeFilter + ?Sized, L: CfiList>(
     elf: &Elf<'_>,
     allow_generic_regs: bool,
     filter: &mut F,
-    deltas: &mut IntervalData,
+    deltas: &mut L,
 ) -> Result<(), CfiError> {
     walk_eh_frame(elf, allow_generic_regs, filter, deltas, |w, hdr, eh, _| {
         w.walk_table(hdr, eh)
@@ -943,11 +952,11 @@ pub fn parse_eh_frame<F: FdeFilter + ?Sized>(
 /// [`parse_eh_frame`] with the search-table walk cut into parts walked on
 /// threads of their own (see [`Parallelism`]): the same deltas, the same
 /// filter state and the same error as the sequential walk.
-pub fn parse_eh_frame_with<F: ForkFilter>(
+pub fn parse_eh_frame_with<F: ForkFilter, L: CfiList>(
     elf: &Elf<'_>,
     allow_generic_regs: bool,
     filter: &mut F,
-    deltas: &mut IntervalData,
+    deltas: &mut L,
     parallelism: Parallelism,
 ) -> Result<(), CfiError> {
     walk_eh_frame(
@@ -962,12 +971,12 @@ pub fn parse_eh_frame_with<F: ForkFilter>(
 /// Adds the deltas of `elf`'s `.debug_frame` (always a linear walk).
 /// `code` is the file being extracted, which differs from `elf` for a
 /// separate debug file.
-pub fn parse_debug_frame<F: FdeFilter + ?Sized>(
+pub fn parse_debug_frame<F: FdeFilter + ?Sized, L: CfiList>(
     elf: &Elf<'_>,
     code: &Elf<'_>,
     allow_generic_regs: bool,
     filter: &mut F,
-    deltas: &mut IntervalData,
+    deltas: &mut L,
 ) -> Result<(), CfiError> {
     let Some(section) = elf.section_region(".debug_frame", MAX_SECTION_BYTES) else {
         return Ok(());

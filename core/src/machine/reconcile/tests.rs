@@ -135,6 +135,7 @@ impl Model {
             let fresh = draft
                 .resolve(file_id.0, |_| Some(0))
                 .ok_or("unresolvable")?;
+            let entries: Vec<(u16, Rule)> = draft.entries().collect();
             let want = fresh.pages.iter().find(|(k, _)| k == key).map(|(_, i)| *i);
             if want != Some(*info) {
                 return Err(format!(
@@ -145,7 +146,9 @@ impl Model {
             let first = info.first_delta as usize;
             for i in first..first + usize::from(info.num_deltas) {
                 let stored = table.get(i).copied().unwrap_or_default();
-                let (addr_low, rule) = draft.entries[i];
+                let Some(&(addr_low, rule)) = entries.get(i) else {
+                    return Err(format!("{file_id} delta {i}: past the draft's entries"));
+                };
                 let ok = stored.addr_low == addr_low
                     && match rule {
                         Rule::Command(v) => stored.unwind_info == v,
