@@ -238,15 +238,18 @@ fn probes(deltas: &[StackDelta], draft: &Draft) -> Vec<u64> {
 }
 
 fuzz_target!(|input: Input| {
-    let deltas = build(&input);
-    let draft = match encode::draft(&deltas, MAX_PAGES) {
+    // The draft borrows the deltas it lays out: they live in `data` from
+    // the start.
+    let data = IntervalData::from_deltas(build(&input));
+    let deltas = &data.deltas;
+    let draft = match encode::draft(deltas, MAX_PAGES) {
         Ok(Some(draft)) => draft,
         Ok(None) => {
             assert!(deltas.is_empty(), "draft is None only for no deltas");
             return;
         }
         Err(err) => {
-            check_error(&deltas, &err);
+            check_error(deltas, &err);
             return;
         }
     };
@@ -258,7 +261,7 @@ fuzz_target!(|input: Input| {
     let file_id = FileId(input.file_id);
     let mut book = KernelBook::new(Capacities::default());
     let plan = book
-        .plan_load(file_id, &deltas)
+        .plan_load(file_id, deltas)
         .expect("a fresh book plans whatever draft accepted");
     assert_eq!(
         plan.map_ref.map_id, draft.map_id,
@@ -290,7 +293,6 @@ fuzz_target!(|input: Input| {
         );
     }
 
-    let data = IntervalData::from_deltas(deltas);
     let reader = SimReader::new(&sim);
     for address in probes(&data.deltas, &draft) {
         assert_eq!(
