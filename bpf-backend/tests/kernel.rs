@@ -211,14 +211,14 @@ const RANDOM_PROBES: usize = 3000;
 /// plus `random` addresses in and around the covered range.
 fn probes(data: &IntervalData, random: usize, seed: u64) -> Vec<u64> {
     let mut out = Vec::new();
-    for d in &data.deltas {
+    for d in data {
         out.extend([
             d.address.wrapping_sub(1),
             d.address,
             d.address.wrapping_add(1),
         ]);
     }
-    if let (Some(first), Some(last)) = (data.deltas.first(), data.deltas.last()) {
+    if let (Some(first), Some(last)) = (data.first(), data.last()) {
         let lo = first.address.saturating_sub(0x2_0000) & !PAGE_MASK;
         let hi = (last.address | PAGE_MASK) + 0x2_0000;
         let mut rng = XorShift::new(seed | 1);
@@ -257,12 +257,12 @@ fn every_corpus_file_resolves_in_the_kernel_as_the_sim_and_its_deltas_say() {
         assert_eq!(format!("{got:?}"), format!("{want:?}"), "{name}");
         eprintln!(
             "load {name}: {} deltas, {calls} bpf() calls, {:.2} ms",
-            data.deltas.len(),
+            data.len(),
             elapsed.as_secs_f64() * 1e3
         );
         // Unwind slots, create + fill + publish the table, pages: a
         // constant, whatever the delta count.
-        if got.is_ok() && !data.deltas.is_empty() {
+        if got.is_ok() && !data.is_empty() {
             assert!(
                 (1..=5).contains(&calls),
                 "{name}: {calls} syscalls for one file"
@@ -355,7 +355,7 @@ fn the_same_calls_with_the_same_faults_leave_kernel_and_sim_identical() {
     let mut files: Vec<IntervalData> = corpus()
         .into_iter()
         .map(|(_, data)| data)
-        .filter(|d| !d.deltas.is_empty() && d.deltas.len() < 40_000)
+        .filter(|d| !d.is_empty() && d.len() < 40_000)
         .collect();
     files.truncate(6);
     let mut failed_calls = 0;
@@ -535,7 +535,7 @@ fn per_element_writes_leave_the_same_maps_as_batches() {
             .map(|(_, (_, deltas))| deltas.len())
             .sum::<usize>()
             + s.pages.keys().filter(|k| k.file_id == id.0).count();
-        if got.starts_with("Ok") && !data.deltas.is_empty() {
+        if got.starts_with("Ok") && !data.is_empty() {
             assert!(
                 calls as usize >= elements && elements > 0,
                 "{name}: {calls} calls for {elements} elements"
@@ -629,9 +629,9 @@ fn pinned_max_entries(dir: &Path, name: &str) -> u32 {
 fn small_files(n: usize) -> Vec<(String, IntervalData)> {
     let mut files: Vec<_> = corpus()
         .into_iter()
-        .filter(|(_, d)| !d.deltas.is_empty())
+        .filter(|(_, d)| !d.is_empty())
         .collect();
-    files.sort_by_key(|(_, d)| d.deltas.len());
+    files.sort_by_key(|(_, d)| d.len());
     files.truncate(n);
     files
 }
@@ -998,13 +998,13 @@ fn a_restart_after_a_crash_at_any_op_of_a_load_cleans_the_pins_and_loads_afresh(
         return;
     }
     let mut files = small_files(usize::MAX);
-    files.retain(|(_, d)| d.deltas.len() < 40_000);
+    files.retain(|(_, d)| d.len() < 40_000);
     // The smallest, a middle one and the largest of those.
     let picked = [0, files.len() / 2, files.len() - 1].map(|i| files[i].clone());
     let id = FileId(0x4242);
     for (name, data) in &picked {
         let mut book = KernelBook::new(Capacities::default());
-        let plan = book.plan_load(id, &data.deltas).expect("plan");
+        let plan = book.plan_load(id, data).expect("plan");
         assert_eq!(plan.ops.len(), 3, "{name}: slots, table, pages");
         let mut crashes: Vec<Vec<MapOp>> = (0..=3).map(|k| plan.ops[..k].to_vec()).collect();
         if let MapOp::PutPages(pages) = &plan.ops[2] {
@@ -1098,7 +1098,7 @@ fn a_restart_over_pins_adopts_what_is_right_and_ends_as_the_sim_does() {
         let mut book = manager.state().book;
         let mut backend = manager.into_backend();
         let data = eim_core::provider::Provider::extract(&**provider, &ids[3]).expect("deltas");
-        let plan = book.plan_load(ids[3], &data.data.deltas).expect("plan");
+        let plan = book.plan_load(ids[3], &data.data).expect("plan");
         let published = plan
             .ops
             .iter()

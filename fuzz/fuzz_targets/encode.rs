@@ -239,7 +239,8 @@ fn probes(deltas: &[StackDelta], draft: &Draft) -> Vec<u64> {
 
 fuzz_target!(|input: Input| {
     let deltas = build(&input);
-    let draft = match encode::draft(&deltas, MAX_PAGES) {
+    let data = IntervalData::from_deltas(deltas.clone());
+    let draft = match encode::draft(&data, MAX_PAGES) {
         Ok(Some(draft)) => draft,
         Ok(None) => {
             assert!(deltas.is_empty(), "draft is None only for no deltas");
@@ -258,7 +259,7 @@ fuzz_target!(|input: Input| {
     let file_id = FileId(input.file_id);
     let mut book = KernelBook::new(Capacities::default());
     let plan = book
-        .plan_load(file_id, &deltas)
+        .plan_load(file_id, &data)
         .expect("a fresh book plans whatever draft accepted");
     assert_eq!(
         plan.map_ref.map_id, draft.map_id,
@@ -290,9 +291,8 @@ fuzz_target!(|input: Input| {
         );
     }
 
-    let data = IntervalData::from_deltas(deltas);
     let reader = SimReader::new(&sim);
-    for address in probes(&data.deltas, &draft) {
+    for address in probes(&deltas, &draft) {
         assert_eq!(
             reader.answer(file_id, address),
             expected(&data, address),

@@ -855,7 +855,7 @@ impl<F: ForkFilter> Walker<'_, '_, F> {
             .saturating_add(part.parsed)
             .saturating_add(self.cies.parsed)
             .saturating_add(new_cie_bytes);
-        if total > self.budget || part.deltas.attach_to(self.out.deltas).is_err() {
+        if total > self.budget || !part.deltas.attach_to(self.out.deltas) {
             return false;
         }
         self.out.filter.join(part.end);
@@ -1205,10 +1205,10 @@ mod tests {
         ];
         let (hdr, hdr_vaddr) = eh.hdr(&entries);
         let table = walk_table(&eh.data, &hdr, hdr_vaddr).unwrap();
-        assert_eq!(table.deltas, want);
+        assert_eq!(table.to_vec(), want);
         let mut linear = walk(&eh.data, Mode::Linear { debug_frame: false }).unwrap();
         linear.sort_and_dedup();
-        assert_eq!(linear.deltas, want);
+        assert_eq!(linear.to_vec(), want);
     }
 
     #[test]
@@ -1261,9 +1261,9 @@ mod tests {
         let d = walk(&eh.data, Mode::Linear { debug_frame: false }).unwrap();
         // Unsorted: the second FDE's first row is appended after the first
         // one's end marker at the same address; the final sort folds them.
-        assert_eq!(d.len(), 8, "{:?}", d.deltas);
-        assert_eq!(d.deltas[4].hints, hint::GAP);
-        assert_eq!(d.deltas[5].address, 0x2040);
+        assert_eq!(d.len(), 8, "{:?}", d.to_vec());
+        assert_eq!(d.get(4).unwrap().hints, hint::GAP);
+        assert_eq!(d.get(5).unwrap().address, 0x2040);
     }
 
     proptest! {
