@@ -132,7 +132,7 @@ fn three_ways(
 fn corpus() -> Vec<(String, IntervalData)> {
     common::corpus()
         .into_iter()
-        .filter(|(_, data)| !data.deltas.is_empty())
+        .filter(|(_, data)| !data.is_empty())
         .collect()
 }
 
@@ -184,7 +184,7 @@ fn corpus_files(c: &mut Criterion) {
             });
             eprintln!(
                 "corpus/{name}/{way}: {} deltas, {calls} bpf() calls",
-                data.deltas.len()
+                data.len()
             );
             g.bench_function(format!("{name}/{way}"), |b| {
                 b.iter_batched(

@@ -44,7 +44,7 @@ mod synth {
     use std::ops::Range;
 
     use eim_core::abi::{opcode, ProcessMapping, ProcessMappings, UnwindInfo};
-    use eim_core::deltas::{hint, info, StackDelta};
+    use eim_core::deltas::{hint, info, IntervalData, StackDelta};
     use eim_core::machine::{Capacities, KernelBook};
     use eim_core::ops::MapOp;
     use eim_core::unwind::{frame_flag, Arch, Capture, Frame, Regs, Stack, StopReason};
@@ -121,7 +121,7 @@ mod synth {
         pub id: FileId,
         pub arch: Arch,
         pub bias: u64,
-        pub deltas: Vec<StackDelta>,
+        pub deltas: IntervalData,
         /// The STOP region (`_start`).
         pub stop: Range<u64>,
         /// Where a first frame may be (not a return address).
@@ -210,7 +210,7 @@ mod synth {
             id: X86_FILE,
             arch: Arch::X86_64,
             bias: X86_BIAS,
-            deltas,
+            deltas: IntervalData::from_deltas(deltas),
             stop,
             first: vec![Site {
                 range: plt,
@@ -262,7 +262,7 @@ mod synth {
             id: ARM_FILE,
             arch: Arch::Arm64,
             bias: ARM_BIAS,
-            deltas,
+            deltas: IntervalData::from_deltas(deltas),
             stop,
             first,
             bodies,

@@ -414,15 +414,18 @@ fn failure(e: SysError) -> OpFailure {
     OpFailure::new(Errno(e.errno), e.processed)
 }
 
-/// An ARRAY's elements as its mapping lays them out: each value in a slot
-/// of its size rounded up to 8 bytes (the kernel's `elem_size`).
-fn mapped_values(deltas: &[StackDelta]) -> Vec<u8> {
+/// Writes `deltas` into a new, mappable ARRAY as its mapping lays them
+/// out: each value in a slot of its size rounded up to 8 bytes (the
+/// kernel's `elem_size`), straight into the mapping, a window at a time.
+fn write_mapped_values(fd: BorrowedFd<'_>, deltas: &[StackDelta]) -> Result<(), i32> {
     let stride = StackDelta::SIZE.next_multiple_of(8);
-    let mut out = vec![0u8; deltas.len() * stride];
-    for (slot, delta) in out.chunks_exact_mut(stride).zip(deltas) {
-        delta.write(&mut slot[..StackDelta::SIZE]);
-    }
-    out
+    // Windows are whole pages: a multiple of the 8-byte slots.
+    sys::write_mapped(fd, deltas.len() * stride, |at, window| {
+        let from = deltas.get(at / stride..).unwrap_or_default();
+        for (slot, delta) in window.chunks_exact_mut(stride).zip(from) {
+            delta.write(&mut slot[..StackDelta::SIZE]);
+        }
+    })
 }
 
 impl KernelMaps {
@@ -1204,7 +1207,7 @@ impl KernelMaps {
         .map_err(|e| e.errno)?;
         match self.config.write_mode {
             // Not yet published: no reader sees the array while it fills.
-            WriteMode::Batch => sys::write_mapped(inner.as_fd(), &mapped_values(deltas))?,
+            WriteMode::Batch => write_mapped_values(inner.as_fd(), deltas)?,
             WriteMode::PerElement => {
                 let keys = flatten(0..count);
                 let values = flatten(deltas.iter().copied());

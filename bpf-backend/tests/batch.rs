@@ -28,7 +28,7 @@ use common::sim_dump;
 fn corpus() -> Vec<(String, IntervalData)> {
     common::corpus()
         .into_iter()
-        .filter(|(_, data)| !data.deltas.is_empty())
+        .filter(|(_, data)| !data.is_empty())
         .collect()
 }
 
@@ -94,7 +94,7 @@ fn load_many_of_the_corpus_is_one_outer_update_per_class_and_matches_the_sim() {
     );
     eprintln!(
         "load_many of {n} corpus files ({} deltas) in {k} classes: {syscalls} bpf() calls, {outer} outer updates",
-        files.iter().map(|(_, d)| d.deltas.len()).sum::<usize>()
+        files.iter().map(|(_, d)| d.len()).sum::<usize>()
     );
 
     let kdump = kernel.with_backend(|b| b.dump().expect("dump"));

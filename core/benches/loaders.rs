@@ -62,7 +62,7 @@ fn extracted<'d>(file: &'d LazyFile, parallelism: Parallelism) -> Option<(Elf<'d
 
 /// Every enabled loader's answer, as `eim::loaders::detect` asks them.
 fn detect(name: &str, elf: &Elf<'_>, data: &IntervalData) -> Vec<LoaderMatch> {
-    let info = LoaderInfo::new(FileId(1), name, elf, &data.deltas);
+    let info = LoaderInfo::new(FileId(1), name, elf, data);
     tracers::detect(&info, ALL_TRACERS)
 }
 
@@ -153,7 +153,7 @@ fn per_loader(name: &str, path: &Path) {
             };
             let held = file.held();
             let start = Instant::now();
-            let info = LoaderInfo::new(FileId(1), &file_name, &elf, &data.deltas);
+            let info = LoaderInfo::new(FileId(1), &file_name, &elf, &data);
             black_box((loader.load)(&info).is_ok());
             let took = start.elapsed();
             let read = file.held() - held;

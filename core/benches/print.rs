@@ -60,7 +60,7 @@ fn extract_path(path: &std::path::Path) -> Option<IntervalData> {
 
 fn plan(data: &IntervalData) -> Option<Tables> {
     let mut book = KernelBook::new(Capacities::default());
-    let plan = book.plan_load(FileId(0x1234), &data.deltas).ok()?;
+    let plan = book.plan_load(FileId(0x1234), data).ok()?;
     Some(Tables::of_plan(&plan))
 }
 
@@ -71,7 +71,7 @@ fn deltas_core_fmt(path: &str, data: &IntervalData) -> String {
     let _ = writeln!(out, "# file: {path}");
     let _ = writeln!(out, "# deltas: {}", data.len());
     out.push_str("# ADDRESS HINTS OPCODE PARAM FPOPCODE FPPARAM MERGEOPCODE\n");
-    for d in &data.deltas {
+    for d in data {
         let i = &d.info;
         let _ = writeln!(
             out,

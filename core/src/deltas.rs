@@ -7,66 +7,20 @@
 //! `AddEx` does, so that the lists (and everything encoded from them) are
 //! identical to upstream's.
 
-use crate::abi::{command, opcode, UnwindInfo};
+use crate::abi::{opcode, UnwindInfo};
 
+mod delta;
 mod folding;
+mod packed;
 
+pub use delta::{hint, info, StackDelta};
 pub use folding::FoldingList;
-
-/// Hint flags carried by a delta during extraction.
-pub mod hint {
-    pub const NONE: u8 = 0;
-    /// The delta starts a function: keep it even when it repeats a rule.
-    pub const KEEP: u8 = 1;
-    /// The delta marks the end of a function: a following function that starts
-    /// within [`super::MINIMUM_GAP`] bytes replaces it.
-    pub const GAP: u8 = 4;
-}
+pub use packed::Iter;
+use packed::Packed;
 
 /// An end-of-function marker followed by a delta at most this many bytes
 /// later is padding, not a real gap.
 pub const MINIMUM_GAP: u64 = 15;
-
-/// Predefined unwind rules.
-pub mod info {
-    use super::*;
-
-    const fn cmd(param: i32) -> UnwindInfo {
-        UnwindInfo::new(opcode::COMMAND, param, 0, 0)
-    }
-
-    pub const INVALID: UnwindInfo = cmd(command::INVALID);
-    pub const STOP: UnwindInfo = cmd(command::STOP);
-    pub const PLT: UnwindInfo = cmd(command::PLT);
-    pub const SIGNAL: UnwindInfo = cmd(command::SIGNAL);
-    pub const FRAME_POINTER: UnwindInfo = cmd(command::FRAME_POINTER);
-    /// arm64 leaf: CFA = SP, return address in LR.
-    pub const LR: UnwindInfo = UnwindInfo::new(opcode::BASE_SP, 0, opcode::BASE_LR, 0);
-
-    /// CFA = SP + `offset`, no frame-pointer rule.
-    pub const fn sp(offset: i32) -> UnwindInfo {
-        UnwindInfo::new(opcode::BASE_SP, offset, 0, 0)
-    }
-}
-
-/// One extracted delta.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct StackDelta {
-    /// ELF virtual address where the rule starts.
-    pub address: u64,
-    pub hints: u8,
-    pub info: UnwindInfo,
-}
-
-impl StackDelta {
-    pub const fn new(address: u64, hints: u8, info: UnwindInfo) -> Self {
-        Self {
-            address,
-            hints,
-            info,
-        }
-    }
-}
 
 /// `a == b`, without branches.
 #[inline(always)]
@@ -85,45 +39,67 @@ fn normalized(mut delta: StackDelta) -> StackDelta {
     delta
 }
 
-/// The end of a list that sorted appends fold into: a `Vec`, or the front
-/// of one being folded in place ([`IntervalData::sort_and_dedup`]).
+/// The end of a list that sorted appends fold into: a whole list, the
+/// front of one being folded in place ([`IntervalData::sort_and_dedup`]),
+/// or its deltas after a folded part ([`FoldingList`]). The deltas are
+/// read and written by value (the list holds them packed).
 trait Tail {
-    fn slice(&mut self) -> &mut [StackDelta];
-    fn push(&mut self, delta: StackDelta);
+    fn last(&self) -> Option<StackDelta>;
+    /// The delta before the last one.
+    fn before_last(&self) -> Option<StackDelta>;
+    fn set_last(&mut self, delta: &StackDelta);
+    fn push(&mut self, delta: &StackDelta);
     fn pop(&mut self);
 }
 
-impl Tail for Vec<StackDelta> {
+impl Tail for Packed {
     #[inline(always)]
-    fn slice(&mut self) -> &mut [StackDelta] {
-        self.as_mut_slice()
+    fn last(&self) -> Option<StackDelta> {
+        Packed::last(self)
     }
     #[inline(always)]
-    fn push(&mut self, delta: StackDelta) {
-        Vec::push(self, delta);
+    fn before_last(&self) -> Option<StackDelta> {
+        self.len().checked_sub(2).and_then(|at| self.get(at))
+    }
+    #[inline(always)]
+    fn set_last(&mut self, delta: &StackDelta) {
+        if let Some(at) = self.len().checked_sub(1) {
+            self.set(at, delta);
+        }
+    }
+    #[inline(always)]
+    fn push(&mut self, delta: &StackDelta) {
+        Packed::push(self, delta);
     }
     #[inline(always)]
     fn pop(&mut self) {
-        Vec::pop(self);
+        Packed::pop(self);
     }
 }
 
-/// `buf[..len]`, written while `buf[len..]` is still being read.
+/// `list[..len]`, written while `list[len..]` is still being read.
 struct Front<'a> {
-    buf: &'a mut Vec<StackDelta>,
+    list: &'a mut Packed,
     len: usize,
 }
 
 impl Tail for Front<'_> {
-    fn slice(&mut self) -> &mut [StackDelta] {
-        let len = self.len;
-        self.buf.get_mut(..len).unwrap_or_default()
+    fn last(&self) -> Option<StackDelta> {
+        self.len.checked_sub(1).and_then(|at| self.list.get(at))
     }
-    fn push(&mut self, delta: StackDelta) {
+    fn before_last(&self) -> Option<StackDelta> {
+        self.len.checked_sub(2).and_then(|at| self.list.get(at))
+    }
+    fn set_last(&mut self, delta: &StackDelta) {
+        if let Some(at) = self.len.checked_sub(1) {
+            self.list.set(at, delta);
+        }
+    }
+    fn push(&mut self, delta: &StackDelta) {
         // The caller reads element `len` or later before pushing, so the
         // slot is its own or one it has read.
-        if let Some(slot) = self.buf.get_mut(self.len) {
-            *slot = delta;
+        if self.len < self.list.len() {
+            self.list.set(self.len, delta);
             self.len += 1;
         }
     }
@@ -137,20 +113,30 @@ impl Tail for Front<'_> {
 fn append_sorted<T: Tail>(tail: &mut T, delta: StackDelta) {
     // The common case inline: the tail is not an end marker, so only the
     // tail is compared (as `fold` does).
-    if let Some(prev) = tail.slice().last_mut() {
+    if let Some(prev) = tail.last() {
         if prev.hints & hint::GAP == 0 {
             if same_rule(&prev.info, &delta.info) {
-                prev.hints |= delta.hints & hint::KEEP;
+                keep_hint(tail, prev, &delta);
             } else if prev.address == delta.address {
-                *prev = delta;
+                tail.set_last(&delta);
             } else {
-                tail.push(delta);
+                tail.push(&delta);
             }
             return;
         }
     }
     if let Some(folded) = fold(tail, delta) {
-        tail.push(folded);
+        tail.push(&folded);
+    }
+}
+
+/// `delta` folds into `prev`, the tail's last delta: only its KEEP hint
+/// carries over.
+#[inline(always)]
+fn keep_hint<T: Tail>(tail: &mut T, prev: StackDelta, delta: &StackDelta) {
+    let hints = prev.hints | (delta.hints & hint::KEEP);
+    if hints != prev.hints {
+        tail.set_last(&StackDelta { hints, ..prev });
     }
 }
 
@@ -158,35 +144,31 @@ fn append_sorted<T: Tail>(tail: &mut T, delta: StackDelta) {
 /// still has to be appended.
 #[inline]
 fn fold<T: Tail>(tail: &mut T, delta: StackDelta) -> Option<StackDelta> {
-    let prev = match tail.slice() {
-        [] => return Some(delta),
-        [.., before, last]
-            if last.hints & hint::GAP != 0
-                && last.address.wrapping_add(MINIMUM_GAP) >= delta.address =>
-        {
-            // The marker was padding between two functions.
-            if !same_rule(&before.info, &delta.info) {
-                *last = delta;
-                return None;
-            }
-            tail.pop();
-            tail.slice().last_mut()?
-        }
-        [last]
-            if last.hints & hint::GAP != 0
-                && last.address.wrapping_add(MINIMUM_GAP) >= delta.address =>
-        {
-            *last = delta;
-            return None;
-        }
-        [.., last] => last,
+    let Some(last) = tail.last() else {
+        return Some(delta);
     };
+    let prev =
+        if last.hints & hint::GAP != 0 && last.address.wrapping_add(MINIMUM_GAP) >= delta.address {
+            // The marker was padding between two functions.
+            match tail.before_last() {
+                Some(before) if same_rule(&before.info, &delta.info) => {
+                    tail.pop();
+                    before
+                }
+                _ => {
+                    tail.set_last(&delta);
+                    return None;
+                }
+            }
+        } else {
+            last
+        };
     if same_rule(&prev.info, &delta.info) {
-        prev.hints |= delta.hints & hint::KEEP;
+        keep_hint(tail, prev, &delta);
         return None;
     }
     if prev.address == delta.address {
-        *prev = delta;
+        tail.set_last(&delta);
         return None;
     }
     Some(delta)
@@ -202,9 +184,51 @@ fn sort_order(a: &StackDelta, b: &StackDelta) -> std::cmp::Ordering {
 }
 
 /// The unwind data of one file: deltas sorted by address.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// Held packed, 8 bytes a delta (`deltas/packed.rs`): the deltas are read by value
+/// ([`IntervalData::iter`], [`IntervalData::get`]), exactly as they were
+/// appended.
+#[derive(Clone, Default)]
 pub struct IntervalData {
-    pub deltas: Vec<StackDelta>,
+    packed: Packed,
+}
+
+impl std::fmt::Debug for IntervalData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// Two lists are equal when they hold the same deltas, however stored.
+impl PartialEq for IntervalData {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for IntervalData {}
+
+impl FromIterator<StackDelta> for IntervalData {
+    /// The deltas as they come: nothing folded.
+    fn from_iter<I: IntoIterator<Item = StackDelta>>(iter: I) -> Self {
+        let iter = iter.into_iter();
+        let mut data = Self {
+            packed: Packed::with_capacity(iter.size_hint().0),
+        };
+        for delta in iter {
+            data.push(delta);
+        }
+        data
+    }
+}
+
+impl<'a> IntoIterator for &'a IntervalData {
+    type Item = StackDelta;
+    type IntoIter = Iter<'a>;
+
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
 }
 
 impl IntervalData {
@@ -212,16 +236,73 @@ impl IntervalData {
         Self::default()
     }
 
+    /// A list holding exactly `deltas` (nothing folded).
     pub fn from_deltas(deltas: Vec<StackDelta>) -> Self {
-        Self { deltas }
+        deltas.into_iter().collect()
     }
 
     pub fn len(&self) -> usize {
-        self.deltas.len()
+        self.packed.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.deltas.is_empty()
+        self.packed.len() == 0
+    }
+
+    /// The deltas, in order.
+    pub fn iter(&self) -> Iter<'_> {
+        self.packed.iter_from(0)
+    }
+
+    /// The deltas from `index` on.
+    pub fn iter_from(&self, index: usize) -> Iter<'_> {
+        self.packed.iter_from(index)
+    }
+
+    /// The delta at `index`.
+    #[inline]
+    pub fn get(&self, index: usize) -> Option<StackDelta> {
+        self.packed.get(index)
+    }
+
+    pub fn first(&self) -> Option<StackDelta> {
+        self.packed.get(0)
+    }
+
+    pub fn last(&self) -> Option<StackDelta> {
+        self.packed.last()
+    }
+
+    /// The deltas as a plain list (for small lists and tests: it takes 24
+    /// bytes a delta).
+    pub fn to_vec(&self) -> Vec<StackDelta> {
+        self.iter().collect()
+    }
+
+    /// The index of the first delta for which `pred` is false (the list
+    /// being partitioned by it), as `slice::partition_point`.
+    pub fn partition_point(&self, mut pred: impl FnMut(&StackDelta) -> bool) -> usize {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.get(mid) {
+                Some(delta) if pred(&delta) => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        lo
+    }
+
+    /// Bytes the deltas take, with the rules they share (what a copy of
+    /// the list holds).
+    pub fn bytes(&self) -> usize {
+        self.packed.bytes()
+    }
+
+    /// Appends `delta` as it is: nothing folded, nothing normalised (a
+    /// list read back from its text, or built by a test).
+    pub fn push(&mut self, delta: StackDelta) {
+        self.packed.push(&delta);
     }
 
     /// Appends a delta known to come after every delta already present.
@@ -238,9 +319,9 @@ impl IntervalData {
     pub fn add_ex(&mut self, delta: StackDelta, sorted: bool) {
         let delta = normalized(delta);
         if sorted {
-            append_sorted(&mut self.deltas, delta);
+            append_sorted(&mut self.packed, delta);
         } else {
-            self.deltas.push(delta);
+            self.packed.push(&delta);
         }
     }
 
@@ -254,25 +335,25 @@ impl IntervalData {
     /// the element being read), so an unsorted list of millions of deltas
     /// does not need a second one.
     pub fn sort_and_dedup(&mut self) {
-        self.deltas.sort_by(sort_order);
+        self.packed.sort_by(sort_order);
         let mut front = Front {
-            buf: &mut self.deltas,
+            list: &mut self.packed,
             len: 0,
         };
-        for read in 0..front.buf.len() {
-            let Some(&delta) = front.buf.get(read) else {
+        for read in 0..front.list.len() {
+            let Some(delta) = front.list.get(read) else {
                 break;
             };
             append_sorted(&mut front, normalized(delta));
         }
         let len = front.len;
-        self.deltas.truncate(len);
+        self.packed.truncate(len);
     }
 
     /// The delta in force at `address`: the last one at or below it.
-    pub fn find(&self, address: u64) -> Option<&StackDelta> {
-        let after = self.deltas.partition_point(|d| d.address <= address);
-        after.checked_sub(1).map(|i| &self.deltas[i])
+    pub fn find(&self, address: u64) -> Option<StackDelta> {
+        let after = self.partition_point(|d| d.address <= address);
+        after.checked_sub(1).and_then(|i| self.get(i))
     }
 }
 
@@ -325,7 +406,7 @@ impl CfiList for IntervalData {
 /// one file (a kernel entry holds one delta or a merged pair), so a file
 /// with more could never be loaded. Bounds the memory of a hostile CFI
 /// walk (64 MiB of `.eh_frame` rows would otherwise give 22 million
-/// deltas, 540 MB).
+/// deltas).
 pub const MAX_EXTRACTED_DELTAS: usize = 2 * crate::abi::MAX_KERNEL_DELTAS;
 
 /// Why a list of deltas cannot grow.
@@ -345,28 +426,22 @@ impl DeltaSink for IntervalData {
 
     #[inline]
     fn make_room(&mut self, additional: usize) -> Result<(), NoRoom> {
-        let held = self.deltas.len();
-        if self.deltas.capacity() - held >= additional {
-            return Ok(());
-        }
-        if held.saturating_add(additional) > MAX_EXTRACTED_DELTAS {
+        let held = self.len();
+        let capacity = self.packed.capacity();
+        if capacity - held < additional && held.saturating_add(additional) > MAX_EXTRACTED_DELTAS {
             return Err(NoRoom::TooMany {
                 max: MAX_EXTRACTED_DELTAS,
             });
         }
         // As the list would have grown: to twice its size at least.
-        let want = additional.max(self.deltas.capacity());
-        if crate::fallible::try_reserve(&mut self.deltas, want) {
-            return Ok(());
-        }
-        Err(NoRoom::Memory {
-            held,
-            bytes: want.saturating_mul(std::mem::size_of::<StackDelta>()),
-        })
+        let want = additional.max(capacity);
+        self.packed
+            .reserve(additional, want)
+            .map_err(|bytes| NoRoom::Memory { held, bytes })
     }
 
     fn reserve_hint(&mut self, additional: usize) {
-        crate::fallible::try_reserve(&mut self.deltas, additional);
+        self.packed.reserve_hint(additional);
     }
 }
 
@@ -416,7 +491,9 @@ impl Detached {
 
     pub fn with_capacity(capacity: usize) -> Self {
         Self {
-            data: IntervalData::from_deltas(Vec::with_capacity(capacity)),
+            data: IntervalData {
+                packed: Packed::with_capacity(capacity),
+            },
             log: Vec::new(),
             logged: None,
             floor: usize::MAX,
@@ -432,13 +509,13 @@ impl Detached {
             self.log.push((delta, sorted));
             self.data.add_ex(delta, sorted);
             if self.data.len() >= Self::LOG_LEN {
-                self.logged = Some(self.data.deltas.clone());
+                self.logged = Some(self.data.to_vec());
             }
             return;
         }
         if sorted {
             let len = self.data.len();
-            let gap_case = self.data.deltas.last().is_some_and(|prev| {
+            let gap_case = self.data.last().is_some_and(|prev| {
                 prev.hints & hint::GAP != 0
                     && prev.address.wrapping_add(MINIMUM_GAP) >= delta.address
             });
@@ -456,14 +533,14 @@ impl Detached {
     }
 
     /// Appends the run to `to` if that gives exactly what its appends,
-    /// made one by one to `to`, would give; else leaves `to` unchanged
-    /// and returns the run back.
-    pub fn attach_to(self, to: &mut IntervalData) -> Result<(), Self> {
+    /// made one by one to `to`, would give, and says so; else leaves `to`
+    /// unchanged.
+    pub fn attach_to(&self, to: &mut IntervalData) -> bool {
         if self.reached_front {
-            return Err(self);
+            return false;
         }
         let cut = to.len().saturating_sub(self.log.len() + 2);
-        let mut replayed = IntervalData::from_deltas(to.deltas[cut..].to_vec());
+        let mut replayed: IntervalData = to.iter_from(cut).collect();
         for &(delta, sorted) in &self.log {
             replayed.add_ex(delta, sorted);
         }
@@ -472,24 +549,27 @@ impl Detached {
             None => (replayed.len(), self.data.len()),
             Some(logged) => {
                 let floor = self.floor.min(logged.len());
-                let common = &logged[floor..];
+                let common = logged.get(floor..).unwrap_or_default();
                 match replayed.len().checked_sub(common.len()) {
-                    Some(keep) if replayed.deltas[keep..] == *common => (keep, floor),
-                    _ => return Err(self),
+                    Some(keep) if replayed.iter_from(keep).eq(common.iter().copied()) => {
+                        (keep, floor)
+                    }
+                    _ => return false,
                 }
             }
         };
-        to.deltas.truncate(cut);
-        to.deltas.extend_from_slice(&replayed.deltas[..keep]);
-        to.deltas.extend_from_slice(&self.data.deltas[from..]);
-        Ok(())
+        to.packed.truncate(cut);
+        to.packed.extend_from(&replayed.packed, 0..keep);
+        to.packed
+            .extend_from(&self.data.packed, from..self.data.len());
+        true
     }
 }
 
 impl DeltaSink for Detached {
     #[inline(always)]
     fn add_ex(&mut self, delta: StackDelta, sorted: bool) {
-        if self.data.deltas.len() <= Self::LOG_LEN + 1 {
+        if self.data.len() <= Self::LOG_LEN + 1 {
             self.note_front(delta, sorted);
         } else {
             self.data.add_ex(delta, sorted);
@@ -548,7 +628,7 @@ mod tests {
         stop.fp_opcode = opcode::BASE_CFA;
         stop.fp_param = -16;
         data.add(d(0x10, hint::KEEP, stop));
-        assert_eq!(data.deltas, vec![d(0x10, hint::KEEP, info::STOP)]);
+        assert_eq!(data.to_vec(), vec![d(0x10, hint::KEEP, info::STOP)]);
     }
 
     #[test]
@@ -556,7 +636,7 @@ mod tests {
         let mut data = IntervalData::new();
         data.add(d(0x10, hint::NONE, sp(8)));
         data.add(d(0x20, hint::KEEP, sp(8)));
-        assert_eq!(data.deltas, vec![d(0x10, hint::KEEP, sp(8))]);
+        assert_eq!(data.to_vec(), vec![d(0x10, hint::KEEP, sp(8))]);
     }
 
     #[test]
@@ -564,7 +644,7 @@ mod tests {
         let mut data = IntervalData::new();
         data.add(d(0x10, hint::NONE, sp(8)));
         data.add(d(0x10, hint::NONE, sp(16)));
-        assert_eq!(data.deltas, vec![d(0x10, hint::NONE, sp(16))]);
+        assert_eq!(data.to_vec(), vec![d(0x10, hint::NONE, sp(16))]);
     }
 
     #[test]
@@ -574,7 +654,7 @@ mod tests {
         data.add(d(0x20, hint::GAP, info::INVALID));
         data.add(d(0x2f, hint::KEEP, sp(16)));
         assert_eq!(
-            data.deltas,
+            data.to_vec(),
             vec![d(0x10, hint::KEEP, sp(8)), d(0x2f, hint::KEEP, sp(16))]
         );
     }
@@ -585,13 +665,13 @@ mod tests {
         data.add(d(0x10, hint::NONE, sp(8)));
         data.add(d(0x20, hint::GAP, info::INVALID));
         data.add(d(0x25, hint::KEEP, sp(8)));
-        assert_eq!(data.deltas, vec![d(0x10, hint::KEEP, sp(8))]);
+        assert_eq!(data.to_vec(), vec![d(0x10, hint::KEEP, sp(8))]);
         // Only a KEEP hint carries over.
         let mut data = IntervalData::new();
         data.add(d(0x10, hint::NONE, sp(8)));
         data.add(d(0x20, hint::GAP, info::INVALID));
         data.add(d(0x25, hint::NONE, sp(8)));
-        assert_eq!(data.deltas, vec![d(0x10, hint::NONE, sp(8))]);
+        assert_eq!(data.to_vec(), vec![d(0x10, hint::NONE, sp(8))]);
     }
 
     #[test]
@@ -608,7 +688,7 @@ mod tests {
         let mut data = IntervalData::new();
         data.add(d(0x20, hint::GAP, info::INVALID));
         data.add(d(0x21, hint::NONE, sp(8)));
-        assert_eq!(data.deltas, vec![d(0x21, hint::NONE, sp(8))]);
+        assert_eq!(data.to_vec(), vec![d(0x21, hint::NONE, sp(8))]);
     }
 
     #[test]
@@ -634,7 +714,7 @@ mod tests {
         unsorted.sort_and_dedup();
         // INVALID sorts before the real rule at 0x20, which then replaces it.
         assert_eq!(
-            unsorted.deltas,
+            unsorted.to_vec(),
             vec![
                 d(0x10, hint::KEEP, sp(8)),
                 d(0x20, hint::KEEP, sp(24)),
@@ -666,7 +746,7 @@ mod tests {
             for x in sorted {
                 appended.add(x);
             }
-            prop_assert_eq!(in_place.deltas, appended.deltas);
+            prop_assert_eq!(in_place.to_vec(), appended.to_vec());
         });
     }
 
@@ -674,7 +754,7 @@ mod tests {
     fn room_past_what_the_kernel_takes_is_refused() {
         let mut data = IntervalData::new();
         assert_eq!(data.make_room(1000), Ok(()));
-        assert!(data.deltas.capacity() >= 1000);
+        assert!(data.packed.capacity() >= 1000);
         assert_eq!(
             data.make_room(MAX_EXTRACTED_DELTAS + 1),
             Err(NoRoom::TooMany {
@@ -682,7 +762,7 @@ mod tests {
             })
         );
         assert!(
-            data.deltas.capacity() < MAX_EXTRACTED_DELTAS,
+            data.packed.capacity() < MAX_EXTRACTED_DELTAS,
             "nothing reserved"
         );
     }
@@ -752,17 +832,18 @@ mod tests {
             }
             let before = front.clone();
             let mut naive = front.clone();
-            naive.deltas.extend_from_slice(&run.data.deltas);
+            naive
+                .packed
+                .extend_from(&run.data.packed, 0..run.data.len());
             if naive != sequential {
                 naive_wrong += 1;
             }
             cases += 1;
-            match run.attach_to(&mut front) {
-                Ok(()) => {
-                    attached += 1;
-                    assert_eq!(front, sequential, "{ops:?} split at {split}");
-                }
-                Err(_) => assert_eq!(front, before, "a refused run leaves the list"),
+            if run.attach_to(&mut front) {
+                attached += 1;
+                assert_eq!(front, sequential, "{ops:?} split at {split}");
+            } else {
+                assert_eq!(front, before, "a refused run leaves the list");
             }
         }
         assert!(attached * 2 > cases, "{attached} of {cases} attached");
@@ -811,7 +892,11 @@ mod tests {
         for &(x, sorted) in ops {
             DeltaSink::add_ex(&mut run, x, sorted);
         }
-        let attached = run.attach_to(&mut list).map(|()| list).map_err(|_| ());
+        let attached = if run.attach_to(&mut list) {
+            Ok(list)
+        } else {
+            Err(())
+        };
         (sequential, attached)
     }
 
@@ -834,7 +919,7 @@ mod tests {
         ];
         let (sequential, attached) = sequential_and_attached(&front, &ops);
         assert_eq!(
-            sequential.deltas,
+            sequential.to_vec(),
             vec![d(0, hint::KEEP, sp(8)), d(30, hint::NONE, sp(24))]
         );
         assert_eq!(attached, Ok(sequential));
@@ -869,7 +954,7 @@ mod tests {
         for &(x, sorted) in &ops {
             alone.add_ex(x, sorted);
         }
-        naive.deltas.extend_from_slice(&alone.deltas);
+        naive.packed.extend_from(&alone.packed, 0..alone.len());
         assert_ne!(naive, sequential, "the run does depend on the list");
         assert_eq!(attached, Err(()));
     }

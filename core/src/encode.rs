@@ -10,12 +10,13 @@
 //! [`Draft::resolve`] produces the final [`KernelTable`].
 
 use core::ops::Range;
+use std::sync::Arc;
 
 use crate::abi::{
     self, opcode, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo, DELTA_COMMAND_FLAG,
     MERGE_OPCODE_NEGATIVE, PAGE_BITS, PAGE_MASK,
 };
-use crate::deltas::{hint, StackDelta};
+use crate::deltas::{hint, IntervalData, StackDelta};
 
 /// A gap of at least this many bytes after an end-of-function marker is
 /// reported to interpreter loaders (V8 keeps its snapshot code there).
@@ -51,7 +52,7 @@ pub enum Rule {
 pub struct Draft<'a> {
     /// The deltas laid out: the entries are read from them again when
     /// needed rather than held (6.7 million entries would take 134 MB).
-    deltas: &'a [StackDelta],
+    deltas: &'a IntervalData,
     /// Page-aligned address of the first page.
     pub first_page: u64,
     /// How many entries the inner array holds ([`Draft::entries`]).
@@ -75,7 +76,7 @@ pub struct Draft<'a> {
 pub struct KernelTable {
     pub map_id: u16,
     pub first_page: u64,
-    pub deltas: Vec<abi::StackDelta>,
+    pub deltas: Arc<[abi::StackDelta]>,
     pub pages: Vec<(StackDeltaPageKey, StackDeltaPageInfo)>,
 }
 
@@ -123,15 +124,15 @@ pub fn rule_of(info: UnwindInfo) -> Rule {
 /// finds its snapshot code there). Deltas merged into their predecessor are
 /// skipped exactly as [`draft`] skips them; unsorted input gives no gap
 /// where it is out of order (and is refused by [`draft`] anyway).
-pub fn gaps(deltas: &[StackDelta]) -> Vec<Range<u64>> {
+pub fn gaps(deltas: &IntervalData) -> Vec<Range<u64>> {
     let mut gaps = Vec::new();
     let mut merged_into_previous = false;
-    for (delta, next) in deltas.iter().zip(deltas.iter().skip(1)) {
+    for (delta, next) in deltas.iter().zip(deltas.iter_from(1)) {
         if merged_into_previous {
             merged_into_previous = false;
             continue;
         }
-        merged_into_previous = merge_opcode(delta, next) != 0;
+        merged_into_previous = merge_opcode(&delta, &next) != 0;
         let long = next
             .address
             .checked_sub(delta.address)
@@ -146,25 +147,26 @@ pub fn gaps(deltas: &[StackDelta]) -> Vec<Range<u64>> {
 /// Lays out the kernel table of `deltas`. `None` for an empty list: nothing
 /// is written for such a file. `max_pages` bounds the page entries (and the
 /// memory this function allocates) for one file.
-pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft<'_>>, EncodeError> {
+pub fn draft(deltas: &IntervalData, max_pages: u64) -> Result<Option<Draft<'_>>, EncodeError> {
     let (Some(first), Some(last)) = (deltas.first(), deltas.last()) else {
         return Ok(None);
     };
-    for (index, pair) in deltas.windows(2).enumerate() {
-        if pair[1].address <= pair[0].address {
+    for (index, (delta, next)) in deltas.iter().zip(deltas.iter_from(1)).enumerate() {
+        if next.address <= delta.address {
             return Err(EncodeError::Unsorted {
                 index: index + 1,
-                address: pair[1].address,
+                address: next.address,
             });
         }
     }
-    if let Some(index) = deltas
+    if let Some((index, delta)) = deltas
         .iter()
-        .position(|d| d.info.merge_opcode != 0 || d.info.pad != 0)
+        .enumerate()
+        .find(|(_, d)| d.info.merge_opcode != 0 || d.info.pad != 0)
     {
         return Err(EncodeError::Reserved {
             index,
-            address: deltas[index].address,
+            address: delta.address,
         });
     }
     let first_page_no = first.address >> PAGE_BITS;
@@ -180,14 +182,16 @@ pub fn draft(deltas: &[StackDelta], max_pages: u64) -> Result<Option<Draft<'_>>,
     let mut gaps = Vec::new();
     let mut dead_pages = Vec::new();
     let mut merged_into_previous = false;
-    for (i, delta) in deltas.iter().enumerate() {
+    let mut ahead = deltas.iter_from(1);
+    for delta in deltas.iter() {
+        let next = ahead.next();
         if merged_into_previous {
             merged_into_previous = false;
             continue;
         }
         let mut info = delta.info;
-        if let Some(next) = deltas.get(i + 1) {
-            info.merge_opcode = merge_opcode(delta, next);
+        if let Some(next) = next {
+            info.merge_opcode = merge_opcode(&delta, &next);
             merged_into_previous = info.merge_opcode != 0;
             if delta.hints & hint::GAP != 0 && next.address - delta.address >= MEMOIZABLE_GAP {
                 gaps.push(delta.address..next.address);
@@ -245,14 +249,16 @@ impl Draft<'_> {
     pub fn entries(&self) -> impl Iterator<Item = (u16, Rule)> + '_ {
         let deltas = self.deltas;
         let mut merged_into_previous = false;
-        deltas.iter().enumerate().filter_map(move |(i, delta)| {
+        let mut ahead = deltas.iter_from(1);
+        deltas.iter().filter_map(move |delta| {
+            let next = ahead.next();
             if merged_into_previous {
                 merged_into_previous = false;
                 return None;
             }
             let mut info = delta.info;
-            if let Some(next) = deltas.get(i + 1) {
-                info.merge_opcode = merge_opcode(delta, next);
+            if let Some(next) = next {
+                info.merge_opcode = merge_opcode(&delta, &next);
                 merged_into_previous = info.merge_opcode != 0;
             }
             Some(((delta.address & PAGE_MASK) as u16, rule_of(info)))
@@ -301,25 +307,37 @@ impl Draft<'_> {
         mut slot_of: impl FnMut(&UnwindInfo) -> Option<u16>,
     ) -> Option<KernelTable> {
         let mut last: Option<(UnwindInfo, u16)> = None;
-        // Exactly as many as there are entries: collecting through an
-        // `Option` would grow the list by doubling.
-        let mut deltas = Vec::with_capacity(self.entry_count);
-        for (addr_low, rule) in self.entries() {
-            let unwind_info = match rule {
-                Rule::Command(value) => value,
-                Rule::Slot(info) => match last {
-                    Some((seen, slot)) if seen == info => slot,
-                    _ => {
-                        let slot = slot_of(&info)?;
-                        last = Some((info, slot));
-                        slot
-                    }
-                },
-            };
-            deltas.push(abi::StackDelta {
-                addr_low,
-                unwind_info,
-            });
+        let mut unresolved = false;
+        let mut entries = self.entries();
+        // Mapped from a range of exactly `entry_count` (the number of
+        // entries): std then allocates the `Arc` once, at its size, and
+        // fills it in place, rather than growing a `Vec` and copying it
+        // into the `Arc` (a second 27 MB for 6.7 million entries).
+        let deltas: Arc<[abi::StackDelta]> = (0..self.entry_count)
+            .map(|_| {
+                let (addr_low, rule) = entries.next().unwrap_or((0, Rule::Command(0)));
+                let unwind_info = match rule {
+                    Rule::Command(value) => value,
+                    Rule::Slot(info) => match last {
+                        Some((seen, slot)) if seen == info => slot,
+                        _ => {
+                            let slot = slot_of(&info).unwrap_or_else(|| {
+                                unresolved = true;
+                                0
+                            });
+                            last = Some((info, slot));
+                            slot
+                        }
+                    },
+                };
+                abi::StackDelta {
+                    addr_low,
+                    unwind_info,
+                }
+            })
+            .collect();
+        if unresolved {
+            return None;
         }
         let mut first_delta = 0u32;
         let mut pages = Vec::with_capacity(self.page_entries() as usize);
@@ -365,6 +383,10 @@ mod tests {
         StackDelta::new(address, hint::NONE, info)
     }
 
+    fn list<const N: usize>(deltas: [StackDelta; N]) -> IntervalData {
+        IntervalData::from_deltas(deltas.to_vec())
+    }
+
     /// Resolves slots the way a fresh machine does: first use, first slot.
     fn fresh(draft: &Draft) -> KernelTable {
         let rules = draft.slot_rules();
@@ -377,7 +399,7 @@ mod tests {
 
     #[test]
     fn no_deltas_no_table() {
-        assert_eq!(draft(&[], u64::MAX), Ok(None));
+        assert_eq!(draft(&list([]), u64::MAX), Ok(None));
     }
 
     #[test]
@@ -444,7 +466,7 @@ mod tests {
     #[test]
     fn a_merged_pair_becomes_one_entry() {
         let t = fresh(
-            &draft(&[d(0x10, sp(16)), d(0x11, sp(8)), d(0x20, sp(8))], 16)
+            &draft(&list([d(0x10, sp(16)), d(0x11, sp(8)), d(0x20, sp(8))]), 16)
                 .unwrap()
                 .unwrap(),
         );
@@ -454,11 +476,11 @@ mod tests {
 
     #[test]
     fn empty_pages_get_entries_and_first_delta_runs_on() {
-        let deltas = [
+        let deltas = list([
             d(0x1_fff0, sp(8)),
             d(0x4_0010, sp(16)),
             d(0x4_0020, info::INVALID),
-        ];
+        ]);
         let t = fresh(&draft(&deltas, 16).unwrap().unwrap());
         let pages: Vec<_> = t
             .pages
@@ -480,7 +502,7 @@ mod tests {
     #[test]
     fn gaps_need_the_hint_and_the_size() {
         let big = MEMOIZABLE_GAP;
-        let deltas = [
+        let deltas = list([
             d(0x1000, sp(8)),
             StackDelta::new(0x2000, hint::GAP, info::INVALID),
             d(0x2000 + big, sp(8)),
@@ -488,17 +510,17 @@ mod tests {
             d(0x3000 + 2 * big, sp(8)),
             StackDelta::new(0x4000 + 2 * big, hint::GAP, info::INVALID),
             d(0x4000 + 3 * big - 1, sp(8)),
-        ];
+        ]);
         let draft = draft(&deltas, 1 << 20).unwrap().unwrap();
         assert_eq!(draft.gaps, vec![0x2000..0x2000 + big]);
         assert_eq!(gaps(&deltas), draft.gaps);
         // A gap marker right after a merged pair is seen by both.
-        let merged = [
+        let merged = list([
             d(0x1000, sp(16)),
             d(0x1001, sp(8)),
             StackDelta::new(0x1002, hint::GAP, info::INVALID),
             d(0x1002 + big, sp(8)),
-        ];
+        ]);
         let draft = super::draft(&merged, 1 << 20).unwrap().unwrap();
         assert_eq!(draft.entry_count, 3, "the pair was merged");
         assert_eq!(gaps(&merged), draft.gaps);
@@ -512,13 +534,13 @@ mod tests {
         // next delta's, partly in the gap) keep their entries.
         let marker = 0x2_8000;
         let after = marker + (1 << 20);
-        let deltas = [
+        let deltas = list([
             d(0x1_0010, sp(8)),
             d(0x1_ff00, sp(16)),
             StackDelta::new(marker, hint::GAP, info::INVALID),
             d(after, sp(8)),
             d(after + 0x1_0000, info::INVALID),
-        ];
+        ]);
         let draft = draft(&deltas, 64).unwrap().unwrap();
         assert_eq!(draft.gaps, vec![marker..after]);
         assert_eq!(draft.dead_pages, vec![0x3_0000..0x12_0000]);
@@ -547,24 +569,24 @@ mod tests {
     fn only_an_invalid_marker_makes_pages_dead() {
         let big = 2 * MEMOIZABLE_GAP;
         // A gap hint on another rule: the gap is reported, no page dies.
-        let stop = [
+        let stop = list([
             StackDelta::new(0x1_0000, hint::GAP, info::STOP),
             d(0x1_0000 + big, sp(8)),
-        ];
+        ]);
         let draft_stop = draft(&stop, 64).unwrap().unwrap();
         assert_eq!(draft_stop.gaps.len(), 1);
         assert!(draft_stop.dead_pages.is_empty());
         assert_eq!(fresh(&draft_stop).pages.len(), draft_stop.per_page.len());
         // No hint: no gap, no dead page.
-        let plain = [d(0x1_0000, info::INVALID), d(0x1_0000 + big, sp(8))];
+        let plain = list([d(0x1_0000, info::INVALID), d(0x1_0000 + big, sp(8))]);
         let draft_plain = draft(&plain, 64).unwrap().unwrap();
         assert!(draft_plain.gaps.is_empty() && draft_plain.dead_pages.is_empty());
         // A gap marker at the very end of a page and the next delta at the
         // start of one: exactly the pages in between die.
-        let edge = [
+        let edge = list([
             StackDelta::new(0x1_ffff, hint::GAP, info::INVALID),
             d(0x1_ffff + MEMOIZABLE_GAP + 1, sp(8)),
-        ];
+        ]);
         let draft_edge = draft(&edge, 64).unwrap().unwrap();
         assert_eq!(draft_edge.dead_pages, vec![0x2_0000..0xa_0000]);
         assert_eq!(fresh(&draft_edge).pages.len(), 2);
@@ -573,7 +595,7 @@ mod tests {
     #[test]
     fn rejects_unsorted_and_reserved_fields() {
         assert_eq!(
-            draft(&[d(0x10, sp(8)), d(0x10, sp(16))], 16),
+            draft(&list([d(0x10, sp(8)), d(0x10, sp(16))]), 16),
             Err(EncodeError::Unsorted {
                 index: 1,
                 address: 0x10
@@ -582,21 +604,21 @@ mod tests {
         let mut merged = sp(8);
         merged.merge_opcode = 1;
         assert!(matches!(
-            draft(&[d(0x10, merged)], 16),
+            draft(&list([d(0x10, merged)]), 16),
             Err(EncodeError::Reserved { index: 0, .. })
         ));
     }
 
     #[test]
     fn bounds_the_page_span() {
-        let deltas = [d(0, sp(8)), d(u64::MAX, sp(16))];
+        let deltas = list([d(0, sp(8)), d(u64::MAX, sp(16))]);
         assert!(matches!(
             draft(&deltas, 65536),
             Err(EncodeError::TooManyPages { .. })
         ));
         // The bound is inclusive: first and last delta four pages apart
         // span five pages.
-        let five_pages = [d(0x10, sp(8)), d((4 << PAGE_BITS) + 0x10, sp(16))];
+        let five_pages = list([d(0x10, sp(8)), d((4 << PAGE_BITS) + 0x10, sp(16))]);
         assert!(matches!(draft(&five_pages, 5), Ok(Some(_))));
         assert!(matches!(
             draft(&five_pages, 4),
@@ -605,7 +627,7 @@ mod tests {
     }
 
     /// Alternating rules so that nothing folds or merges.
-    fn distinct(n: usize, stride: u64) -> Vec<StackDelta> {
+    fn distinct(n: usize, stride: u64) -> IntervalData {
         (0..n as u64)
             .map(|i| d(i * stride, if i % 2 == 0 { sp(8) } else { sp(32) }))
             .collect()
@@ -631,7 +653,8 @@ mod tests {
                     d(address, sp(8 * rand(4) as i32))
                 })
                 .collect();
-            let draft = draft(&deltas, u64::MAX).unwrap().unwrap();
+            let list = IntervalData::from_deltas(deltas.clone());
+            let draft = draft(&list, u64::MAX).unwrap().unwrap();
             let entries: Vec<(u16, Rule)> = draft.entries().collect();
             assert_eq!(entries.len(), draft.entry_count);
             let paged: usize = draft.per_page.iter().map(|&n| usize::from(n)).sum();
@@ -680,12 +703,13 @@ mod tests {
             })
         );
         // The error names the page that overflowed, not the first one.
-        let mut later = vec![d(0x1_0000, sp(16))];
-        later.extend(
-            distinct(65536, 1)
-                .iter()
-                .map(|x| d(0x3_0000 + x.address, x.info)),
-        );
+        let later: IntervalData = std::iter::once(d(0x1_0000, sp(16)))
+            .chain(
+                distinct(65536, 1)
+                    .iter()
+                    .map(|x| d(0x3_0000 + x.address, x.info)),
+            )
+            .collect();
         assert_eq!(
             draft(&later, 16),
             Err(EncodeError::PageOverflow {

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::abi::OffsetRange;
-use crate::deltas::{IntervalData, StackDelta};
+use crate::deltas::IntervalData;
 use crate::driver::execute;
 use crate::error::Error;
 use crate::info::ExecutableInfo;
@@ -107,8 +107,10 @@ pub struct Config {
 /// wait) per size class it uses; measured on a 2,657-file host
 /// (docs/BENCHMARKS.md), 64 MiB kept the peak under 256 MB and the scan
 /// under 3 s, where 32 MiB cost 1 s more in RCU waits and 128 MiB went
-/// over the peak.
-pub const DEFAULT_BATCH_BYTES: usize = 64 << 20;
+/// over the peak. Those were 64 MiB of 24-byte deltas; packed
+/// ([`IntervalData`] holds 8 bytes a delta) the same 2.8 million deltas a
+/// part take a third of that.
+pub const DEFAULT_BATCH_BYTES: usize = (64 << 20) / 3;
 
 /// The stack of the extractor thread of [`ExecutableInfoManager::load_many`]:
 /// twice std's default, for the file provider's code (loaders included),
@@ -274,7 +276,7 @@ impl<B: Backend> KernelSide<B> {
         &mut self,
         clock: &dyn Clock,
         file_id: FileId,
-        deltas: &[StackDelta],
+        deltas: &IntervalData,
         offsets: Option<OffsetRange>,
     ) -> Result<MapRef, Error> {
         self.retry_leftovers(clock);
@@ -318,7 +320,7 @@ impl<B: Backend> KernelSide<B> {
     fn load_many(
         &mut self,
         clock: &dyn Clock,
-        files: &[(FileId, &[StackDelta], Option<OffsetRange>)],
+        files: &[(FileId, &IntervalData, Option<OffsetRange>)],
     ) -> BTreeMap<FileId, Result<MapRef, Error>> {
         self.retry_leftovers(clock);
         let mut out = BTreeMap::new();
@@ -346,9 +348,9 @@ impl<B: Backend> KernelSide<B> {
     fn load_batch<'d>(
         &mut self,
         clock: &dyn Clock,
-        files: &[(FileId, &'d [StackDelta], Option<OffsetRange>)],
+        files: &[(FileId, &'d IntervalData, Option<OffsetRange>)],
         out: &mut BTreeMap<FileId, Result<MapRef, Error>>,
-    ) -> Vec<(FileId, &'d [StackDelta], Option<OffsetRange>)> {
+    ) -> Vec<(FileId, &'d IntervalData, Option<OffsetRange>)> {
         let (plan, refused) = self.book.plan_load_many_with(files);
         for (file_id, e) in refused {
             out.insert(file_id, Err(plan_error(file_id, e)));
@@ -560,7 +562,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             .iter()
             .map(|(id, (e, _))| Wanted {
                 file_id: *id,
-                deltas: &e.data.deltas,
+                deltas: &e.data,
                 offsets: offsets[id],
             })
             .collect();
@@ -584,12 +586,12 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         let mut kernel = lock(&manager.kernel);
         kernel.book = reconciled.book;
         kernel.retry_leftovers(&*manager.clock);
-        let batch: Vec<(FileId, &[StackDelta], Option<OffsetRange>)> = reconciled
+        let batch: Vec<(FileId, &IntervalData, Option<OffsetRange>)> = reconciled
             .to_load
             .iter()
             .filter_map(|id| {
                 let (e, _) = extracted.get(id)?;
-                Some((*id, &e.data.deltas[..], offsets[id]))
+                Some((*id, &e.data, offsets[id]))
             })
             .collect();
         let mut outcomes = if batch.is_empty() {
@@ -753,8 +755,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             }
         };
         let offsets = tracers::offsets_of(&extraction.interpreters);
-        let loaded =
-            lock(&self.kernel).load_with(&*self.clock, file_id, &extraction.data.deltas, offsets);
+        let loaded = lock(&self.kernel).load_with(&*self.clock, file_id, &extraction.data, offsets);
         match loaded {
             Ok(_) => Ok(ExecutableInfo {
                 interpreters: std::sync::Arc::from(extraction.interpreters),
@@ -906,7 +907,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             let result = self.provider.extract_for(file_id, elf, self.tracers);
             if let Ok(extraction) = &result {
                 self.extracted.fetch_add(1, Ordering::Relaxed);
-                held = held.saturating_add(std::mem::size_of_val(&extraction.data.deltas[..]));
+                held = held.saturating_add(extraction.data.bytes());
             }
             current.push((n, result));
             if held >= self.batch_bytes {
@@ -933,11 +934,11 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         if extracted.is_empty() {
             return;
         }
-        let batch: Vec<(FileId, &[StackDelta], Option<OffsetRange>)> = extracted
+        let batch: Vec<(FileId, &IntervalData, Option<OffsetRange>)> = extracted
             .iter()
             .map(|(n, e)| {
                 let offsets = tracers::offsets_of(&e.interpreters);
-                (mine[*n].1.file_id, &e.data.deltas[..], offsets)
+                (mine[*n].1.file_id, &e.data, offsets)
             })
             .collect();
         let mut loaded = lock(&self.kernel).load_many(&*self.clock, &batch);
@@ -970,7 +971,7 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         if shard.files.get(file_id).is_some() || shard.flights.contains_key(&file_id) {
             return Err(Error::AlreadyLoaded { file_id });
         }
-        lock(&self.kernel).load_with(&*self.clock, file_id, &data.deltas, None)?;
+        lock(&self.kernel).load_with(&*self.clock, file_id, data, None)?;
         shard.files.insert(file_id, ExecutableInfo::default(), 1);
         Ok(())
     }

@@ -48,7 +48,7 @@ pub fn write_deltas(out: &mut dyn Write, path: &str, data: &IntervalData) -> io:
         data.len()
     )?;
     let mut rows = Rows::new(out);
-    for d in &data.deltas {
+    for d in data {
         let i = &d.info;
         rows.row(|r| {
             r.hex(d.address);
@@ -130,7 +130,8 @@ pub struct DeltasParser {
     path: Option<(String, usize)>,
     /// The declared count and the line that declared it.
     declared: Option<(usize, usize)>,
-    deltas: Vec<StackDelta>,
+    /// Packed as read (8 bytes a delta, not a `StackDelta`'s 24).
+    deltas: IntervalData,
     /// The number of the last line fed (1-based).
     line_no: usize,
 }
@@ -259,7 +260,7 @@ impl DeltasParser {
         }
         Ok(DeltasFile {
             path: self.path.map(|(path, _)| path).unwrap_or_default(),
-            data: IntervalData::from_deltas(self.deltas),
+            data: self.deltas,
         })
     }
 }
@@ -379,8 +380,18 @@ mod tests {
                     850 1 2 16 0 0 0\n8d1 0 2 16 1 -16 0\n";
         let parsed = parse_deltas(text).unwrap();
         assert_eq!(parsed.path, "/x");
-        assert_eq!(parsed.data.deltas[1].address, 0x8d1);
-        assert_eq!(parsed.data.deltas[1].info.fp_param, -16);
+        assert_eq!(
+            parsed.data.get(1).map(|d| d.address).unwrap_or_default(),
+            0x8d1
+        );
+        assert_eq!(
+            parsed
+                .data
+                .get(1)
+                .map(|d| d.info.fp_param)
+                .unwrap_or_default(),
+            -16
+        );
         assert_eq!(render_deltas("/x", &parsed.data), text);
     }
 

@@ -620,7 +620,7 @@ fn vdso_exact_list() {
     .into_iter()
     .map(|(a, i)| StackDelta::new(a, 0, i))
     .collect();
-    assert_eq!(got.deltas, want);
+    assert_eq!(got.to_vec(), want);
 }
 
 /// Replaces the one occurrence of `from` in `data` by `to` (same length).
@@ -647,15 +647,12 @@ fn vdso_is_recognised_by_soname_or_sigreturn() {
     // SONAME alone: still the vDSO, without a signal trampoline.
     let no_sigreturn = patched(&data, b"__kernel_rt_sigreturn", b"__kernel_rt_sigretur_");
     let got = synthesize(&Elf::parse(&no_sigreturn).unwrap()).expect("SONAME linux-vdso.so.1");
-    assert!(got.deltas.iter().all(|d| d.info != info::SIGNAL));
-    assert_eq!(got.deltas.len(), 5);
+    assert!(got.iter().all(|d| d.info != info::SIGNAL));
+    assert_eq!(got.len(), 5);
     // The trampoline alone (another SONAME).
     let other_name = patched(&data, b"linux-vdso.so.1", b"linux-gate.so.1");
     assert_eq!(
-        synthesize(&Elf::parse(&other_name).unwrap())
-            .unwrap()
-            .deltas
-            .len(),
+        synthesize(&Elf::parse(&other_name).unwrap()).unwrap().len(),
         7
     );
     // Neither: refused.
@@ -695,12 +692,14 @@ fn vdso_with_garbage_code_does_not_panic() {
         let got = synthesize(&Elf::parse(&copy).unwrap()).expect("still the vDSO");
         // Sorted, first LR at 0, the trampoline still found by name.
         assert!(
-            got.deltas.windows(2).all(|w| w[0].address <= w[1].address),
+            got.to_vec()
+                .windows(2)
+                .all(|w| w[0].address <= w[1].address),
             "round {round}"
         );
-        assert_eq!(got.deltas[0], StackDelta::new(0, 0, info::LR));
+        assert_eq!(got.get(0).unwrap(), StackDelta::new(0, 0, info::LR));
         let by_addr: BTreeMap<u64, UnwindInfo> =
-            got.deltas.iter().map(|d| (d.address, d.info)).collect();
+            got.to_vec().iter().map(|d| (d.address, d.info)).collect();
         assert_eq!(by_addr.get(&0x8f8), Some(&info::SIGNAL));
     }
 }

@@ -64,10 +64,10 @@ fn every_core_error_says_its_cause_once() {
     });
     // An encoding refusal as the book makes it: deltas out of order.
     let mut book = KernelBook::new(Capacities::default());
-    let unsorted = [
+    let unsorted = eim_core::deltas::IntervalData::from_deltas(vec![
         StackDelta::new(0x2000, 0, UnwindInfo::default()),
         StackDelta::new(0x1000, 0, UnwindInfo::default()),
-    ];
+    ]);
     let plan_error = book
         .plan_load(file_id, &unsorted)
         .expect_err("unsorted deltas");

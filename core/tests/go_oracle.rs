@@ -60,7 +60,7 @@ fn extract(bytes: &[u8]) -> (std::ops::Range<u64>, IntervalData) {
 /// The oracle rows inside `[start, end]`, and the number outside.
 fn oracle_part(oracle: &IntervalData, range: &std::ops::Range<u64>) -> (IntervalData, usize) {
     let (inside, outside): (Vec<_>, Vec<_>) = oracle
-        .deltas
+        .to_vec()
         .iter()
         .partition(|d| d.address >= range.start && d.address <= range.end);
     (IntervalData::from_deltas(inside), outside.len())

@@ -3,7 +3,7 @@
 //! deltas and unwind infos upstream's `loadDeltas` writes.
 
 use eim_core::abi::{self, opcode, UnwindInfo};
-use eim_core::deltas::{hint, info, StackDelta};
+use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::machine::{Capacities, KernelBook};
 use eim_core::text::Tables;
 use eim_core::FileId;
@@ -22,9 +22,9 @@ fn d(address: u64, hints: u8, info: UnwindInfo) -> StackDelta {
     StackDelta::new(address, hints, info)
 }
 
-fn volname() -> Vec<StackDelta> {
+fn volname() -> IntervalData {
     use hint::{GAP, KEEP, NONE};
-    vec![
+    IntervalData::from_deltas(vec![
         d(0x850, KEEP, sp(16)),
         d(0x856, NONE, sp(24)),
         d(0x860, KEEP, sp(8)),
@@ -52,10 +52,10 @@ fn volname() -> Vec<StackDelta> {
         d(0xb82, NONE, sp(16)),
         d(0xb84, KEEP, sp(8)),
         d(0xb92, GAP, info::INVALID),
-    ]
+    ])
 }
 
-fn load_fresh(deltas: &[StackDelta]) -> Tables {
+fn load_fresh(deltas: &IntervalData) -> Tables {
     let mut book = KernelBook::new(Capacities::default());
     let plan = book.plan_load(FileId(1), deltas).expect("plan");
     Tables::of_plan(&plan)
@@ -146,7 +146,7 @@ fn volname_encodes_to_upstreams_twenty_kernel_deltas() {
 fn arm64_vdso_encodes_to_seven_kernel_deltas() {
     let lr = info::LR;
     let f16 = UnwindInfo::new(opcode::BASE_FP, 16, opcode::BASE_FP, 8);
-    let input = vec![
+    let input = IntervalData::from_deltas(vec![
         d(0, 0, lr),
         d(0x7d8, 0, f16),
         d(0x7e4, 0, lr),
@@ -154,7 +154,7 @@ fn arm64_vdso_encodes_to_seven_kernel_deltas() {
         d(0x80c, 0, lr),
         d(0x8f8, 0, info::SIGNAL),
         d(0x900, 0, lr),
-    ];
+    ]);
     let t = load_fresh(&input);
     let (a, b) = (0, 1);
     assert_eq!(

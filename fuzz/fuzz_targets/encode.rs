@@ -238,18 +238,16 @@ fn probes(deltas: &[StackDelta], draft: &Draft) -> Vec<u64> {
 }
 
 fuzz_target!(|input: Input| {
-    // The draft borrows the deltas it lays out: they live in `data` from
-    // the start.
-    let data = IntervalData::from_deltas(build(&input));
-    let deltas = &data.deltas;
-    let draft = match encode::draft(deltas, MAX_PAGES) {
+    let deltas = build(&input);
+    let data = IntervalData::from_deltas(deltas.clone());
+    let draft = match encode::draft(&data, MAX_PAGES) {
         Ok(Some(draft)) => draft,
         Ok(None) => {
             assert!(deltas.is_empty(), "draft is None only for no deltas");
             return;
         }
         Err(err) => {
-            check_error(deltas, &err);
+            check_error(&deltas, &err);
             return;
         }
     };
@@ -261,7 +259,7 @@ fuzz_target!(|input: Input| {
     let file_id = FileId(input.file_id);
     let mut book = KernelBook::new(Capacities::default());
     let plan = book
-        .plan_load(file_id, deltas)
+        .plan_load(file_id, &data)
         .expect("a fresh book plans whatever draft accepted");
     assert_eq!(
         plan.map_ref.map_id, draft.map_id,
@@ -294,7 +292,7 @@ fuzz_target!(|input: Input| {
     }
 
     let reader = SimReader::new(&sim);
-    for address in probes(&data.deltas, &draft) {
+    for address in probes(&deltas, &draft) {
         assert_eq!(
             reader.answer(file_id, address),
             expected(&data, address),

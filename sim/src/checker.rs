@@ -478,8 +478,8 @@ impl SlotRecord {
 /// The page-aligned addresses of every page from the first delta's page to
 /// the last delta's, from the source deltas alone.
 pub(crate) fn span_pages(data: &IntervalData) -> impl Iterator<Item = u64> {
-    let first = data.deltas.first().map(|d| d.address >> PAGE_BITS);
-    let last = data.deltas.last().map(|d| d.address >> PAGE_BITS);
+    let first = data.first().map(|d| d.address >> PAGE_BITS);
+    let last = data.last().map(|d| d.address >> PAGE_BITS);
     // No deltas: no pages.
     first
         .zip(last)
@@ -493,9 +493,9 @@ pub(crate) fn span_pages(data: &IntervalData) -> impl Iterator<Item = u64> {
 /// spaced points.
 fn page_samples(data: &IntervalData, page: u64, spread: u64) -> Vec<u64> {
     let end = page + PAGE_SIZE;
-    let from = data.deltas.partition_point(|d| d.address < page);
+    let from = data.partition_point(|d| d.address < page);
     let mut out: Vec<u64> = vec![page, end - 1];
-    for d in data.deltas[from..].iter().take_while(|d| d.address < end) {
+    for d in data.iter_from(from).take_while(|d| d.address < end) {
         out.extend([d.address.saturating_sub(1), d.address, d.address + 1]);
     }
     let step = (PAGE_SIZE / spread.max(1)).max(1);
@@ -695,15 +695,13 @@ mod tests {
         use eim_core::deltas::{hint, StackDelta};
         let page = 3 << PAGE_BITS;
         let at = |address| StackDelta::new(address, hint::NONE, sp(8));
-        let data = IntervalData {
-            deltas: vec![
-                at(page - 0x10),
-                at(page),
-                at(page + 0x100),
-                at(page + 0x200),
-                at(page + PAGE_SIZE),
-            ],
-        };
+        let data = IntervalData::from_deltas(vec![
+            at(page - 0x10),
+            at(page),
+            at(page + 0x100),
+            at(page + 0x200),
+            at(page + PAGE_SIZE),
+        ]);
         let got = page_samples(&data, page, 2);
         let mut want = vec![
             page,

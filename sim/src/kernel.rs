@@ -332,14 +332,9 @@ impl OpTarget for SimMaps {
     ) -> Result<(), OpFailure> {
         let fail = |errno| OpFailure::new(errno, 0);
         let outer = self.outer(class).ok_or(fail(Errno::EINVAL))?;
-        let count = u32::try_from(deltas.len()).map_err(|_| fail(Errno::E2BIG))?;
+        u32::try_from(deltas.len()).map_err(|_| fail(Errno::E2BIG))?;
         let inner = self.reg.create(inner_spec(class)).map_err(fail)?;
-        let keys = flatten(0..count);
-        let values = flatten(deltas.iter().copied());
-        let filled = self
-            .reg
-            .update_batch(inner, &keys, &values, deltas.len(), 0)
-            .map_err(|e| e.errno);
+        let filled = fill(&mut self.reg, inner, deltas).map_err(|e| e.errno);
         let published = filled.and_then(|()| {
             self.reg.update(
                 outer,
@@ -372,10 +367,10 @@ impl OpTarget for SimMaps {
         let mut created = Vec::with_capacity(tables.len());
         let mut filled = Ok(());
         for (_, deltas) in tables {
-            let Ok(count) = u32::try_from(deltas.len()) else {
+            if u32::try_from(deltas.len()).is_err() {
                 filled = Err(Errno::E2BIG);
                 break;
-            };
+            }
             let inner = match self.reg.create(inner_spec(class)) {
                 Ok(inner) => inner,
                 Err(errno) => {
@@ -384,12 +379,7 @@ impl OpTarget for SimMaps {
                 }
             };
             created.push(inner);
-            let keys = flatten(0..count);
-            let values = flatten(deltas.iter().copied());
-            if let Err(e) = self
-                .reg
-                .update_batch(inner, &keys, &values, deltas.len(), 0)
-            {
+            if let Err(e) = fill(&mut self.reg, inner, deltas) {
                 filled = Err(e.errno);
                 break;
             }
@@ -586,6 +576,32 @@ impl InnerTable<'_> {
             && self.extent() <= deltas.len()
             && self.prefix(deltas.len()) == deltas
     }
+}
+
+/// Elements an inner array is filled with per batch call: the keys and
+/// values of a whole table at once would be two more copies of it (54 MB
+/// for the 6.7 million deltas of the worst `.eh_frame`).
+const FILL_CHUNK: usize = 1 << 16;
+
+/// Fills the new inner array `inner` with `deltas` from index 0, a chunk at
+/// a time. Only whether it failed, and with which errno, matters: a table
+/// not filled is never published, so how far the fill got does not show
+/// (the real backend writes the whole array through one mapping).
+fn fill(reg: &mut MapRegistry, inner: MapId, deltas: &[StackDelta]) -> Result<(), BatchError> {
+    let mut start = 0u32;
+    for chunk in deltas.chunks(FILL_CHUNK) {
+        // `deltas` has at most `u32::MAX` elements (checked by the caller).
+        let end = start.saturating_add(chunk.len() as u32);
+        let keys = flatten(start..end);
+        let values = flatten(chunk.iter().copied());
+        reg.update_batch(inner, &keys, &values, chunk.len(), 0)
+            .map_err(|e| BatchError {
+                errno: e.errno,
+                processed: start as usize + e.processed,
+            })?;
+        start = end;
+    }
+    Ok(())
 }
 
 fn failure(e: BatchError) -> OpFailure {

@@ -328,8 +328,8 @@ impl<'a> SimReader<'a> {
 /// SEED's one-time +0x10000 correction would otherwise miss the merge at
 /// offset 0 of later empty pages (a test below shows it resolves right).
 pub fn expected(data: &IntervalData, address: u64) -> Option<Answer> {
-    let first = data.deltas.first()?;
-    let last = data.deltas.last()?;
+    let first = data.first()?;
+    let last = data.last()?;
     if address < first.address || address >> PAGE_BITS > last.address >> PAGE_BITS {
         return None;
     }
@@ -345,11 +345,13 @@ pub fn expected(data: &IntervalData, address: u64) -> Option<Answer> {
 /// lookup would only find the INVALID marker). Worked out from the source
 /// deltas alone, independently of the encoder.
 pub fn in_dead_page(data: &IntervalData, address: u64) -> bool {
-    let after = data.deltas.partition_point(|d| d.address <= address);
-    let (Some(i), Some(next)) = (after.checked_sub(1), data.deltas.get(after)) else {
+    let after = data.partition_point(|d| d.address <= address);
+    let (Some(i), Some(next)) = (after.checked_sub(1), data.get(after)) else {
         return false;
     };
-    let marker = &data.deltas[i];
+    let Some(marker) = data.get(i) else {
+        return false;
+    };
     let page = address >> PAGE_BITS;
     marker.hints & hint::GAP != 0
         && answer_for(&marker.info) == Answer::Invalid
@@ -408,7 +410,7 @@ mod tests {
 
         /// Encodes `data` and writes it with the backend ops, bottom up.
         fn load(&mut self, file: u64, data: &IntervalData) -> KernelTable {
-            let draft = encode::draft(&data.deltas, 1 << 16)
+            let draft = encode::draft(data, 1 << 16)
                 .expect("encodable")
                 .expect("not empty");
             let mut fresh = Vec::new();
@@ -429,7 +431,7 @@ mod tests {
                 MapOp::PutDeltaTable {
                     file_id: FileId(file),
                     map_id: table.map_id,
-                    deltas: table.deltas.clone().into(),
+                    deltas: table.deltas.clone(),
                 },
                 MapOp::PutPages(table.pages.clone()),
             ];

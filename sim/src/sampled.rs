@@ -46,19 +46,23 @@ impl Sampling {
 /// The addresses to look up in `page` of a file with deltas `data`.
 pub fn page_addresses(data: &IntervalData, page: u64, s: Sampling) -> Vec<u64> {
     let end = page + PAGE_SIZE;
-    let from = data.deltas.partition_point(|d| d.address < page);
-    let to = data.deltas.partition_point(|d| d.address < end);
+    let from = data.partition_point(|d| d.address < page);
+    let to = data.partition_point(|d| d.address < end);
     let count = to - from;
     let mut out = vec![page, end - 1];
     let mut push = |a: u64| out.extend([a.saturating_sub(1), a, a + 1]);
     if count <= s.deltas {
-        data.deltas[from..to].iter().for_each(|d| push(d.address));
+        data.iter_from(from)
+            .take(to - from)
+            .for_each(|d| push(d.address));
     } else {
         let take = s.deltas.max(1) as u64;
         let n = count as u64;
         for k in 0..take {
             let i = (k * n / take + s.offset) % n;
-            push(data.deltas[from + i as usize].address);
+            if let Some(d) = data.get(from + i as usize) {
+                push(d.address);
+            }
         }
     }
     let step = (PAGE_SIZE / s.spread.max(1)).max(1);
@@ -76,7 +80,7 @@ pub fn candidate_pages(
     file_id: FileId,
     data: &IntervalData,
 ) -> impl Iterator<Item = StackDeltaPageKey> {
-    let range = match (data.deltas.first(), data.deltas.last()) {
+    let range = match (data.first(), data.last()) {
         (Some(a), Some(b)) => (a.address >> PAGE_BITS)..(b.address >> PAGE_BITS) + 1,
         _ => 0..0,
     };
@@ -201,7 +205,7 @@ mod tests {
     fn a_small_page_is_checked_whole_and_a_large_one_in_rotating_parts() {
         let d = dense(10);
         let all = page_addresses(&d, 0x1_0000, Sampling::ALL);
-        for x in &d.deltas {
+        for x in &d {
             assert!(all.contains(&x.address) && all.contains(&(x.address + 1)));
         }
         let d = dense(1000);
@@ -217,7 +221,7 @@ mod tests {
             covered.extend(a);
         }
         assert!(
-            d.deltas.iter().all(|x| covered.contains(&x.address)),
+            d.iter().all(|x| covered.contains(&x.address)),
             "rotation covers every delta"
         );
     }

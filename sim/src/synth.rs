@@ -192,7 +192,7 @@ mod tests {
     use crate::rng::Stream;
 
     fn pages(d: &IntervalData) -> u64 {
-        match (d.deltas.first(), d.deltas.last()) {
+        match (d.first(), d.last()) {
             (Some(a), Some(b)) => (b.address >> 16) - (a.address >> 16) + 1,
             _ => 0,
         }
@@ -217,7 +217,7 @@ mod tests {
             let split = generate(Shape::SplitPair, &mut rng);
             assert!(pages(&split) >= 2);
             let many = generate(Shape::ManyRules, &mut rng);
-            let rules: std::collections::BTreeSet<_> = many.deltas.iter().map(|d| d.info).collect();
+            let rules: std::collections::BTreeSet<_> = many.iter().map(|d| d.info).collect();
             assert!(rules.len() >= 10, "{}", rules.len());
         }
         let over = generate(Shape::Overfull, &mut rng);
@@ -231,8 +231,8 @@ mod tests {
         for shape in Shape::ALL {
             for _ in 0..5 {
                 let d = generate(shape, &mut rng);
-                assert!(d.deltas.windows(2).all(|w| w[0].address < w[1].address));
-                let drafted = eim_core::encode::draft(&d.deltas, 1 << 20);
+                assert!(d.to_vec().windows(2).all(|w| w[0].address < w[1].address));
+                let drafted = eim_core::encode::draft(&d, 1 << 20);
                 assert_eq!(drafted.is_err(), shape == Shape::Overfull, "{shape:?}");
             }
         }

@@ -419,7 +419,7 @@ fn book_and_plan() -> (eim_core::machine::KernelBook, eim_core::machine::LoadPla
         (0x8_0200, hint::KEEP, 24),
         (0x8_0240, hint::GAP, 0),
     ]);
-    let plan = book.plan_load(FILE, &data.deltas).expect("a plan");
+    let plan = book.plan_load(FILE, &data).expect("a plan");
     (book, plan)
 }
 

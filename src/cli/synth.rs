@@ -354,11 +354,11 @@ mod tests {
         for f in &all {
             assert!(f
                 .data
-                .deltas
+                .to_vec()
                 .windows(2)
                 .all(|w| w[0].address < w[1].address));
             assert!(f.data.len() <= 61_000, "{} has {}", f.name, f.data.len());
-            let plan = book.plan_load(f.id, &f.data.deltas).expect("encodable");
+            let plan = book.plan_load(f.id, &f.data).expect("encodable");
             let tables = eim::text::Tables::of_plan(&plan);
             classes.insert(plan.map_ref.map_id);
             merged += f.data.len().saturating_sub(tables.kernel_deltas.len());
@@ -368,19 +368,15 @@ mod tests {
         assert!(merged > 0, "no merged pairs");
         assert!(all
             .iter()
-            .any(|f| f.data.deltas.iter().any(|d| d.info == info::STOP)));
+            .any(|f| f.data.iter().any(|d| d.info == info::STOP)));
     }
 
     #[test]
     fn some_file_has_empty_pages() {
         let all = files(16, 3);
         let with_hole = all.iter().any(|f| {
-            let pages: std::collections::BTreeSet<u64> = f
-                .data
-                .deltas
-                .iter()
-                .map(|d| d.address / PAGE_SIZE)
-                .collect();
+            let pages: std::collections::BTreeSet<u64> =
+                f.data.iter().map(|d| d.address / PAGE_SIZE).collect();
             match (pages.first(), pages.last()) {
                 (Some(a), Some(b)) => (b - a + 1) as usize > pages.len(),
                 _ => false,

@@ -404,7 +404,7 @@ pub fn detect(
     data: &IntervalData,
     tracers: Tracers,
 ) -> Vec<LoaderMatch> {
-    let info = LoaderInfo::new(file_id, name, elf, &data.deltas);
+    let info = LoaderInfo::new(file_id, name, elf, data);
     eim_core::tracers::detect(&info, tracers)
 }
 
@@ -488,7 +488,7 @@ mod tests {
         let volname = ElfFileRef::new(testdata().join("upstream/volname"));
         let ex = p.extract(&volname).expect("extracted");
         assert_eq!(ex.data.len(), 1);
-        assert_eq!(ex.data.deltas[0].address, 0x9f0);
+        assert_eq!(ex.data.get(0).unwrap().address, 0x9f0);
 
         let missing = ElfFileRef::new("/nonexistent/eim/file");
         assert_eq!(p.extract(&missing).map_err(|e| e.kind), Err(NotFound));
@@ -556,7 +556,7 @@ mod tests {
         // With the debug file there, its bytes reach the extraction.
         std::fs::write(root.path().join("bin/exe.debug"), &debug).expect("write");
         let ex = p.extract(&file).expect("with debug file");
-        assert_eq!(ex.data.deltas[0].address, debug.len() as u64);
+        assert_eq!(ex.data.get(0).unwrap().address, debug.len() as u64);
         std::fs::remove_file(root.path().join("bin/exe.debug")).expect("rm");
 
         file.get().expect("opened before the process exits");
@@ -615,7 +615,7 @@ mod tests {
         let volname = ElfFileRef::new(testdata().join("upstream/volname"));
         let r = ElfProvider::new().extract(&volname).expect("extracts");
         assert_eq!(r.data.len(), 27);
-        assert_eq!(r.data.deltas[0].address, 0x850);
+        assert_eq!(r.data.get(0).unwrap().address, 0x850);
     }
 
     /// Spec 7.2's four C libraries (DTV values from upstream's tests, TSD

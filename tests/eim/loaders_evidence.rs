@@ -110,7 +110,7 @@ fn assert_rejected_cheaply(path: &Path) -> u64 {
     let data = extract_with(&elf, None, Parallelism::SEQUENTIAL).expect("extracts");
     let extracted = std::mem::take(&mut *reads.lock().expect("not poisoned"));
     let name = path.to_string_lossy();
-    let info = LoaderInfo::new(FileId(1), &name, &elf, &data.deltas);
+    let info = LoaderInfo::new(FileId(1), &name, &elf, &data);
     let matches = tracers::detect(&info, ALL_TRACERS);
     assert!(matches.is_empty(), "{}: {matches:?}", path.display());
     assert_eq!(

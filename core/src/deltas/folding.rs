@@ -25,7 +25,7 @@ use std::cmp::Ordering;
 
 use super::{
     append_sorted, hint, normalized, same_rule, sort_order, CfiList, DeltaSink, Front,
-    IntervalData, NoRoom, StackDelta, Tail, MAX_EXTRACTED_DELTAS, MINIMUM_GAP,
+    IntervalData, NoRoom, Packed, StackDelta, Tail, MAX_EXTRACTED_DELTAS, MINIMUM_GAP,
 };
 
 /// Deltas held before they are folded: the room a CFI walk reserves up
@@ -73,8 +73,8 @@ impl Default for FoldingList {
 }
 
 /// The capacity `Vec::try_reserve(additional)` (or a push, with 1) leaves
-/// a `Vec` of `len` elements of [`StackDelta`]'s size with: std's
-/// amortized growth, at least twice the old capacity and at least 4.
+/// a `Vec` of `len` packed deltas with: std's amortized growth, at least
+/// twice the old capacity and at least 4.
 fn grown(capacity: usize, len: usize, additional: usize) -> usize {
     if capacity.saturating_sub(len) >= additional {
         return capacity;
@@ -85,23 +85,36 @@ fn grown(capacity: usize, len: usize, additional: usize) -> usize {
         .max(4)
 }
 
-/// `buf[floor..]`, the deltas not folded yet, as the end of the plain list.
+/// `list[floor..]`, the deltas not folded yet, as the end of the plain list.
 struct Pending<'a> {
-    buf: &'a mut Vec<StackDelta>,
+    list: &'a mut Packed,
     floor: usize,
 }
 
 impl Tail for Pending<'_> {
-    fn slice(&mut self) -> &mut [StackDelta] {
-        let floor = self.floor;
-        self.buf.get_mut(floor..).unwrap_or_default()
+    fn last(&self) -> Option<StackDelta> {
+        match self.list.len() > self.floor {
+            true => self.list.last(),
+            false => None,
+        }
     }
-    fn push(&mut self, delta: StackDelta) {
-        self.buf.push(delta);
+    fn before_last(&self) -> Option<StackDelta> {
+        match self.list.len() > self.floor.saturating_add(1) {
+            true => self.list.get(self.list.len() - 2),
+            false => None,
+        }
+    }
+    fn set_last(&mut self, delta: &StackDelta) {
+        if self.list.len() > self.floor {
+            self.list.set(self.list.len() - 1, delta);
+        }
+    }
+    fn push(&mut self, delta: &StackDelta) {
+        self.list.push(delta);
     }
     fn pop(&mut self) {
-        if self.buf.len() > self.floor {
-            self.buf.pop();
+        if self.list.len() > self.floor {
+            self.list.pop();
         }
     }
 }
@@ -173,28 +186,27 @@ impl FoldingList {
     /// Folds the pending deltas in, if they are in order (with the ones
     /// before); else stops folding.
     fn commit(&mut self) {
-        let pending = self.data.deltas.get(self.folded..).unwrap_or_default();
         let mut last = self.last_committed;
-        for delta in pending {
-            if last.is_some_and(|last| sort_order(&last, delta) == Ordering::Greater) {
+        for delta in self.data.iter_from(self.folded) {
+            if last.is_some_and(|last| sort_order(&last, &delta) == Ordering::Greater) {
                 self.stop_folding();
                 return;
             }
-            last = Some(*delta);
+            last = Some(delta);
         }
-        let (start, end) = (self.folded, self.data.deltas.len());
+        let (start, end) = (self.folded, self.data.len());
         let mut front = Front {
-            buf: &mut self.data.deltas,
+            list: &mut self.data.packed,
             len: start,
         };
         for read in start..end {
-            let Some(&delta) = front.buf.get(read) else {
+            let Some(delta) = front.list.get(read) else {
                 break;
             };
             append_sorted(&mut front, normalized(delta));
         }
         self.folded = front.len;
-        self.data.deltas.truncate(self.folded);
+        self.data.packed.truncate(self.folded);
         self.committed += end - start;
         self.last_committed = last;
     }
@@ -202,10 +214,10 @@ impl FoldingList {
     /// A sorted append while folding: to the pending deltas, as the plain
     /// list would make it to its end.
     fn append_pending(&mut self, delta: StackDelta) {
-        let pending = self.data.deltas.len() - self.folded;
+        let pending = self.data.len() - self.folded;
         if self.committed > 0 && pending < 2 {
             let marker = match pending {
-                1 => self.data.deltas.last().copied(),
+                1 => self.data.last(),
                 // After a commit there is always a pending delta.
                 _ => None,
             };
@@ -218,9 +230,7 @@ impl FoldingList {
                 // the last one committed.
                 if let (Some(before), Some(_)) = (self.last_committed, marker) {
                     if !same_rule(&before.info, &delta.info) {
-                        if let Some(marker) = self.data.deltas.last_mut() {
-                            *marker = delta;
-                        }
+                        Tail::set_last(&mut self.data.packed, &delta);
                         return;
                     }
                 }
@@ -234,7 +244,7 @@ impl FoldingList {
         }
         append_sorted(
             &mut Pending {
-                buf: &mut self.data.deltas,
+                list: &mut self.data.packed,
                 floor: self.folded,
             },
             delta,
@@ -255,14 +265,14 @@ impl DeltaSink for FoldingList {
         if sorted {
             self.append_pending(delta);
         } else {
-            let pending = self.data.deltas.len() - self.folded;
+            let pending = self.data.len() - self.folded;
             if pending >= self.chunk && held >= self.started_at.saturating_add(self.chunk) {
                 self.commit();
             }
             if self.mode == Mode::Lost {
                 return;
             }
-            self.data.deltas.push(delta);
+            self.data.push(delta);
         }
         if self.mode == Mode::Folding && self.held() > self.capacity {
             self.capacity = grown(self.capacity, held, 1);
@@ -286,18 +296,12 @@ impl DeltaSink for FoldingList {
             }
             self.capacity = grown(self.capacity, held, additional.max(self.capacity));
         }
-        let deltas = &mut self.data.deltas;
-        if deltas.capacity() - deltas.len() >= additional {
-            return Ok(());
-        }
-        let want = additional.max(deltas.capacity());
-        if crate::fallible::try_reserve(deltas, want) {
-            return Ok(());
-        }
-        Err(NoRoom::Memory {
-            held: deltas.len(),
-            bytes: want.saturating_mul(std::mem::size_of::<StackDelta>()),
-        })
+        let packed = &mut self.data.packed;
+        let want = additional.max(packed.capacity());
+        let held = packed.len();
+        packed
+            .reserve(additional, want)
+            .map_err(|bytes| NoRoom::Memory { held, bytes })
     }
 
     fn reserve_hint(&mut self, additional: usize) {
@@ -305,7 +309,7 @@ impl DeltaSink for FoldingList {
             Mode::Plain => self.data.reserve_hint(additional),
             Mode::Lost => {}
             Mode::Folding => {
-                if crate::fallible::try_reserve(&mut self.data.deltas, additional) {
+                if self.data.packed.reserve_hint(additional) {
                     self.capacity = grown(self.capacity, self.held(), additional);
                 }
             }
@@ -317,7 +321,7 @@ impl DeltaSink for FoldingList {
             self.may_fold = false;
             self.mode = Mode::Folding;
             self.started_at = self.data.len();
-            self.capacity = self.data.deltas.capacity();
+            self.capacity = self.data.packed.capacity();
         }
     }
 }
@@ -332,7 +336,7 @@ impl CfiList for FoldingList {
         match self.mode {
             Mode::Plain => self.data.len(),
             Mode::Folding | Mode::Lost => {
-                self.committed + (self.data.deltas.len().saturating_sub(self.folded))
+                self.committed + (self.data.len().saturating_sub(self.folded))
             }
         }
     }
@@ -441,7 +445,7 @@ mod tests {
                 assert_eq!(p, f, "{op:?}");
                 assert_eq!(folding.held(), plain.len(), "{op:?}");
                 if folding.mode == Mode::Folding {
-                    assert_eq!(folding.capacity, plain.deltas.capacity(), "{op:?}");
+                    assert_eq!(folding.capacity, plain.packed.capacity(), "{op:?}");
                 }
             }
             let was = (folding.mode, folding.folded < folding.committed);

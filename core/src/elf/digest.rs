@@ -97,20 +97,36 @@ fn hasher(len: u64) -> Sha256 {
     h
 }
 
+/// Hashes the bytes of `range`, read a buffer at a time and not kept.
+fn hash_unkept(h: &mut Sha256, file: &LazyFile, range: Range<u64>) -> Option<()> {
+    let mut buf = vec![0u8; (range.end - range.start).min(READ_BUFFER as u64) as usize];
+    let mut pos = range.start;
+    while pos < range.end {
+        let n = (range.end - pos).min(READ_BUFFER as u64) as usize;
+        let piece = buf.get_mut(..n)?;
+        file.read_uncached(pos, piece)?;
+        h.update(&*piece);
+        pos += n as u64;
+    }
+    Some(())
+}
+
 fn hash_range_header(h: &mut Sha256, r: &Range<u64>) {
     h.update(r.start.to_le_bytes());
     h.update(r.end.to_le_bytes());
 }
 
 impl SourceDigest {
-    /// The digest of what `file` holds: every chunk the analysis read. A
-    /// gap merged in by [`MAX_RANGES`] is read now (through the file's
-    /// cache, within its budget); `None` if that read fails.
+    /// The digest of what `file` holds: every chunk the analysis read, and
+    /// the ranges it read without keeping them ([`LazyFile::streamed`]).
+    /// Those, and a gap merged in by [`MAX_RANGES`], are read now, a
+    /// buffer at a time (not kept); `None` if that read fails.
     pub fn of(file: &LazyFile) -> Option<Self> {
         let chunks = file.chunks_by_start();
         let spans = chunks
             .iter()
             .map(|&(start, bytes)| start..start.saturating_add(bytes.len() as u64))
+            .chain(file.streamed())
             .collect();
         let ranges = coarsen(coalesce(spans), MAX_RANGES);
         let mut h = hasher(file.len());
@@ -128,7 +144,7 @@ impl SourceDigest {
                     continue;
                 }
                 if start > pos {
-                    h.update(file.view().bytes_at(pos, start - pos)?);
+                    hash_unkept(&mut h, file, pos..start)?;
                     pos = start;
                 }
                 let from = usize::try_from(pos - start).ok()?;
@@ -137,7 +153,7 @@ impl SourceDigest {
                 pos = end;
             }
             if pos < r.end {
-                h.update(file.view().bytes_at(pos, r.end - pos)?);
+                hash_unkept(&mut h, file, pos..r.end)?;
             }
         }
         Some(Self {
@@ -250,6 +266,31 @@ mod tests {
         assert!(d
             .matches(d.len, &bytes[..(11 * BLOCK) as usize].to_vec())
             .is_err());
+    }
+
+    /// What an analysis read without keeping it (a search table walked a
+    /// window at a time) is in the digest as if it had been kept.
+    #[test]
+    fn ranges_read_and_not_kept_are_digested_as_kept_ones() {
+        let bytes = pattern(40 * BLOCK as usize);
+        let kept = [0..BLOCK, 10 * BLOCK..14 * BLOCK];
+        let d = SourceDigest::of(&read(&bytes, &kept)).expect("digest");
+        let lazy = read(&bytes, &kept[..1]);
+        let mut window = vec![0u8; BLOCK as usize];
+        for b in 10..14 {
+            assert!(lazy.read_into(b * BLOCK, &mut window));
+            assert_eq!(
+                window[..],
+                bytes[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize]
+            );
+        }
+        assert_eq!(lazy.held(), BLOCK, "nothing kept");
+        let streamed = SourceDigest::of(&lazy).expect("digest");
+        assert_eq!(streamed, d);
+        // A change inside what was read and not kept is seen.
+        let mut inside = bytes.clone();
+        inside[(12 * BLOCK + 5) as usize] ^= 1;
+        assert!(!streamed.matches(streamed.len, &inside).expect("readable"));
     }
 
     #[test]

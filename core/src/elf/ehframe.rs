@@ -199,6 +199,10 @@ pub enum CfiError {
     Table(EntryError),
     #[error("FDE {fde:#x} before section start {section:#x}")]
     FdeBeforeSection { fde: u64, section: u64 },
+    /// A search table read a window at a time could not be read there
+    /// (the file's read failed; the file remembers why).
+    #[error("the .eh_frame_hdr search table could not be read at byte {0}")]
+    TableUnreadable(u64),
     /// The search table claims more entries than it holds (eim stops here;
     /// upstream would read zeros for the missing ones).
     #[error("the .eh_frame_hdr search table is truncated at entry {0}")]

@@ -255,7 +255,7 @@ pub fn extract(elf: &Elf<'_>, data: &mut IntervalData) -> Result<Option<Range<u6
     };
     let table = Pclntab::parse(bytes)?;
     // About one delta per function (more with SP tables).
-    data.deltas.reserve(table.num_funcs.saturating_add(1));
+    crate::deltas::DeltaSink::reserve_hint(data, table.num_funcs.saturating_add(1));
     let default = default_strategy(elf, table.version);
     extract_from(elf.arch, default, &table, data).map(Some)
 }

@@ -76,6 +76,14 @@ pub struct Region<'d> {
     pub data: &'d [u8],
 }
 
+/// Where a section's bytes are in the file, and its virtual address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub vaddr: u64,
+    pub offset: u64,
+    pub size: u64,
+}
+
 /// A program header's placement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
@@ -158,6 +166,16 @@ impl<'d> Elf<'d> {
     /// unless it is `SHT_NOBITS` or compressed, larger than `max` bytes, or
     /// not inside the file.
     pub fn section_region(&self, name: &str, max: u64) -> Option<Region<'d>> {
+        let extent = self.section_extent(name, max)?;
+        Some(Region {
+            vaddr: extent.vaddr,
+            data: self.bytes_at(extent.offset, extent.size)?,
+        })
+    }
+
+    /// Where [`Elf::section_region`] would read its bytes from (with the
+    /// same refusals, but for a read that fails), without reading them.
+    pub fn section_extent(&self, name: &str, max: u64) -> Option<Extent> {
         let section = self.file.section_by_name(name)?;
         let header = section.elf_section_header();
         let e = LittleEndian;
@@ -165,12 +183,14 @@ impl<'d> Elf<'d> {
             return None;
         }
         let size = header.sh_size(e);
-        if size > max {
+        let offset = header.sh_offset(e);
+        if size > max || offset.checked_add(size)? > self.len() {
             return None;
         }
-        Some(Region {
+        Some(Extent {
             vaddr: header.sh_addr(e),
-            data: self.bytes_at(header.sh_offset(e), size)?,
+            offset,
+            size,
         })
     }
 

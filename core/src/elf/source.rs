@@ -112,7 +112,14 @@ pub struct LazyFile {
     held: AtomicU64,
     reads: AtomicU64,
     failure: Mutex<Option<SourceError>>,
+    /// Ranges read through [`LazyFile::read_into`] and not kept: sorted,
+    /// disjoint, at most [`MAX_STREAMED`].
+    streamed: Mutex<Vec<Range<u64>>>,
 }
+
+/// Ranges read and not kept that a file remembers one by one; past this,
+/// the closest are merged (the digest then covers the bytes between too).
+const MAX_STREAMED: usize = 64;
 
 impl fmt::Debug for LazyFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -140,6 +147,7 @@ impl LazyFile {
             held: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             failure: Mutex::new(None),
+            streamed: Mutex::new(Vec::new()),
         }
     }
 
@@ -193,6 +201,85 @@ impl LazyFile {
             .into_iter()
             .filter_map(|(start, i)| Some((start, self.chunks.get(i)?)))
             .collect()
+    }
+
+    /// The ranges read through [`LazyFile::read_into`] (not kept), sorted:
+    /// what the analysis read besides [`LazyFile::chunks_by_start`].
+    pub fn streamed(&self) -> Vec<Range<u64>> {
+        self.streamed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Fills `buf` with the bytes at `offset`, and keeps them only if a
+    /// chunk held them already: for what an analysis reads once, in order,
+    /// a window at a time (a search table of 25 MiB need not be held while
+    /// the deltas it leads to grow). The range counts as read
+    /// ([`LazyFile::streamed`]). `false` if it is not inside the file, or
+    /// the read failed (remembered).
+    pub fn read_into(&self, offset: u64, buf: &mut [u8]) -> bool {
+        match self.read_uncached(offset, buf) {
+            Some(true) => {
+                self.note_streamed(offset..offset + buf.len() as u64);
+                true
+            }
+            Some(false) => true,
+            None => false,
+        }
+    }
+
+    /// Fills `buf` with the bytes at `offset`, from a chunk or from the
+    /// source, keeping nothing: `Some(true)` if read from the source,
+    /// `Some(false)` from a chunk, `None` if outside the file or the read
+    /// failed (remembered).
+    pub(crate) fn read_uncached(&self, offset: u64, buf: &mut [u8]) -> Option<bool> {
+        let end = offset.checked_add(buf.len() as u64)?;
+        if end > self.len {
+            return None;
+        }
+        if buf.is_empty() {
+            return Some(false);
+        }
+        if let Some((start, chunk)) = self.cached(&(offset..end)) {
+            let at = usize::try_from(offset - start).ok()?;
+            buf.copy_from_slice(chunk.get(at..at.checked_add(buf.len())?)?);
+            return Some(false);
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        match self.source.read_exact_at(offset, buf) {
+            Ok(()) => Some(true),
+            Err(e) => {
+                self.fail(e);
+                None
+            }
+        }
+    }
+
+    /// Records `range` as read and not kept: merged with the ranges it
+    /// touches; past [`MAX_STREAMED`] ranges, the two closest are merged.
+    fn note_streamed(&self, range: Range<u64>) {
+        let mut streamed = self.streamed.lock().unwrap_or_else(|e| e.into_inner());
+        let at = streamed.partition_point(|r| r.end < range.start);
+        let mut merged = range;
+        while let Some(next) = streamed.get(at).filter(|r| r.start <= merged.end) {
+            merged = merged.start.min(next.start)..merged.end.max(next.end);
+            streamed.remove(at);
+        }
+        streamed.insert(at, merged);
+        if streamed.len() > MAX_STREAMED {
+            let closest = streamed
+                .windows(2)
+                .enumerate()
+                .min_by_key(|(_, w)| w[1].start - w[0].end)
+                .map(|(i, _)| i);
+            if let Some(i) = closest {
+                let next = streamed.remove(i + 1);
+                if let Some(r) = streamed.get_mut(i) {
+                    r.end = next.end;
+                }
+            }
+        }
     }
 
     /// A cached chunk holding all of `range`, as (its start, its bytes): of
@@ -369,6 +456,29 @@ impl<'d> FileView<'d> {
     }
 }
 
+impl FileView<'_> {
+    /// Fills `buf` with the bytes at `offset`, without keeping them in a
+    /// lazy file's cache ([`LazyFile::read_into`]). `false` if the file does
+    /// not have them or they could not be read.
+    pub fn read_into(self, offset: u64, buf: &mut [u8]) -> bool {
+        match self {
+            FileView::Slice(s) => {
+                let bytes = usize::try_from(offset)
+                    .ok()
+                    .and_then(|start| s.get(start..)?.get(..buf.len()));
+                match bytes {
+                    Some(bytes) => {
+                        buf.copy_from_slice(bytes);
+                        true
+                    }
+                    None => false,
+                }
+            }
+            FileView::Lazy(f) => f.read_into(offset, buf),
+        }
+    }
+}
+
 impl<'d> ReadRef<'d> for FileView<'d> {
     fn len(self) -> Result<u64, ()> {
         Ok(self.size())
@@ -407,6 +517,50 @@ mod tests {
 
     fn pattern(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    /// Reads into the caller's buffer keep nothing (unless a chunk held the
+    /// bytes already), and are remembered as ranges, merged when they touch
+    /// and bounded in number.
+    #[test]
+    fn reads_into_a_buffer_keep_nothing_and_are_remembered() {
+        let bytes = pattern(300 * BLOCK as usize);
+        let lazy = LazyFile::new(Box::new(bytes.clone()), bytes.len() as u64);
+        let mut buf = vec![0u8; 100];
+        assert!(lazy.read_into(10, &mut buf));
+        assert_eq!(buf[..], bytes[10..110]);
+        assert!(lazy.read_into(110, &mut buf));
+        assert_eq!(buf[..], bytes[110..210]);
+        assert_eq!(lazy.held(), 0);
+        assert_eq!(
+            lazy.streamed(),
+            std::iter::once(10..210).collect::<Vec<_>>()
+        );
+        // Outside the file: refused, nothing remembered.
+        assert!(!lazy.read_into(bytes.len() as u64 - 50, &mut buf));
+        assert_eq!(lazy.failure(), None);
+        // Held already: copied from the chunk, not a read of the range.
+        lazy.view().bytes_at(5000, 10).expect("cached");
+        assert!(lazy.read_into(4096, &mut buf));
+        assert_eq!(buf[..], bytes[4096..4196]);
+        assert_eq!(
+            lazy.streamed(),
+            std::iter::once(10..210).collect::<Vec<_>>()
+        );
+        // Scattered reads: at most MAX_STREAMED ranges, covering them all.
+        for b in (10..300).step_by(2) {
+            assert!(lazy.read_into(b * BLOCK, &mut buf));
+        }
+        let streamed = lazy.streamed();
+        assert!(streamed.len() <= MAX_STREAMED, "{}", streamed.len());
+        assert!(streamed.windows(2).all(|w| w[0].end < w[1].start));
+        for b in (10..300).step_by(2) {
+            let r = b * BLOCK..b * BLOCK + 100;
+            assert!(streamed
+                .iter()
+                .any(|s| s.start <= r.start && r.end <= s.end));
+        }
+        assert_eq!(lazy.held(), BLOCK, "only the chunk read through the cache");
     }
 
     #[test]

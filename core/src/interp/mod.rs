@@ -48,7 +48,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::abi::OffsetRange;
-use crate::deltas::StackDelta;
+use crate::deltas::IntervalData;
 use crate::elf::Elf;
 use crate::encode;
 use crate::FileId;
@@ -86,7 +86,8 @@ pub struct LoaderInfo<'a, 'd> {
     /// The path the file was mapped from (upstream's `FileName()`).
     pub name: &'a str,
     pub elf: &'a Elf<'d>,
-    deltas: &'a [StackDelta],
+    /// `None` when the gaps were given.
+    deltas: Option<&'a IntervalData>,
     gaps: OnceCell<Vec<Range<u64>>>,
     symbols: OnceCell<Symbols<'d>>,
     prefixed_symbols: Cell<bool>,
@@ -96,7 +97,16 @@ pub struct LoaderInfo<'a, 'd> {
 impl<'a, 'd> LoaderInfo<'a, 'd> {
     /// A file whose stack deltas are `deltas` (the gaps come from them,
     /// when a loader asks).
-    pub fn new(file_id: FileId, name: &'a str, elf: &'a Elf<'d>, deltas: &'a [StackDelta]) -> Self {
+    pub fn new(file_id: FileId, name: &'a str, elf: &'a Elf<'d>, deltas: &'a IntervalData) -> Self {
+        Self::of(file_id, name, elf, Some(deltas))
+    }
+
+    fn of(
+        file_id: FileId,
+        name: &'a str,
+        elf: &'a Elf<'d>,
+        deltas: Option<&'a IntervalData>,
+    ) -> Self {
         Self {
             file_id,
             name,
@@ -116,7 +126,7 @@ impl<'a, 'd> LoaderInfo<'a, 'd> {
         elf: &'a Elf<'d>,
         gaps: Vec<Range<u64>>,
     ) -> Self {
-        let info = Self::new(file_id, name, elf, &[]);
+        let info = Self::of(file_id, name, elf, None);
         info.gaps.get_or_init(|| gaps);
         info
     }
@@ -125,7 +135,8 @@ impl<'a, 'd> LoaderInfo<'a, 'd> {
     /// (upstream's `Gaps()`, see [`encode::gaps`]): a walk over every
     /// delta, so only on first use (V8, on a file named like node).
     pub fn gaps(&self) -> &[Range<u64>] {
-        self.gaps.get_or_init(|| encode::gaps(self.deltas))
+        self.gaps
+            .get_or_init(|| self.deltas.map(encode::gaps).unwrap_or_default())
     }
 
     /// The file's symbols (dynamic first, then `.symtab`), indexed once.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::abi::{self, OffsetRange, StackDeltaPageKey, UnwindInfo, PAGE_BITS};
-use crate::deltas::StackDelta;
+use crate::deltas::IntervalData;
 use crate::encode::{self, EncodeError, KernelTable};
 use crate::machine::slots::{Reclaimed, UnwindSlots, DEFAULT_SLOT_GRACE};
 use crate::machine::Timestamp;
@@ -398,7 +398,7 @@ impl KernelBook {
     pub fn plan_load(
         &mut self,
         file_id: FileId,
-        deltas: &[StackDelta],
+        deltas: &IntervalData,
     ) -> Result<LoadPlan, PlanError> {
         self.plan_one(file_id, deltas, None, &Pending::default())
     }
@@ -410,7 +410,7 @@ impl KernelBook {
     pub fn plan_load_with(
         &mut self,
         file_id: FileId,
-        deltas: &[StackDelta],
+        deltas: &IntervalData,
         offsets: Option<OffsetRange>,
     ) -> Result<LoadPlan, PlanError> {
         self.plan_one(file_id, deltas, offsets, &Pending::default())
@@ -421,7 +421,7 @@ impl KernelBook {
     fn plan_one(
         &mut self,
         file_id: FileId,
-        deltas: &[StackDelta],
+        deltas: &IntervalData,
         offsets: Option<OffsetRange>,
         pending: &Pending,
     ) -> Result<LoadPlan, PlanError> {
@@ -526,7 +526,7 @@ impl KernelBook {
         ops.push(MapOp::PutDeltaTable {
             file_id,
             map_id: class,
-            deltas: Arc::from(table.deltas),
+            deltas: table.deltas,
         });
         // The unwinder looks the offsets up by file id once a process
         // mapping names the file; like the table, they exist before any page.
@@ -761,7 +761,7 @@ impl KernelBook {
     /// reserved for them.
     pub fn plan_load_many(
         &mut self,
-        files: &[(FileId, &[StackDelta])],
+        files: &[(FileId, &IntervalData)],
     ) -> (LoadManyPlan, Vec<(FileId, PlanError)>) {
         let files: Vec<_> = files.iter().map(|&(id, d)| (id, d, None)).collect();
         self.plan_load_many_with(&files)
@@ -771,7 +771,7 @@ impl KernelBook {
     /// entries: one put per file, after the tables and before the pages.
     pub fn plan_load_many_with(
         &mut self,
-        files: &[(FileId, &[StackDelta], Option<OffsetRange>)],
+        files: &[(FileId, &IntervalData, Option<OffsetRange>)],
     ) -> (LoadManyPlan, Vec<(FileId, PlanError)>) {
         let mut pending = Pending::default();
         let mut plans = Vec::with_capacity(files.len());
@@ -1115,19 +1115,19 @@ impl KernelBook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deltas::hint;
     use crate::deltas::info::sp;
+    use crate::deltas::{hint, StackDelta};
     use crate::machine::slots::DEFAULT_SLOT_GRACE;
     use crate::ops::Errno;
 
     /// Three pages, three distinct rules.
-    fn three_pages() -> Vec<StackDelta> {
-        vec![
+    fn three_pages() -> IntervalData {
+        IntervalData::from_deltas(vec![
             StackDelta::new(0x1_0010, hint::KEEP, sp(8)),
             StackDelta::new(0x2_0010, hint::NONE, sp(16)),
             StackDelta::new(0x3_0010, hint::NONE, sp(24)),
             StackDelta::new(0x3_0020, hint::GAP, crate::deltas::info::INVALID),
-        ]
+        ])
     }
 
     fn stop(at: usize, done: usize) -> Stopped {
@@ -1344,11 +1344,11 @@ mod tests {
             ..Capacities::default()
         };
         let mut book = KernelBook::new(caps);
-        let big: Vec<StackDelta> = (0..300u64)
+        let big: IntervalData = (0..300u64)
             .map(|i| StackDelta::new(0x1_0000 + 4 * i, hint::NONE, sp(8)))
             .collect();
         let a = three_pages();
-        let files: Vec<(FileId, &[StackDelta])> = vec![
+        let files: Vec<(FileId, &IntervalData)> = vec![
             (FileId(1), &a),
             (FileId(2), &big),
             (FileId(1), &a),
@@ -1398,13 +1398,13 @@ mod tests {
     }
 
     /// Three pages like [`three_pages`], with rules no other file uses.
-    fn three_other_pages() -> Vec<StackDelta> {
-        vec![
+    fn three_other_pages() -> IntervalData {
+        IntervalData::from_deltas(vec![
             StackDelta::new(0x1_0010, hint::KEEP, sp(32)),
             StackDelta::new(0x2_0010, hint::NONE, sp(40)),
             StackDelta::new(0x3_0010, hint::NONE, sp(48)),
             StackDelta::new(0x3_0020, hint::GAP, crate::deltas::info::INVALID),
-        ]
+        ])
     }
 
     fn three_slots() -> KernelBook {
@@ -1421,7 +1421,7 @@ mod tests {
         Timestamp(Duration::from_secs(secs))
     }
 
-    fn load(book: &mut KernelBook, id: u64, deltas: &[StackDelta]) {
+    fn load(book: &mut KernelBook, id: u64, deltas: &IntervalData) {
         let plan = book.plan_load(FileId(id), deltas).unwrap();
         book.commit_load(plan);
     }
@@ -1663,7 +1663,7 @@ mod tests {
         };
         let mut book = KernelBook::new(caps);
         let plan = book
-            .plan_load_with(FileId(1), &[], Some(offsets()))
+            .plan_load_with(FileId(1), &IntervalData::new(), Some(offsets()))
             .unwrap();
         assert_eq!(plan.ops.len(), 1);
         book.commit_load(plan);
@@ -1686,7 +1686,7 @@ mod tests {
         // A failed delete is a leftover that still counts against the map.
         assert_eq!(book.finish_unload(unload, Err(stop(0, 0))), 1);
         assert!(matches!(
-            book.plan_load_with(FileId(3), &[], Some(offsets())),
+            book.plan_load_with(FileId(3), &IntervalData::new(), Some(offsets())),
             Err(PlanError::MapFull { .. })
         ));
     }
@@ -1698,7 +1698,7 @@ mod tests {
             ..Capacities::default()
         };
         let mut book = KernelBook::new(caps);
-        let none: &[StackDelta] = &[];
+        let none = &IntervalData::new();
         let files: Vec<_> = (1..=3)
             .map(|id| (FileId(id), none, Some(offsets())))
             .collect();
@@ -1724,7 +1724,7 @@ mod tests {
             ..Capacities::default()
         });
         let data = three_pages();
-        let files: Vec<_> = (1..=3).map(|id| (FileId(id), &data[..])).collect();
+        let files: Vec<_> = (1..=3).map(|id| (FileId(id), &data)).collect();
         let (plan, refused) = book.plan_load_many(&files);
         let planned: Vec<_> = plan.files.iter().map(|p| p.file_id).collect();
         assert_eq!(planned, [FileId(1), FileId(2)]);
@@ -1746,7 +1746,7 @@ mod tests {
     #[test]
     fn a_batch_undoes_an_offsets_entry_only_once_it_was_written() {
         let data = three_pages();
-        let files = [(FileId(1), &data[..], Some(offsets()))];
+        let files = [(FileId(1), &data, Some(offsets()))];
         // Batch order: slots, tables, offsets, pages. Stopped at each op
         // with nothing of it done: the offsets entry is in the kernel only
         // when the stop came after its op.
@@ -1766,7 +1766,7 @@ mod tests {
     #[test]
     fn an_empty_file_writes_nothing() {
         let mut book = KernelBook::new(Capacities::default());
-        let plan = book.plan_load(FileId(1), &[]).unwrap();
+        let plan = book.plan_load(FileId(1), &IntervalData::new()).unwrap();
         assert!(plan.ops.is_empty());
         assert_eq!(book.commit_load(plan).map_id, 0);
         assert!(book.loaded().is_empty());

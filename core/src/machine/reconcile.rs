@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::abi::{
     self, OffsetRange, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo, DELTA_COMMAND_FLAG,
 };
-use crate::deltas::StackDelta;
+use crate::deltas::IntervalData;
 use crate::encode::{self, Rule};
 use crate::machine::book::{Capacities, KernelBook, LoadedTable, MapRef};
 use crate::machine::slots::UnwindSlots;
@@ -67,7 +67,7 @@ impl Observed {
 #[derive(Clone, Copy, Debug)]
 pub struct Wanted<'a> {
     pub file_id: FileId,
-    pub deltas: &'a [StackDelta],
+    pub deltas: &'a IntervalData,
     pub offsets: Option<OffsetRange>,
 }
 

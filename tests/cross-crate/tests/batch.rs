@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::deltas::{IntervalData, StackDelta};
+use eim_core::deltas::IntervalData;
 use eim_core::manager::ManualClock;
 use eim_core::ops::{Errno, MapOp};
 use eim_core::provider::MemoryProvider;
@@ -114,10 +114,8 @@ fn plan_ops(files: &[(FileId, IntervalData)], skip: usize) -> Vec<MapOp> {
     for (id, _) in &files[..skip] {
         m.add_or_inc_ref(*id, id).unwrap();
     }
-    let datas: Vec<(FileId, &[StackDelta])> = files[skip..]
-        .iter()
-        .map(|(id, d)| (*id, &d.deltas[..]))
-        .collect();
+    let datas: Vec<(FileId, &IntervalData)> =
+        files[skip..].iter().map(|(id, d)| (*id, d)).collect();
     let mut book = m.state().book;
     let (plan, refused) = book.plan_load_many(&datas);
     assert!(refused.is_empty());
@@ -386,7 +384,7 @@ fn a_batch_is_published_in_parts_of_at_most_batch_bytes_of_deltas() {
     let files = files(40);
     let bytes = |id: &FileId| {
         let (_, data) = files.iter().find(|(f, _)| f == id).expect("a file");
-        std::mem::size_of_val(&data.deltas[..])
+        data.bytes()
     };
     let total: usize = files.iter().map(|(id, _)| bytes(id)).sum();
     let budget = total / 6;

@@ -313,7 +313,7 @@ impl Harness {
         let pages: u64 = with_tables
             .iter()
             .map(|d| {
-                ((d.deltas[0].address >> 16)..=(d.deltas[d.len() - 1].address >> 16))
+                ((d.get(0).unwrap().address >> 16)..=(d.last().unwrap().address >> 16))
                     .filter(|p| !eim_sim::in_dead_page(d, p << 16))
                     .count() as u64
             })

@@ -270,8 +270,8 @@ fn weakness_14_dead_pages_inside_a_gap_get_no_entry() {
     let w = World::new(&[(A, data.clone())]);
     w.add(A).unwrap();
     w.check();
-    let first = data.deltas[0].address >> 16;
-    let last = data.deltas[data.deltas.len() - 1].address >> 16;
+    let first = data.get(0).unwrap().address >> 16;
+    let last = data.last().unwrap().address >> 16;
     let span = last - first + 1;
     // Dead: strictly after the marker's page and before the next delta's.
     let dead = |address: u64| (0x41..0x50).contains(&(address >> 16));
@@ -284,7 +284,7 @@ fn weakness_14_dead_pages_inside_a_gap_get_no_entry() {
     assert_eq!(w.m.state().book.pages_in_use(), written);
     // Every 256 bytes of the span, and every delta with its neighbours.
     let mut addresses: Vec<u64> = ((first << 16)..((last + 1) << 16)).step_by(0x100).collect();
-    for d in &data.deltas {
+    for d in &data {
         addresses.extend([d.address - 1, d.address, d.address + 1]);
     }
     let (mut in_dead, mut outside) = (0, 0);
@@ -298,11 +298,10 @@ fn weakness_14_dead_pages_inside_a_gap_get_no_entry() {
                     matches!(result, Err(LookupError::TextSection { .. })),
                     "{address:#x}: {result:?}"
                 );
-            } else if address >= data.deltas[0].address {
+            } else if address >= data.get(0).unwrap().address {
                 outside += 1;
                 // A direct search of the deltas, not eim's own `expected`.
                 let direct = data
-                    .deltas
                     .iter()
                     .rev()
                     .find(|d| d.address <= address)

@@ -32,7 +32,7 @@ fn the_vdso_is_loaded_through_synthetic_data() {
         (0x8f8, info::SIGNAL),
         (0x900, info::LR),
     ];
-    let got: Vec<(u64, _)> = data.deltas.iter().map(|d| (d.address, d.info)).collect();
+    let got: Vec<(u64, _)> = data.iter().map(|d| (d.address, d.info)).collect();
     assert_eq!(got, want);
 
     let id = FileId(0x7d50);

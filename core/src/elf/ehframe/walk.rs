@@ -12,7 +12,7 @@ use super::rules::unwind_info;
 use super::vm::{Cie, Vm};
 use super::{CfiError, EntryError, FdeFilter, ForkFilter, Parallelism, MAX_SECTION_BYTES};
 use crate::deltas::{hint, info, CfiList, DeltaSink, Detached, IntervalData, StackDelta};
-use crate::elf::{Arch, Elf, Region};
+use crate::elf::{Arch, Elf, Extent, FileView, Region};
 
 /// `.eh_frame_hdr` fixed part: version, eh_frame_ptr encoding, fde_count
 /// encoding, table encoding.
@@ -35,6 +35,20 @@ const MAX_RESERVED_DELTAS: usize = 1 << 20;
 /// and its table) do not double the walk's memory.
 const MAX_PARALLEL_SECTION_BYTES: usize = 16 << 20;
 
+/// A search table bigger than this (which a parallel walk would not copy
+/// anyway) is read from a file a window at a time instead of whole: the
+/// 25.6 MiB table of the worst `.eh_frame` need not be held while the
+/// deltas it leads to grow. Real files' tables stay under it
+/// (librustc_driver's: about 1 MB).
+const MAX_HELD_TABLE_BYTES: u64 = MAX_PARALLEL_SECTION_BYTES as u64;
+
+/// Bytes of a big search table read at once ([`MAX_HELD_TABLE_BYTES`]).
+const TABLE_WINDOW: usize = 64 << 10;
+
+/// The search table's first bytes, read whole when the rest is read a
+/// window at a time: the header and its two pointers (20 bytes at most).
+const TABLE_HEAD_BYTES: u64 = 64;
+
 /// The stack of a helper thread: the walk recurses nowhere, and its frames
 /// are small.
 const HELPER_STACK_BYTES: usize = 512 << 10;
@@ -53,22 +67,54 @@ const TABLE_ENC: u8 = 0x3b;
 const SIGRETURN_X86_64: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
 const SIGRETURN_AARCH64: [u8; 8] = [0x68, 0x11, 0x80, 0xd2, 0x01, 0x00, 0x00, 0xd4];
 
-fn usable_header(hdr: &Region<'_>) -> bool {
-    hdr.data.len() >= HDR_SIZE
-        && hdr.data.first() == Some(&1)
-        && hdr.data.get(3) == Some(&TABLE_ENC)
+fn usable_header(data: &[u8]) -> bool {
+    data.len() >= HDR_SIZE && data.first() == Some(&1) && data.get(3) == Some(&TABLE_ENC)
+}
+
+/// An `.eh_frame_hdr`: read whole, or (a big one in a file read on demand)
+/// read a window at a time as it is walked.
+enum Hdr<'d> {
+    Held(Region<'d>),
+    Windowed {
+        file: FileView<'d>,
+        extent: Extent,
+        /// The first [`TABLE_HEAD_BYTES`] (or all, if fewer).
+        head: &'d [u8],
+    },
+}
+
+impl<'d> Hdr<'d> {
+    /// The first bytes (the whole table if held).
+    fn head(&self) -> &'d [u8] {
+        match self {
+            Hdr::Held(region) => region.data,
+            Hdr::Windowed { head, .. } => head,
+        }
+    }
+}
+
+/// `elf`'s `.eh_frame_hdr` as [`Elf::section_region`] finds it, read whole
+/// unless it is bigger than [`MAX_HELD_TABLE_BYTES`] and the file is read
+/// on demand.
+fn eh_frame_hdr<'d>(elf: &Elf<'d>) -> Option<Hdr<'d>> {
+    const NAME: &str = ".eh_frame_hdr";
+    let extent = elf.section_extent(NAME, MAX_SECTION_BYTES)?;
+    if extent.size <= MAX_HELD_TABLE_BYTES || matches!(elf.data, FileView::Slice(_)) {
+        return elf.section_region(NAME, MAX_SECTION_BYTES).map(Hdr::Held);
+    }
+    Some(Hdr::Windowed {
+        file: elf.data,
+        extent,
+        head: elf.bytes_at(extent.offset, extent.size.min(TABLE_HEAD_BYTES))?,
+    })
 }
 
 /// Upstream's `findEhSections`: `.eh_frame` with a usable `.eh_frame_hdr`
 /// (or none), else the `PT_GNU_EH_FRAME` window, whose header must be
 /// usable since the FDEs can only be found through it.
-fn find_eh_sections<'d>(
-    elf: &Elf<'d>,
-) -> Result<(Option<Region<'d>>, Option<Region<'d>>), CfiError> {
+fn find_eh_sections<'d>(elf: &Elf<'d>) -> Result<(Option<Hdr<'d>>, Option<Region<'d>>), CfiError> {
     let eh = elf.section_region(".eh_frame", MAX_SECTION_BYTES);
-    let hdr = elf
-        .section_region(".eh_frame_hdr", MAX_SECTION_BYTES)
-        .filter(usable_header);
+    let hdr = eh_frame_hdr(elf).filter(|hdr| usable_header(hdr.head()));
     if eh.is_some() {
         return Ok((hdr, eh));
     }
@@ -83,7 +129,7 @@ fn find_eh_sections<'d>(
             "located ELF region is too small to be a valid eh_frame header",
         ));
     }
-    if !usable_header(&seg) {
+    if !usable_header(seg.data) {
         return Err(CfiError::Sections(
             "no suitable way to parsing eh_frame found",
         ));
@@ -92,26 +138,107 @@ fn find_eh_sections<'d>(
         vaddr: seg.vaddr.wrapping_add(HDR_SIZE as u64),
         data: seg.data.get(HDR_SIZE..).unwrap_or_default(),
     };
-    Ok((Some(seg), Some(eh)))
+    Ok((Some(Hdr::Held(seg)), Some(eh)))
+}
+
+/// Where a search table's entries are read from.
+enum Entries<'d> {
+    Held(&'d [u8]),
+    /// The file, read [`TABLE_WINDOW`] bytes at a time into `window`,
+    /// whose first `filled` bytes are the table's from offset `at` on.
+    Windowed {
+        file: FileView<'d>,
+        offset: u64,
+        window: Vec<u8>,
+        at: u64,
+        filled: usize,
+    },
+}
+
+impl Entries<'_> {
+    /// The 4 bytes at table offset `pos`, which lie inside the table;
+    /// `None` if they could not be read.
+    fn u32_at(&mut self, pos: u64, len: u64) -> Option<u32> {
+        let word = |bytes: &[u8], at: u64| {
+            usize::try_from(at)
+                .ok()
+                .and_then(|at| bytes.get(at..)?.first_chunk::<4>())
+                .map(|b| u32::from_le_bytes(*b))
+        };
+        match self {
+            Entries::Held(data) => word(data, pos),
+            Entries::Windowed {
+                file,
+                offset,
+                window,
+                at,
+                filled,
+            } => {
+                let inside = pos >= *at && pos - *at + 4 <= *filled as u64;
+                if !inside {
+                    // In order, a window at a time: the walk reads on from
+                    // `pos`.
+                    let n = (len - pos).min(TABLE_WINDOW as u64) as usize;
+                    window.resize(n, 0);
+                    *at = pos;
+                    *filled = 0;
+                    if !file.read_into(offset.saturating_add(pos), window) {
+                        return None;
+                    }
+                    *filled = n;
+                }
+                word(window.get(..*filled).unwrap_or_default(), pos - *at)
+            }
+        }
+    }
 }
 
 /// The `.eh_frame_hdr` binary search table.
 struct Table<'d> {
-    r: Reader<'d>,
+    entries: Entries<'d>,
+    /// The table's address (pointers are relative to it) and length.
+    vaddr: u64,
+    len: u64,
+    /// Where the next entry is read.
+    pos: u64,
     count: u64,
     start: u64,
 }
 
 impl<'d> Table<'d> {
-    fn new(hdr: &Region<'d>) -> Result<Self, CfiError> {
-        let mut r = Reader::new(hdr.data, HDR_SIZE as u64, hdr.vaddr, false);
-        let ptr_enc = hdr.data.get(1).copied().unwrap_or_default();
-        let count_enc = hdr.data.get(2).copied().unwrap_or_default();
+    fn new(hdr: &Hdr<'d>) -> Result<Self, CfiError> {
+        let (vaddr, len, entries) = match hdr {
+            Hdr::Held(region) => (
+                region.vaddr,
+                region.data.len() as u64,
+                Entries::Held(region.data),
+            ),
+            Hdr::Windowed { file, extent, .. } => (
+                extent.vaddr,
+                extent.size,
+                Entries::Windowed {
+                    file: *file,
+                    offset: extent.offset,
+                    window: Vec::new(),
+                    at: 0,
+                    filled: 0,
+                },
+            ),
+        };
+        // The header lies in the head: its two pointers take 16 bytes at
+        // most after its 4.
+        let head = hdr.head();
+        let mut r = Reader::new(head, HDR_SIZE as u64, vaddr, false);
+        let ptr_enc = head.get(1).copied().unwrap_or_default();
+        let count_enc = head.get(2).copied().unwrap_or_default();
         r.ptr(ptr_enc).map_err(CfiError::Table)?;
         let count = r.ptr(count_enc).map_err(CfiError::Table)?;
         Ok(Self {
+            entries,
+            vaddr,
+            len,
+            pos: r.pos,
             start: r.pos,
-            r,
             count,
         })
     }
@@ -119,19 +246,33 @@ impl<'d> Table<'d> {
     /// Entries the table really holds.
     fn held(&self) -> u64 {
         let entry = 2 * format_len(TABLE_ENC);
-        self.count
-            .min(self.r.end().saturating_sub(self.start) / entry)
+        self.count.min(self.len.saturating_sub(self.start) / entry)
     }
 
     fn seek(&mut self, index: u64) {
         let entry = 2 * format_len(TABLE_ENC);
-        self.r.pos = self.start.saturating_add(index.saturating_mul(entry));
+        self.pos = self.start.saturating_add(index.saturating_mul(entry));
+    }
+
+    /// A pointer in the table's encoding (datarel, signed 4-byte), read as
+    /// [`Reader`] reads it: zero past the end.
+    fn field(&mut self) -> Result<u64, CfiError> {
+        let pos = self.pos;
+        self.pos = pos.saturating_add(4);
+        let value = match pos.checked_add(4) {
+            Some(end) if end <= self.len => self
+                .entries
+                .u32_at(pos, self.len)
+                .ok_or(CfiError::TableUnreadable(pos))?,
+            _ => 0,
+        };
+        Ok((value as i32 as u64).wrapping_add(self.vaddr))
     }
 
     /// The next entry: (function start, FDE address).
     fn next(&mut self) -> Result<(u64, u64), CfiError> {
-        let ip = self.r.ptr(TABLE_ENC).map_err(CfiError::Table)?;
-        let fde = self.r.ptr(TABLE_ENC).map_err(CfiError::Table)?;
+        let ip = self.field()?;
+        let fde = self.field()?;
         Ok((ip, fde))
     }
 
@@ -391,7 +532,7 @@ impl<F: FdeFilter + ?Sized, S: DeltaSink> Emitter<'_, '_, F, S> {
 
 impl<F: FdeFilter + ?Sized, S: DeltaSink> Walker<'_, '_, F, S> {
     /// Walks the FDEs in search-table order (sorted by address).
-    fn walk_table(&mut self, hdr: &Region<'_>, eh: &Region<'_>) -> Result<(), CfiError> {
+    fn walk_table(&mut self, hdr: &Hdr<'_>, eh: &Region<'_>) -> Result<(), CfiError> {
         let mut table = Table::new(hdr)?;
         let (held, count) = (table.held(), table.count);
         self.walk_entries(&mut table, eh, 0..count, held, None)
@@ -633,7 +774,7 @@ impl<F: ForkFilter> Shared<F> {
                 parsed: 0,
                 budget: self.budget,
             };
-            let result = Table::new(&hdr).and_then(|mut table| {
+            let result = Table::new(&Hdr::Held(hdr)).and_then(|mut table| {
                 table.seek(from);
                 walker.walk_entries(&mut table, &eh, from..to, self.held, Some(&self.cancel))
             });
@@ -715,13 +856,17 @@ impl<F: ForkFilter> Walker<'_, '_, F> {
     /// sequential walk by definition.
     fn walk_table_parallel(
         &mut self,
-        hdr: &Region<'_>,
+        hdr: &Hdr<'_>,
         eh: &Region<'_>,
         parallelism: Parallelism,
         reserve: usize,
     ) -> Result<(), CfiError> {
         let mut table = Table::new(hdr)?;
         let (held, count) = (table.held(), table.count);
+        // A table read a window at a time is too big to copy: walked here.
+        let Hdr::Held(hdr) = hdr else {
+            return self.walk_entries(&mut table, eh, 0..count, held, None);
+        };
         let chunks = parallelism.chunks(count);
         let copies = eh.data.len().saturating_add(hdr.data.len());
         if chunks <= 1 || held < count || copies > MAX_PARALLEL_SECTION_BYTES {
@@ -855,7 +1000,7 @@ impl<F: ForkFilter> Walker<'_, '_, F> {
             .saturating_add(part.parsed)
             .saturating_add(self.cies.parsed)
             .saturating_add(new_cie_bytes);
-        if total > self.budget || part.deltas.attach_to(self.out.deltas).is_err() {
+        if total > self.budget || !part.deltas.attach_to(self.out.deltas) {
             return false;
         }
         self.out.filter.join(part.end);
@@ -907,7 +1052,7 @@ fn walk_eh_frame<F: FdeFilter + ?Sized, L: CfiList>(
     allow_generic_regs: bool,
     filter: &mut F,
     deltas: &mut L,
-    table: impl FnOnce(&mut Walker<'_, '_, F>, &Region<'_>, &Region<'_>, usize) -> Result<(), CfiError>,
+    table: impl FnOnce(&mut Walker<'_, '_, F>, &Hdr<'_>, &Region<'_>, usize) -> Result<(), CfiError>,
 ) -> Result<(), CfiError> {
     let (hdr, eh) = find_eh_sections(elf)?;
     let Some(eh) = eh else {
@@ -1040,6 +1185,7 @@ mod tests {
     use super::super::KeepAll;
     use super::*;
     use crate::abi::{opcode, UnwindInfo};
+    use crate::elf::source::{ByteSource, LazyFile};
     use proptest::prelude::*;
 
     /// A 64-byte ELF header with no sections and no segments.
@@ -1127,13 +1273,55 @@ mod tests {
     ];
 
     enum Mode<'a> {
-        Linear { debug_frame: bool },
-        Table { hdr: &'a [u8], hdr_vaddr: u64 },
+        Linear {
+            debug_frame: bool,
+        },
+        Table {
+            hdr: &'a [u8],
+            hdr_vaddr: u64,
+        },
+        /// The table read a window at a time from a file holding it at
+        /// offset 100.
+        Windowed {
+            file: &'a LazyFile,
+            hdr_vaddr: u64,
+        },
     }
 
     /// The search-table walk of `data` through `hdr` (at `hdr_vaddr`).
     fn walk_table(data: &[u8], hdr: &[u8], hdr_vaddr: u64) -> Result<IntervalData, CfiError> {
         walk(data, Mode::Table { hdr, hdr_vaddr })
+    }
+
+    /// A file holding `hdr` at offset 100, read on demand from `source`
+    /// (a copy of those bytes, or one that fails).
+    fn hdr_file(hdr: &[u8], source: impl FnOnce(Vec<u8>) -> Box<dyn ByteSource>) -> LazyFile {
+        let mut bytes = vec![0xee; 100];
+        bytes.extend_from_slice(hdr);
+        let len = bytes.len() as u64;
+        LazyFile::new(source(bytes), len)
+    }
+
+    /// Both ways through the table: read whole, and a window at a time.
+    fn walk_table_both(
+        data: &[u8],
+        hdr: &[u8],
+        hdr_vaddr: u64,
+    ) -> (
+        Result<IntervalData, CfiError>,
+        Result<IntervalData, CfiError>,
+    ) {
+        let file = hdr_file(hdr, |b| Box::new(b));
+        let windowed = walk(
+            data,
+            Mode::Windowed {
+                file: &file,
+                hdr_vaddr,
+            },
+        );
+        // Only the head's block was kept.
+        assert!(file.held() <= 4096, "{} bytes held", file.held());
+        (walk_table(data, hdr, hdr_vaddr), windowed)
     }
 
     fn walk(data: &[u8], mode: Mode<'_>) -> Result<IntervalData, CfiError> {
@@ -1155,12 +1343,29 @@ mod tests {
         match mode {
             Mode::Linear { debug_frame } => walker.walk_linear(&section, debug_frame)?,
             Mode::Table { hdr, hdr_vaddr } => walker.walk_table(
-                &Region {
+                &Hdr::Held(Region {
                     vaddr: hdr_vaddr,
                     data: hdr,
-                },
+                }),
                 &section,
             )?,
+            Mode::Windowed { file, hdr_vaddr } => {
+                let size = file.len() - 100;
+                let head = file
+                    .view()
+                    .bytes_at(100, size.min(TABLE_HEAD_BYTES))
+                    .expect("the head");
+                let hdr = Hdr::Windowed {
+                    file: file.view(),
+                    extent: Extent {
+                        vaddr: hdr_vaddr,
+                        offset: 100,
+                        size,
+                    },
+                    head,
+                };
+                walker.walk_table(&hdr, &section)?
+            }
         }
         Ok(deltas)
     }
@@ -1205,10 +1410,10 @@ mod tests {
         ];
         let (hdr, hdr_vaddr) = eh.hdr(&entries);
         let table = walk_table(&eh.data, &hdr, hdr_vaddr).unwrap();
-        assert_eq!(table.deltas, want);
+        assert_eq!(table.to_vec(), want);
         let mut linear = walk(&eh.data, Mode::Linear { debug_frame: false }).unwrap();
         linear.sort_and_dedup();
-        assert_eq!(linear.deltas, want);
+        assert_eq!(linear.to_vec(), want);
     }
 
     #[test]
@@ -1244,6 +1449,66 @@ mod tests {
         );
     }
 
+    /// A section of `n` small functions 0x20 bytes apart, and its table.
+    fn many_functions(n: usize) -> (EhFrame, Vec<(u64, u64)>) {
+        let mut eh = EhFrame::new(X86_CIE);
+        let entries = (0..n as u64)
+            .map(|i| {
+                let start = 0x10_0000 + i * 0x20;
+                (start, eh.fde(start, 0x10, &[0x41, 0x0e, 16]))
+            })
+            .collect();
+        (eh, entries)
+    }
+
+    /// A table read a window at a time walks as the same table held whole:
+    /// across the windows' edges, and when it claims more entries than it
+    /// holds or ends inside an entry, before or after the section.
+    #[test]
+    fn a_table_read_a_window_at_a_time_walks_as_a_held_one() {
+        // Entries for three windows and more.
+        let n = 3 * TABLE_WINDOW / 8 + 100;
+        let (eh, entries) = many_functions(n);
+        let before = eh.hdr(&entries);
+        let after = eh.hdr_at(VADDR + 0x100_0000, &entries);
+        let (held, windowed) = walk_table_both(&eh.data, &before.0, before.1);
+        let deltas = held.as_ref().map(IntervalData::len);
+        assert_eq!(deltas, Ok(3 * n), "a rule, a push, an end marker each");
+        assert_eq!(held, windowed);
+        for (hdr, hdr_vaddr) in [before, after] {
+            for (count, cut) in [(n + 5, 0), (n, 3), (n, 8 * 100 + 5), (n, 8 * n - 7)] {
+                let mut hdr = hdr.clone();
+                hdr[8..12].copy_from_slice(&(count as u32).to_le_bytes());
+                hdr.truncate(hdr.len() - cut);
+                let (held, windowed) = walk_table_both(&eh.data, &hdr, hdr_vaddr);
+                assert!(held.is_err(), "{count} entries, {cut} bytes cut");
+                assert_eq!(held, windowed, "{count} entries, {cut} bytes cut");
+            }
+        }
+    }
+
+    /// A window of the table that cannot be read (the file was cut short
+    /// under the walk) ends it, and the file remembers why.
+    #[test]
+    fn a_table_window_that_cannot_be_read_ends_the_walk() {
+        let (eh, entries) = many_functions(2 * TABLE_WINDOW / 8);
+        let (hdr, hdr_vaddr) = eh.hdr(&entries);
+        let cut = 100 + TABLE_WINDOW + 1000;
+        let file = hdr_file(&hdr, |b| Box::new(b[..cut].to_vec()) as Box<dyn ByteSource>);
+        let walked = walk(
+            &eh.data,
+            Mode::Windowed {
+                file: &file,
+                hdr_vaddr,
+            },
+        );
+        assert!(
+            matches!(walked, Err(CfiError::TableUnreadable(_))),
+            "{walked:?}"
+        );
+        assert!(file.failure().is_some());
+    }
+
     #[test]
     fn a_cie_named_by_the_table_is_an_error() {
         let (eh, _) = sample();
@@ -1261,9 +1526,9 @@ mod tests {
         let d = walk(&eh.data, Mode::Linear { debug_frame: false }).unwrap();
         // Unsorted: the second FDE's first row is appended after the first
         // one's end marker at the same address; the final sort folds them.
-        assert_eq!(d.len(), 8, "{:?}", d.deltas);
-        assert_eq!(d.deltas[4].hints, hint::GAP);
-        assert_eq!(d.deltas[5].address, 0x2040);
+        assert_eq!(d.len(), 8, "{:?}", d.to_vec());
+        assert_eq!(d.get(4).unwrap().hints, hint::GAP);
+        assert_eq!(d.get(5).unwrap().address, 0x2040);
     }
 
     proptest! {

@@ -330,7 +330,7 @@ fn x86_walk() {
     let t = TEXT;
     assert_eq!(range, t..t + 0xa0);
     assert_eq!(
-        data.deltas,
+        data.to_vec(),
         vec![
             // main.a and main.b: frame pointer, folded into one.
             d(t, hint::NONE, info::FRAME_POINTER),
@@ -397,7 +397,7 @@ fn arm64_walk_with_frame() {
     let t = TEXT;
     assert_eq!(range, t..t + 0x40);
     assert_eq!(
-        data.deltas,
+        data.to_vec(),
         vec![
             d(t, hint::KEEP, info::LR),
             d(t + 4, hint::NONE, sp_fp(32, opcode::BASE_SP, 0)),
@@ -410,7 +410,7 @@ fn arm64_walk_with_frame() {
     // With trusted frame pointers every plain function is one delta.
     let (_, data) = run(Arch::Aarch64, Strategy::FramePointer, &bytes).unwrap();
     assert_eq!(
-        data.deltas,
+        data.to_vec(),
         vec![
             d(t, hint::NONE, info::FRAME_POINTER),
             d(t + 0x20, hint::NONE, info::STOP),
@@ -429,7 +429,7 @@ fn x86_without_frame_never_sets_the_fp_rule() {
         pcsp: vec![(0, 1), (40, 0x10)],
     }];
     let (_, data) = run(Arch::X86_64, Strategy::FramePointer, &build(&funs, 1)).unwrap();
-    assert_eq!(data.deltas[1].info, sp(48));
+    assert_eq!(data.get(1).unwrap().info, sp(48));
 }
 
 /// An SP table that ends before its first step starts its only delta at
@@ -453,7 +453,7 @@ fn an_empty_sp_table_gives_upstreams_address_zero_delta() {
     let pcsp_field = pcln + func_off as usize + 4 + 12;
     bytes[pcsp_field..pcsp_field + 4].copy_from_slice(&terminator.to_le_bytes());
     let (_, data) = run(Arch::X86_64, Strategy::FramePointer, &bytes).unwrap();
-    assert_eq!(data.deltas[0], d(0, hint::KEEP, sp(7)));
+    assert_eq!(data.get(0).unwrap(), d(0, hint::KEEP, sp(7)));
 }
 
 #[test]
@@ -471,7 +471,7 @@ fn no_functions_gives_only_the_end_marker() {
     let bytes = build(&[], 1);
     let (range, data) = run(Arch::X86_64, Strategy::FramePointer, &bytes).unwrap();
     assert_eq!(range, TEXT..TEXT);
-    assert_eq!(data.deltas, vec![d(TEXT, hint::NONE, info::INVALID)]);
+    assert_eq!(data.to_vec(), vec![d(TEXT, hint::NONE, info::INVALID)]);
 }
 
 #[test]

@@ -6,8 +6,8 @@
 //! an adopted (or reloaded) file finds the right rule or no page.
 
 use super::*;
-use crate::deltas::hint;
 use crate::deltas::info::{sp, INVALID};
+use crate::deltas::{hint, IntervalData, StackDelta};
 use crate::machine::book::Stopped;
 use crate::machine::slots::SlotState;
 use crate::ops::{Errno, OpFailure};
@@ -28,8 +28,8 @@ fn t(secs: u64) -> Timestamp {
 }
 
 /// A file of `pages` pages; `rule` picks the rule of its k-th delta.
-fn file(base: u64, pages: u64, rule: impl Fn(u64) -> i32) -> Vec<StackDelta> {
-    let mut deltas: Vec<StackDelta> = (0..pages)
+fn file(base: u64, pages: u64, rule: impl Fn(u64) -> i32) -> IntervalData {
+    let mut deltas: IntervalData = (0..pages)
         .flat_map(|p| {
             let at = base + (p << 16);
             [
@@ -119,7 +119,7 @@ impl Model {
     /// A reader of any file of `files` finds, at every page entry of it,
     /// the page a fresh load writes, and in it the right rule for every
     /// delta (through the slots); every page of any file names a table.
-    fn check_reader(&self, files: &BTreeMap<FileId, Vec<StackDelta>>) -> Result<(), String> {
+    fn check_reader(&self, files: &BTreeMap<FileId, IntervalData>) -> Result<(), String> {
         let m = &self.0;
         for (key, info) in &m.pages {
             let file_id = FileId(key.file_id);
@@ -302,7 +302,7 @@ impl Run {
         }
     }
 
-    fn load(&mut self, id: u64, deltas: &[StackDelta], offsets: Option<OffsetRange>) {
+    fn load(&mut self, id: u64, deltas: &IntervalData, offsets: Option<OffsetRange>) {
         let plan = self
             .book
             .plan_load_with(FileId(id), deltas, offsets)
@@ -322,7 +322,7 @@ impl Run {
     }
 }
 
-struct Files(BTreeMap<FileId, (Vec<StackDelta>, Option<OffsetRange>)>);
+struct Files(BTreeMap<FileId, (IntervalData, Option<OffsetRange>)>);
 
 impl Files {
     /// A, B and C, B with a rule no other file has and C with offsets.
@@ -367,7 +367,7 @@ impl Files {
             .collect()
     }
 
-    fn deltas(&self, ids: impl IntoIterator<Item = FileId>) -> BTreeMap<FileId, Vec<StackDelta>> {
+    fn deltas(&self, ids: impl IntoIterator<Item = FileId>) -> BTreeMap<FileId, IntervalData> {
         ids.into_iter()
             .filter_map(|id| self.0.get(&id).map(|(d, _)| (id, d.clone())))
             .collect()
@@ -448,7 +448,7 @@ fn settle(mut model: Model, reconciled: Reconciled, files: &Files) -> (Model, Ke
         .iter()
         .map(|id| {
             let (d, o) = &files.0[id];
-            (*id, d.as_slice(), *o)
+            (*id, d, *o)
         })
         .collect();
     // Slots no kept table uses cool for a grace from the restart: new
@@ -920,7 +920,9 @@ fn the_removals_are_every_leftover_op_per_file_in_order() {
 #[test]
 fn a_file_without_deltas_is_adopted_only_without_a_table_or_pages() {
     let mut files = Files::abc();
-    files.0.insert(FileId(0xd), (Vec::new(), Some(offsets(3))));
+    files
+        .0
+        .insert(FileId(0xd), (IntervalData::new(), Some(offsets(3))));
     let run = files.earlier_run();
     let d = FileId(0xd);
     assert!(reconcile_now(&run.model, &files).adopted.contains(&d));
@@ -1013,10 +1015,10 @@ fn a_table_whose_last_delta_reads_as_zero_is_adopted() {
     // The last delta sits at a page's first byte and uses slot 0: its
     // array entry is all zero, so the dump (which cannot see trailing
     // zero entries) is shorter than the table a fresh load writes.
-    let deltas = vec![
+    let deltas = IntervalData::from_deltas(vec![
         StackDelta::new(0x50_0010, hint::NONE, sp(8)),
         StackDelta::new(0x51_0000, hint::NONE, sp(8)),
-    ];
+    ]);
     let mut files = Files(BTreeMap::new());
     files.0.insert(FileId(0xe), (deltas.clone(), None));
     let mut run = Run::new();
