@@ -614,7 +614,7 @@ pub fn lookup_all(
 const MAPPED_WINDOW: usize = 4 << 20;
 
 /// Writes the first `len` bytes of the values of a [`BPF_F_MMAPABLE`]
-/// ARRAY through shared mappings of its value area, [`MAPPED_WINDOW`]
+/// ARRAY through shared mappings of its value area, `MAPPED_WINDOW`
 /// bytes at a time (whole pages, which the array's allocation covers):
 /// `fill(at, window)` writes the bytes at `at..at + window.len()`, which
 /// start zeroed. One copy instead of a syscall that copies and checks each
