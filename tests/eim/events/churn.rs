@@ -95,10 +95,13 @@ impl Drop for Churn {
     }
 }
 
-/// Both watches hold exactly the churn's live files, within 10 s.
+/// Both watches hold exactly the churn's live files, within 60 s: a bound
+/// for a machine whose cores are busy with other work (10 s was missed in
+/// CI beside a build and 64 MiB extractions, by both watches alike), not a
+/// measure of speed.
 fn converged(events: &Pins, polling: &Pins, churn: &Churn, when: &str) {
     let mut last = (BTreeSet::new(), BTreeSet::new());
-    let ok = wait_for(Duration::from_secs(10), || {
+    let ok = wait_for(Duration::from_secs(60), || {
         let of = |p: &Pins| -> BTreeSet<String> {
             p.file_ids().intersection(&churn.every).cloned().collect()
         };
