@@ -101,6 +101,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
     while started.elapsed() < args.duration && !stop.load(Ordering::Relaxed) {
         // New processes and mappings are followed between polls.
         lp.turn(Duration::from_millis(10), &stop, &mut Quiet);
+        names.next_batch();
         for stack in profiler
             .poll(Duration::from_millis(40), POLL_BATCH)
             .context("reading sampled stacks")?
@@ -112,6 +113,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
     let pending = profiler
         .poll(Duration::ZERO, usize::MAX / 2)
         .unwrap_or_default();
+    names.next_batch();
     for stack in pending {
         aggregate.add(&stack, &mut names);
     }

@@ -43,7 +43,9 @@ pub struct Names {
     /// By host file id: the file's symbols and its path (`None`: the file
     /// could not be read; its frames are named by file and address).
     files: HashMap<u64, Option<(Arc<FileSymbols>, String)>>,
-    comms: HashMap<u32, String>,
+    /// By pid: the name, and the batch of samples it was read for.
+    comms: HashMap<u32, (String, u64)>,
+    batch: u64,
 }
 
 impl Names {
@@ -51,16 +53,37 @@ impl Names {
         Self::default()
     }
 
-    /// The name of process `pid` (`pid N` once it has gone unnamed).
+    /// Starts a new batch of samples. A name read for an earlier batch is
+    /// read again, because exec renames a process: a sample taken between
+    /// fork and exec would otherwise name every later one after the parent.
+    pub fn next_batch(&mut self) {
+        self.batch = self.batch.wrapping_add(1);
+    }
+
+    /// The name of process `pid`: as `/proc` gives it in this batch, the
+    /// last name read once the process has gone, `pid N` if it never had one.
     pub fn comm(&mut self, pid: u32) -> String {
-        self.comms
-            .entry(pid)
-            .or_insert_with(|| {
-                std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .map(|s| s.trim_end().to_owned())
-                    .unwrap_or_else(|_| format!("pid {pid}"))
-            })
-            .clone()
+        let batch = self.batch;
+        let fresh = |old: Option<String>| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|s| s.trim_end().to_owned())
+                .ok()
+                .or(old)
+                .unwrap_or_else(|| format!("pid {pid}"))
+        };
+        match self.comms.get_mut(&pid) {
+            Some((name, read)) if *read == batch => name.clone(),
+            Some((name, read)) => {
+                *name = fresh(Some(std::mem::take(name)));
+                *read = batch;
+                name.clone()
+            }
+            None => {
+                let name = fresh(None);
+                self.comms.insert(pid, (name.clone(), batch));
+                name
+            }
+        }
     }
 
     /// Frame `f` of process `pid`, named.
@@ -164,5 +187,43 @@ impl Aggregate {
         } else {
             self.dropped += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_renamed_by_exec_is_named_anew_in_the_next_batch() {
+        use std::io::Write as _;
+        // A shell that execs `sleep` once told to: the exec renames it.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read go; exec sleep 30"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("sh runs");
+        let pid = child.id();
+        let mut names = Names::new();
+        assert_eq!(names.comm(pid), "sh");
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin.write_all(b"go\n").expect("tell sh to exec");
+        let renamed = (0..1000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c == "sleep\n")
+        });
+        assert!(renamed, "sh did not exec sleep within 10 s");
+        assert_eq!(names.comm(pid), "sh", "one batch reads a name once");
+        names.next_batch();
+        assert_eq!(names.comm(pid), "sleep");
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        names.next_batch();
+        assert_eq!(
+            names.comm(pid),
+            "sleep",
+            "a gone process keeps its last name"
+        );
+        assert_eq!(names.comm(u32::MAX), format!("pid {}", u32::MAX));
     }
 }

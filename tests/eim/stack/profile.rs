@@ -131,7 +131,12 @@ fn a_process_started_while_profiling_is_loaded_and_unwound() {
     let (text, _) = profiler.join().expect("the profiler thread");
     drop(running);
     let (all, complete) = counts(&text, &comm);
-    assert!(all >= 100, "{all} samples of {comm}");
+    let seen: std::collections::BTreeSet<&str> =
+        text.lines().filter_map(|l| l.split(';').next()).collect();
+    assert!(
+        all >= 100,
+        "{all} samples of {comm}; processes sampled: {seen:?}"
+    );
     // Samples taken before its files were loaded do not unwind; once
     // the event loop has loaded them, all do.
     assert!(
