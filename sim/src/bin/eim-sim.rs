@@ -168,6 +168,9 @@ struct Ran {
     recovery_faults: u64,
     deepest: u64,
     secs: f64,
+    /// The digest of every op offered to the maps and its outcome: equal
+    /// digests of a seed before and after a change mean the same trace.
+    digest: String,
 }
 
 fn main() -> ExitCode {
@@ -251,6 +254,7 @@ fn run_seed(args: &Args, corpus: &[RealFile], setup: Setup) -> Fallible<Option<R
             recovery_faults: stats.recovery_faults,
             deepest: stats.deepest,
             secs,
+            digest: sim.digest(),
         })),
         Some(failure) => {
             report_failure(args, &setup, pool, &steps, &failure)?;
@@ -336,7 +340,7 @@ fn seeds(args: &Args, corpus: &[RealFile], corpus_secs: f64) -> Fallible<bool> {
             return Ok(false);
         };
         println!(
-            "seed {seed} profile {}: {} steps, {} ops, {} faults injected ({} poisoning one file, {} into recoveries, at most {} in one action), {:.2} s ({:.0} steps/s)",
+            "seed {seed} profile {}: {} steps, {} ops, {} faults injected ({} poisoning one file, {} into recoveries, at most {} in one action), {:.2} s ({:.0} steps/s), op trace {}",
             args.profile,
             ran.steps,
             ran.ops,
@@ -345,7 +349,8 @@ fn seeds(args: &Args, corpus: &[RealFile], corpus_secs: f64) -> Fallible<bool> {
             ran.recovery_faults,
             ran.deepest,
             ran.secs,
-            ran.steps as f64 / ran.secs.max(1e-9)
+            ran.steps as f64 / ran.secs.max(1e-9),
+            ran.digest
         );
         steps += ran.steps;
         secs += ran.secs;
