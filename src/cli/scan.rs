@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 
-use eim::backends::inspect::Inspect;
+use eim::map_view::Inspect;
 use eim::host::scan::Host;
 use eim::host::watch;
 use eim::report::summary::Summary;

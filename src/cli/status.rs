@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 
-use eim::backends::status;
+use eim::map_view::status;
 use eim::bpf::generation::{Patience, Snapshot};
 use eim::bpf::PinnedReader;
 

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim::backends::inspect::Inspect;
+use eim::map_view::Inspect;
 use eim::bpf::events::HostEvents;
 use eim::host::scan::{Host, Quiet};
 use eim::host::watch::{self, EventsConfig, WatchConfig};

@@ -43,7 +43,7 @@ use eim_core::provider::ExtractErrorKind;
 use eim_core::tracking::Work;
 use eim_core::{Error, ExecutableInfo, ExecutableInfoManager, FileId, Tracers};
 
-use crate::backends::inspect::{Inspect, InspectError, Usage};
+use crate::map_view::{Inspect, InspectError, Usage};
 use crate::files::counting::{CountingProvider, ExtractionStats, HostFile, Timed};
 use crate::host::claims::{Admit, Candidate, Claims, FileKey, State, Verdict};
 use crate::host::collide;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use eim_core::tracking::{coalesce, HostEvent, Stamped};
 
-use crate::backends::inspect::{Inspect, InspectError};
+use crate::map_view::{Inspect, InspectError};
 use crate::host::events::{cpu_time, monotonic_now, EventSource, EventStats};
 use crate::host::procs::ListError;
 use crate::host::scan::{Host, Missed, Progress};

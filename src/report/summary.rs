@@ -31,7 +31,7 @@ use eim_bpf::{PinReport, PinState};
 use eim_core::abi;
 use eim_core::tsd::LibcInfo;
 
-use crate::backends::inspect::{Inspect, InspectError};
+use crate::map_view::{Inspect, InspectError};
 use crate::host::scan::{Counters, FileRecord, Host, Problem, ProblemKind};
 use crate::report;
 use crate::report::files::{self as loaded, LoadedFile};

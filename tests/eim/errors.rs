@@ -9,8 +9,8 @@ use std::io;
 use std::path::PathBuf;
 use std::process::Command;
 
-use eim::backends::inspect::InspectError;
-use eim::backends::lookup::LookupError;
+use eim::map_view::InspectError;
+use eim::address::LookupError;
 use eim::host::descriptors::DescriptorError;
 use eim::host::open::OpenError;
 use eim::host::procs::{self, ProcessError};

@@ -37,7 +37,7 @@ use eim_core::process_maps::ProcessMapTable;
 use eim_core::{ExecutableInfoManager, FileId};
 
 use super::{cause_of, host_elf_ref, Host, Identified, Problem, ProblemKind, StepReport};
-use crate::backends::inspect::Inspect;
+use crate::map_view::Inspect;
 use crate::files::counting::HostFile;
 use crate::host::claims::Candidate;
 use crate::host::collide;

@@ -887,3 +887,151 @@ fn core_dependencies_are_read_from_the_manifest() {
         BTreeSet::from(["eim-core".to_string(), "eim-sim".to_string()])
     );
 }
+
+// --- modules: no cycle between the modules of a module ---------------------
+//
+// A file cycle is the smallest knot; a module cycle is the one a reader
+// meets: `host` using `report` while `report` uses `host` makes neither
+// readable without the other, even when no two files point at each other.
+// At every module, the dependencies between its child modules (a file
+// inside `host/` on a file inside `report/` is the edge `host -> report`
+// at the level where the two are siblings) must not form a cycle.
+
+/// The dependency graph between the child modules of each module of a
+/// crate: parent module -> (child -> children of the same parent it
+/// uses). Nodes are module paths written as `a/b` (the crate's own
+/// children are bare names).
+fn module_graphs(
+    krate: &Crate,
+    edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+) -> BTreeMap<Vec<String>, BTreeMap<PathBuf, BTreeSet<PathBuf>>> {
+    let node = |module: &[String]| PathBuf::from(module.join("/"));
+    let mut out: BTreeMap<Vec<String>, BTreeMap<PathBuf, BTreeSet<PathBuf>>> = BTreeMap::new();
+    for (file, deps) in edges {
+        let from = module_of(krate, file);
+        for dep in deps {
+            let to = module_of(krate, dep);
+            let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            // A module using its parent or one of its own children is not
+            // an edge between siblings.
+            if common < from.len() && common < to.len() {
+                out.entry(from[..common].to_vec())
+                    .or_default()
+                    .entry(node(&from[..=common]))
+                    .or_default()
+                    .insert(node(&to[..=common]));
+            }
+        }
+    }
+    for graph in out.values_mut() {
+        let nodes: Vec<PathBuf> = graph.values().flatten().cloned().collect();
+        for n in nodes {
+            graph.entry(n).or_default();
+        }
+    }
+    out
+}
+
+/// Every module cycle of a crate, described with the file dependencies
+/// that make each of its edges.
+fn module_cycles(krate: &Crate) -> Vec<String> {
+    let edges = graph(krate);
+    let mut out = Vec::new();
+    for graph in module_graphs(krate, &edges).values() {
+        for scc in cycles(graph) {
+            let mut text = String::from("module cycle:\n");
+            for m in &scc {
+                for d in graph[m].iter().filter(|d| scc.contains(d)) {
+                    text.push_str(&format!("  {} -> {}", m.display(), d.display()));
+                    let why = file_edges_between(krate, &edges, m, d);
+                    text.push_str(&format!(" ({})\n", why.join(", ")));
+                }
+            }
+            out.push(text);
+        }
+    }
+    out
+}
+
+/// The file dependencies that make the module edge `from -> to`
+/// (at most three, for the report).
+fn file_edges_between(
+    krate: &Crate,
+    edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    from: &Path,
+    to: &Path,
+) -> Vec<String> {
+    let inside = |file: &Path, module: &Path| {
+        let m = module_of(krate, file).join("/");
+        let module = module.to_string_lossy();
+        m == module || m.starts_with(&format!("{module}/"))
+    };
+    edges
+        .iter()
+        .filter(|(f, _)| inside(f, from))
+        .flat_map(|(f, ds)| {
+            ds.iter()
+                .filter(|d| inside(d, to))
+                .map(move |d| format!("{} -> {}", f.display(), d.display()))
+        })
+        .take(3)
+        .collect()
+}
+
+#[test]
+fn no_module_of_any_crate_is_in_a_cycle() {
+    let mut report = String::new();
+    for root in &crate_roots(&repo()) {
+        let krate = read_crate(&repo(), root);
+        for cycle in module_cycles(&krate) {
+            report.push_str(&format!("{root}: {cycle}"));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "modules depend on each other in a circle:\n{report}"
+    );
+}
+
+#[test]
+fn module_cycles_are_found_between_siblings_at_any_depth() {
+    // No two files in a circle, but `host` and `report` are: `host/watch`
+    // uses `report/summary`, which uses `host/scan`.
+    let krate = tree(&[
+        ("lib.rs", "pub mod host; pub mod report;"),
+        ("host.rs", "pub mod scan; pub mod watch;"),
+        ("host/scan.rs", ""),
+        ("host/watch.rs", "use crate::report::summary::S;\n"),
+        ("report.rs", "pub mod summary;"),
+        ("report/summary.rs", "use crate::host::scan::Host;\n"),
+    ]);
+    assert!(cycles(&graph(&krate)).is_empty(), "no file cycle");
+    let found = module_cycles(&krate);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("host -> report"), "{found:?}");
+    assert!(found[0].contains("report -> host"), "{found:?}");
+    assert!(
+        found[0].contains("host/watch.rs -> report/summary.rs"),
+        "the file edge is named: {found:?}"
+    );
+    // The same one level down, between the children of `a`.
+    let krate = tree(&[
+        ("lib.rs", "pub mod a;"),
+        ("a.rs", "pub mod x; pub mod y;"),
+        ("a/x.rs", "pub mod deep;"),
+        ("a/x/deep.rs", "use super::super::y::Y;\n"),
+        ("a/y.rs", "use crate::a::x::X;\n"),
+    ]);
+    let found = module_cycles(&krate);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("a/x -> a/y"), "{found:?}");
+    // A child using its parent, and the parent its child, is no cycle
+    // between siblings (a file cycle, if any, is the other rule's).
+    let krate = tree(&[
+        ("lib.rs", "pub mod a; pub mod b;"),
+        ("a.rs", "pub mod x;\nuse self::x::X;\n"),
+        ("a/x.rs", "use crate::b::B;\n"),
+        ("b.rs", ""),
+    ]);
+    assert!(module_cycles(&krate).is_empty());
+}
