@@ -65,6 +65,7 @@ pub use eim_core::*;
 pub use eim_sim as sim;
 
 pub mod address;
+pub mod daemon;
 pub mod files;
 pub mod host;
 pub mod map_view;

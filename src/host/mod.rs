@@ -4,7 +4,7 @@
 //! [`fileids`] read `/proc` and files; the decisions about references live
 //! in [`mappings`], and which file owns an id that several present in
 //! [`claims`] (with its I/O in [`collide`]); [`scan::Host`] is one walk of the host (and a warm
-//! restart), [`watch`] a step every interval; [`descriptors`] and [`heap`]
+//! restart), [`crate::daemon`] steps it every interval; [`descriptors`] and [`heap`]
 //! keep the process's descriptors and memory within bounds at host scale.
 
 pub mod claims;
@@ -18,4 +18,3 @@ pub mod open;
 pub mod procs;
 pub mod scan;
 pub mod segments;
-pub mod watch;

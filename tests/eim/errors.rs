@@ -14,7 +14,7 @@ use eim::address::LookupError;
 use eim::host::descriptors::DescriptorError;
 use eim::host::open::OpenError;
 use eim::host::procs::{self, ProcessError};
-use eim::host::watch::WatchError;
+use eim::daemon::WatchError;
 use eim::metrics_http::ServeError;
 use eim_test_support::errors::{assert_eims_convention, cli_text, repeated_segment};
 

@@ -1,4 +1,4 @@
-//! `eim watch`: a [`Host`] kept in step with the host, one step every
+//! The daemon's loop (`eim watch`): a [`Host`] kept in step with the host, one step every
 //! interval, until stopped. A process that exits between two steps is
 //! released at the next one; with a delayed unload its files stay loaded
 //! for the delay, so processes that come and go (a storm of short-lived
