@@ -17,4 +17,3 @@ pub mod mappings;
 pub mod open;
 pub mod procs;
 pub mod scan;
-pub mod segments;

@@ -51,7 +51,7 @@ use crate::host::fileids::FileIdCache;
 use crate::host::mappings::{MappingKey, ProcessEntry, ProcessTable, Resolution};
 use crate::host::open::{self, Identity, OpenError, OpenStrategy};
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
-use crate::host::segments::{self, LoadSegment};
+use crate::files::segments::{self, LoadSegment};
 use crate::{ElfFileRef, ElfProvider};
 
 mod restart;

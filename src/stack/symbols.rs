@@ -18,7 +18,7 @@ use object::{LittleEndian, Object as _, ObjectSymbol as _, SymbolKind};
 
 use crate::host::open::{open_mapping, OpenStrategy};
 use crate::host::procs::ExecMapping;
-use crate::host::segments::{self, LoadSegment};
+use crate::files::segments::{self, LoadSegment};
 
 /// Largest file read for its symbols.
 pub const MAX_FILE_BYTES: u64 = 512 << 20;
