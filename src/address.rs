@@ -20,13 +20,13 @@ use eim_core::FileId;
 
 use eim_bpf::PinnedReader;
 
-use crate::map_view::{pinned_lookup, Inspect, LookupAnswer};
 use crate::files::counting::HostFile;
 use crate::files::regular::open_regular;
 use crate::host::fileids;
 use crate::host::open::{self, OpenStrategy};
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
 use crate::host::scan::{Host, Quiet};
+use crate::map_view::{pinned_lookup, Inspect, LookupAnswer};
 use crate::ElfFileRef;
 
 /// The answer for one address.

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use eim_core::tracking::{coalesce, HostEvent, Stamped};
 
-use crate::map_view::{Inspect, InspectError};
-use crate::host::events::{cpu_time, monotonic_now, EventSource, EventStats};
+use crate::findings::EventStats;
+use crate::host::events::{cpu_time, monotonic_now, EventSource};
 use crate::host::procs::ListError;
 use crate::host::scan::{Host, Missed, Progress};
+use crate::map_view::{Inspect, InspectError};
 use crate::metrics_http::Metrics;
 use crate::report::summary::Summary;
 

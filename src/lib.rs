@@ -67,6 +67,7 @@ pub use eim_sim as sim;
 pub mod address;
 pub mod daemon;
 pub mod files;
+pub mod findings;
 pub mod host;
 pub mod map_view;
 pub mod metrics_http;

@@ -7,9 +7,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
 
-use eim::map_view::Inspect;
 use eim::address;
 use eim::host::scan::Host;
+use eim::map_view::Inspect;
 
 use crate::backend::{
     files_per_batch, host_config, kernel_maps, sim_maps, BackendArgs, BackendKind,

@@ -4,9 +4,9 @@
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 
-use eim::map_view::Inspect;
-use eim::host::scan::Host;
 use eim::daemon;
+use eim::host::scan::Host;
+use eim::map_view::Inspect;
 use eim::report::summary::Summary;
 
 use crate::backend::{

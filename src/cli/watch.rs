@@ -7,10 +7,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim::map_view::Inspect;
 use eim::bpf::events::HostEvents;
-use eim::host::scan::{Host, Quiet};
 use eim::daemon::{self, EventsConfig, WatchConfig};
+use eim::host::scan::{Host, Quiet};
+use eim::map_view::Inspect;
 use eim::metrics_http::{Metrics, MetricsServer};
 use eim::report::summary::{EventsReport, Summary};
 

@@ -17,3 +17,4 @@ pub mod mappings;
 pub mod open;
 pub mod procs;
 pub mod scan;
+pub mod summarize;

@@ -39,24 +39,26 @@ use eim_core::manager::MonotonicClock;
 use eim_core::metrics::{self, MetricId};
 use eim_core::ops::{Backend, MapOp};
 use eim_core::process_maps::ProcessMapTable;
-use eim_core::provider::ExtractErrorKind;
 use eim_core::tracking::Work;
-use eim_core::{Error, ExecutableInfo, ExecutableInfoManager, FileId, Tracers};
+use eim_core::{Error, ExecutableInfoManager, FileId, Tracers};
 
-use crate::map_view::{Inspect, InspectError, Usage};
 use crate::files::counting::{CountingProvider, ExtractionStats, HostFile, Timed};
+use crate::files::segments;
+use crate::findings::{
+    cause_of, Counters, FileRecord, Phases, Problem, ProblemKind, Reconciled, NOT_READABLE_KEPT,
+};
 use crate::host::claims::{Admit, Candidate, Claims, FileKey, State, Verdict};
 use crate::host::collide;
 use crate::host::fileids::FileIdCache;
 use crate::host::mappings::{MappingKey, ProcessEntry, ProcessTable, Resolution};
 use crate::host::open::{self, Identity, OpenError, OpenStrategy};
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
-use crate::files::segments::{self, LoadSegment};
+use crate::map_view::{Inspect, InspectError, Usage};
 use crate::{ElfFileRef, ElfProvider};
 
 mod restart;
 
-pub use restart::{NotRestarted, Reconciled, RestartFailed};
+pub use restart::{NotRestarted, RestartFailed};
 
 /// The manager as the host runs it.
 pub type HostManager<B> = ExecutableInfoManager<CountingProvider, Timed<B>>;
@@ -91,142 +93,6 @@ impl Default for HostConfig {
             tracers: Tracers(u32::MAX),
         }
     }
-}
-
-/// Whether a file is waiting out upstream's deferral or failed outright.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ProblemKind {
-    /// It failed recently and is not tried again before the deferral
-    /// timeout (90 s): upstream's `ErrDeferredFileID`.
-    Deferred,
-    /// It could not be loaded (not ELF, malformed unwind data, too large,
-    /// the kernel refused, ...).
-    Failed,
-    /// It could not be opened as the file the process maps.
-    Unopenable,
-    /// It is of a kind eim does not extract (not ELF, 32-bit or big-endian
-    /// ELF, another machine: [`crate::files::elf_file::HeaderError`]
-    /// decides): not a failure, but not loaded either.
-    Unsupported,
-    /// It presents the id of another file with other bytes where that
-    /// file's tables were read from (`host::claims`): not loaded, so that
-    /// neither can be served the other's tables.
-    Collision,
-}
-
-impl ProblemKind {
-    /// What a load's error makes of the file; `None` for a file that has
-    /// gone (not a problem: the process let go of it).
-    pub fn of(e: &Error) -> Option<Self> {
-        match e {
-            Error::Deferred { .. } => Some(Self::Deferred),
-            Error::Extraction { cause, .. } => match cause.kind {
-                ExtractErrorKind::NotFound => None,
-                ExtractErrorKind::Unsupported => Some(Self::Unsupported),
-                _ => Some(Self::Failed),
-            },
-            _ => Some(Self::Failed),
-        }
-    }
-}
-
-/// A file that is not loaded, and why.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Problem {
-    pub path: PathBuf,
-    /// The 128-bit file id, when the file could be read.
-    pub file_id: Option<String>,
-    pub kind: ProblemKind,
-    /// The whole error, naming the file.
-    pub reason: String,
-    /// The reason without what names the file (its id and path), the same
-    /// for every file that failed the same way: the summary groups by it.
-    pub cause: String,
-}
-
-/// `e`'s message without the file id and path it starts with.
-pub fn cause_of(e: &Error) -> String {
-    match e {
-        Error::Extraction { cause, .. } => cause.message.clone(),
-        other => {
-            let text = other.to_string();
-            let prefix = format!("file {}: ", other.file_id());
-            text.strip_prefix(&prefix)
-                .map_or_else(|| text.clone(), str::to_string)
-        }
-    }
-}
-
-/// The most paths a file's record keeps: one file can be seen under a
-/// path per container root, and a report needs only a few.
-pub const MAX_PATHS: usize = 32;
-
-/// What the host knows of one distinct file.
-#[derive(Clone, Debug)]
-pub struct FileRecord {
-    pub id: FileId128,
-    /// The path of its first mapping seen (as that process sees it).
-    pub path: PathBuf,
-    /// Every path it was seen under (as each process sees it), first seen
-    /// first, at most [`MAX_PATHS`].
-    pub paths: Vec<PathBuf>,
-    /// Paths seen beyond [`MAX_PATHS`] (not kept).
-    pub more_paths: usize,
-    pub size: u64,
-    /// Its loadable segments, which give each mapping of it its bias.
-    pub segments: Vec<LoadSegment>,
-    /// What the manager reported when it was last loaded.
-    pub info: Option<ExecutableInfo>,
-}
-
-impl FileRecord {
-    /// Notes that a process maps it under `path`.
-    fn saw(&mut self, path: &std::path::Path) {
-        if self.paths.iter().any(|p| p == path) {
-            return;
-        }
-        if self.paths.len() < MAX_PATHS {
-            self.paths.push(path.to_path_buf());
-        } else {
-            self.more_paths += 1;
-        }
-    }
-}
-
-/// Counts since the host was made (steps add up).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Counters {
-    pub steps: u64,
-    /// Processes read (with or without executable files; every step).
-    pub processes_read: u64,
-    /// Processes that exited while being read, or whose files vanished.
-    pub vanished: u64,
-    /// Processes whose mappings could not be read for lack of privilege.
-    pub permission_denied: u64,
-    /// Processes or files that could not be read for another reason.
-    pub unreadable: u64,
-    /// Mappings whose file had gone by the time it was opened.
-    pub files_vanished: u64,
-    /// References taken and released.
-    pub references_taken: u64,
-    pub references_released: u64,
-    /// Releases the manager refused (a bug if ever non-zero) or whose
-    /// kernel entries are still being removed.
-    pub release_errors: u64,
-    /// Processes seen exit (or replaced by another with the same pid).
-    pub exited: u64,
-    /// Files unloaded by the delayed-unload cleanup.
-    pub unloaded_after_delay: u64,
-    /// `eim_process_mappings` entries written (put or deleted), and the
-    /// writes the kernel refused (retried at the process's next read).
-    pub process_mappings_written: u64,
-    pub process_mapping_errors: u64,
-    /// Files found presenting the id of another file with other bytes
-    /// (each file once per id), and of them, loaded owners a trusted file
-    /// replaced after comparing their bytes.
-    pub collisions: u64,
-    pub owners_replaced: u64,
 }
 
 /// What the last step saw.
@@ -311,33 +177,6 @@ impl Scope {
     }
 }
 
-/// Where a step's time went. `walk`, `open`, `file_ids` and `loading` add
-/// up to the step's time; extraction and the loaders run on a thread of
-/// their own beside `loading` (the next part of a batch is extracted while
-/// the last one is written), so they are that thread's time, not a share.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Phases {
-    /// Listing `/proc`, reading each process's mappings, and the step's
-    /// own bookkeeping.
-    pub walk: Duration,
-    /// Opening mapped files (`/proc/PID/map_files` or the path).
-    pub open: Duration,
-    /// Computing file ids (hashing the head and tail of new files).
-    pub file_ids: Duration,
-    /// Loading batches and releasing references: waiting for extraction,
-    /// the manager's planning and encoding, the maps, giving freed memory
-    /// back.
-    pub loading: Duration,
-    /// Of `loading`, applying map ops to the backend (kernel or simulated
-    /// maps).
-    pub maps: Duration,
-    /// Extracting stack deltas (and reading what they need), beside
-    /// `loading`.
-    pub extraction: Duration,
-    /// The interpreter loaders, beside `loading`.
-    pub loaders: Duration,
-}
-
 /// Told how far a step is.
 pub trait Progress {
     /// A step over `processes` processes begins.
@@ -392,9 +231,6 @@ struct Batch {
     files: HashMap<FileId, HostFile>,
     releases: Vec<FileId>,
 }
-
-/// Processes not readable that the summary names, at most.
-pub const NOT_READABLE_KEPT: usize = 32;
 
 /// The host's executables, kept loaded through an [`ExecutableInfoManager`].
 pub struct Host<B: Inspect> {
