@@ -14,6 +14,7 @@ pub mod events;
 pub mod fileids;
 pub mod heap;
 pub mod mappings;
+pub mod model;
 pub mod open;
 pub mod procs;
 pub mod scan;

@@ -1265,7 +1265,10 @@ fn non_test_lines(text: &str) -> usize {
 fn oversize_files(repo: &Path) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
     for root in crate_roots(repo) {
-        if TEST_ROOT_DIRS.iter().any(|d| root.starts_with(&format!("{d}/"))) {
+        if TEST_ROOT_DIRS
+            .iter()
+            .any(|d| root.starts_with(&format!("{d}/")))
+        {
             continue;
         }
         let krate = read_crate(repo, &root);
@@ -1309,9 +1312,8 @@ fn no_file_is_over_the_size_cap() {
 #[test]
 fn test_blocks_do_not_count_towards_the_size_cap() {
     let body = "fn f() {}\n".repeat(10);
-    let text = format!(
-        "{body}#[cfg(test)]\nmod tests {{\n    fn g() {{ let s = \"}}\"; }}\n}}\n{body}"
-    );
+    let text =
+        format!("{body}#[cfg(test)]\nmod tests {{\n    fn g() {{ let s = \"}}\"; }}\n}}\n{body}");
     assert_eq!(non_test_lines(&text), 20);
     // A module that is not for tests counts.
     let text = format!("{body}mod inner {{\n    fn g() {{}}\n}}\n");
@@ -1320,7 +1322,10 @@ fn test_blocks_do_not_count_towards_the_size_cap() {
     let long = "fn f() {}\n".repeat(MAX_FILE_LINES + 1);
     let tested = format!("fn f() {{}}\n#[cfg(test)]\nmod tests {{\n{long}}}\n");
     let krate = tree(&[
-        ("lib.rs", "mod long; mod tested;\n#[cfg(test)]\nmod checks;\n"),
+        (
+            "lib.rs",
+            "mod long; mod tested;\n#[cfg(test)]\nmod checks;\n",
+        ),
         ("long.rs", &long),
         ("tested.rs", &tested),
         ("checks.rs", &long),
