@@ -17,7 +17,7 @@ use eim_core::ops::Backend;
 use eim_core::FileId;
 use eim_sim::{LookupError, Resolved, SimMaps, SimReader};
 
-use eim_bpf::lookup::{self as klookup, KernelResolved};
+use eim_bpf::lookup_record::{self as klookup, KernelResolved};
 use eim_bpf::{KernelError, KernelMaps, PinReport, PinnedReader};
 
 /// How many entries the maps hold.

@@ -167,7 +167,7 @@ use crate::elements::{self, WriteMode};
 use crate::error::KernelError;
 use crate::generation::{self, Generation};
 use crate::lock::{self, PinLock};
-use crate::lookup::{LookupResult, RESULT_SIZE};
+use crate::lookup_record::{LookupResult, RESULT_SIZE};
 use crate::pin::{self, MapShape, PinReport};
 use crate::stats::MapStats;
 use crate::sys::{self, SysError};

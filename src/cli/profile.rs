@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 
 use eim::bpf::events::HostEvents;
-use eim::bpf::profile::{ProfileTarget, Profiler};
+use eim::bpf::sampler::{ProfileTarget, Profiler};
 use eim::daemon::{EventLoop, EventsConfig};
 use eim::host::events::EventSource;
 use eim::host::scan::{Host, Quiet};
