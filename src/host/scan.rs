@@ -12,7 +12,7 @@
 //!    opened as the mapped file ([`crate::host::open`]) and its file id
 //!    computed (cached by device, inode, size and mtime);
 //! 3. the files a process maps now and does not hold yet are loaded with
-//!    [`ExecutableInfoManager::load_many`], in batches of at most
+//!    [`eim_core::ExecutableInfoManager::load_many`], in batches of at most
 //!    [`HostConfig::batch_files`] distinct files: each distinct file is
 //!    extracted once per batch however many processes map it (and not at
 //!    all if the manager knows it), and the new tables of a batch are
