@@ -10,6 +10,12 @@
 //!   facade on both.
 //! * Each library crate depends only on the crates below it
 //!   (`Cargo.toml`'s `[dependencies]`).
+//! * No cycle between the child modules of any module of any crate
+//!   (test modules left out), and `src/`'s layers ([`SRC_LAYERS`]) only
+//!   point down.
+//! * No file has more than [`MAX_FILE_LINES`] non-test lines
+//!   ([`OVERSIZE_PENDING`] lists the splits still to do), and `src/`,
+//!   `bpf-backend/`, `tests/eim/` have no `mod.rs` ([`MOD_RS_ALLOWED`]).
 //!
 //! The checker runs on the real tree and, first, on small made-up trees
 //! that break each rule, so a checker that finds nothing fails too.
