@@ -64,9 +64,12 @@ pub use eim_bpf as bpf;
 pub use eim_core::*;
 pub use eim_sim as sim;
 
-pub mod backends;
+pub mod address;
+pub mod daemon;
 pub mod files;
+pub mod findings;
 pub mod host;
+pub mod map_view;
 pub mod metrics_http;
 pub mod profile;
 pub mod report;

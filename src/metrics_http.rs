@@ -26,7 +26,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::host::events::EventStats;
+use crate::findings::EventStats;
 use crate::report::summary::Summary;
 
 /// The label of the events counter.

@@ -55,9 +55,9 @@
 //!   their owner writes.
 //! * [`pinned`]: the pinned maps read without owning them (dumped, and
 //!   looked up by the lookup program over the pins: [`PinnedReader`]).
-//! * [`lookup`]: the lookup program's codes and result record.
+//! * [`lookup_record`]: the lookup program's codes and result record.
 //! * [`unwind`]: the native unwinder's records, run over captured memory
-//!   and over a process's threads (task iterator); [`profile`]: the same
+//!   and over a process's threads (task iterator); [`sampler`]: the same
 //!   unwinder sampling user stacks on every CPU.
 //! * [`events`]: host events from the kernel (exec, fork, exit, new
 //!   executable mappings) through the events program's ring buffer, and
@@ -73,12 +73,12 @@ pub mod error;
 pub mod events;
 pub mod generation;
 pub mod lock;
-pub mod lookup;
+pub mod lookup_record;
 pub mod maps;
 pub mod pin;
 pub mod pinned;
 pub mod probe;
-pub mod profile;
+pub mod sampler;
 pub mod stats;
 pub mod sys;
 pub mod tracefs;
@@ -87,7 +87,7 @@ pub mod unwind;
 pub use aya;
 pub use elements::WriteMode;
 pub use error::{KernelError, ShapeMismatch};
-pub use lookup::{KernelResolved, LookupResult};
+pub use lookup_record::{KernelResolved, LookupResult};
 pub use maps::{Dump, KernelConfig, KernelMaps, DEFAULT_ARRAYS_IN_FLIGHT, LOOKUP_OBJECT};
 pub use pin::{PinReport, PinState};
 pub use pinned::PinnedReader;

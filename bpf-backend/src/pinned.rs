@@ -26,7 +26,7 @@ use eim_core::abi::StackDelta;
 use crate::error::KernelError;
 use crate::generation::{self, Attempt, Patience, ReadError, Snapshot};
 use crate::lock::{self, ReadLock};
-use crate::lookup::LookupResult;
+use crate::lookup_record::LookupResult;
 use crate::maps::{
     dump_from, open_by_id, read_deltas, run_lookup, take, Dump, DumpSource, KernelConfig,
     LOOKUP_OBJECT, PROGRAM, RESULT_MAP,

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use eim_bpf::lookup::{code, error_name, have, kind};
+use eim_bpf::lookup_record::{code, error_name, have, kind};
 use eim_bpf::{
     sys, KernelConfig, KernelMaps, KernelResolved, LookupResult, MapStats, PinState, WriteMode,
 };

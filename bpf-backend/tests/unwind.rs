@@ -650,7 +650,7 @@ fn executable_ranges(pid: u32) -> Vec<(u64, u64)> {
 }
 
 /// Stacks sampled for `for_ms` milliseconds.
-fn sample(profiler: &mut eim_bpf::profile::Profiler, for_ms: u64) -> Vec<Stack> {
+fn sample(profiler: &mut eim_bpf::sampler::Profiler, for_ms: u64) -> Vec<Stack> {
     let until = std::time::Instant::now() + std::time::Duration::from_millis(for_ms);
     let mut stacks = Vec::new();
     while std::time::Instant::now() < until {
@@ -665,7 +665,7 @@ fn sample(profiler: &mut eim_bpf::profile::Profiler, for_ms: u64) -> Vec<Stack> 
 
 #[test]
 fn the_profiler_samples_a_busy_process() {
-    use eim_bpf::profile::{ProfileTarget, Profiler};
+    use eim_bpf::sampler::{ProfileTarget, Profiler};
     if !require_bpf("unwind: profiler") {
         return;
     }

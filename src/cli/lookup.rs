@@ -7,9 +7,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
 
-use eim::backends::inspect::Inspect;
-use eim::backends::lookup;
+use eim::address;
 use eim::host::scan::Host;
+use eim::map_view::Inspect;
 
 use crate::backend::{
     files_per_batch, host_config, kernel_maps, sim_maps, BackendArgs, BackendKind,
@@ -65,13 +65,13 @@ fn file_and_addresses(args: &LookupArgs) -> anyhow::Result<(&OsString, Vec<u64>)
     Ok((file, addresses(rest)?))
 }
 
-fn print_answers(answers: &[lookup::AddressAnswer], json: bool) -> anyhow::Result<ExitCode> {
+fn print_answers(answers: &[address::AddressAnswer], json: bool) -> anyhow::Result<ExitCode> {
     let text = if json {
         serde_json::to_string_pretty(answers).context("encoding the answers")? + "\n"
     } else {
         answers
             .iter()
-            .map(|a| lookup::render_line(a) + "\n")
+            .map(|a| address::render_line(a) + "\n")
             .collect()
     };
     out::print(&text)?;
@@ -85,12 +85,12 @@ fn lookup_on<B: Inspect>(backend: B, args: &LookupArgs) -> anyhow::Result<ExitCo
             let addresses = addresses(&args.args)?;
             config.only = Some([pid].into());
             let mut host = Host::new(backend, config);
-            lookup::lookup_pid(&mut host, pid, &addresses)?
+            address::lookup_pid(&mut host, pid, &addresses)?
         }
         None => {
             let (file, rest) = file_and_addresses(args)?;
             let host = Host::new(backend, config);
-            lookup::lookup_file(&host, std::path::Path::new(file), &rest)?
+            address::lookup_file(&host, std::path::Path::new(file), &rest)?
         }
     };
     print_answers(&answers, args.json)
@@ -103,11 +103,11 @@ fn lookup_pinned(args: &LookupArgs) -> anyhow::Result<ExitCode> {
     let answers = match args.pid {
         Some(pid) => {
             let addresses = addresses(&args.args)?;
-            lookup::lookup_pid_pinned(&reader, pid, &addresses, strategy)?
+            address::lookup_pid_pinned(&reader, pid, &addresses, strategy)?
         }
         None => {
             let (file, rest) = file_and_addresses(args)?;
-            lookup::lookup_file_pinned(&reader, std::path::Path::new(file), &rest)?
+            address::lookup_file_pinned(&reader, std::path::Path::new(file), &rest)?
         }
     };
     // Answered: the shared lock and the pins go before anything is

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 
 use eim::bpf::events::HostEvents;
-use eim::bpf::profile::{ProfileTarget, Profiler};
+use eim::bpf::sampler::{ProfileTarget, Profiler};
+use eim::daemon::{EventLoop, EventsConfig};
 use eim::host::events::EventSource;
 use eim::host::scan::{Host, Quiet};
-use eim::host::watch::{EventLoop, EventsConfig};
 use eim::profile::{folded, pprof, Aggregate, Names};
 
 use crate::backend::{files_per_batch, host_config, kernel_maps, BackendArgs, BackendKind};

@@ -4,9 +4,9 @@
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 
-use eim::backends::inspect::Inspect;
+use eim::daemon;
 use eim::host::scan::Host;
-use eim::host::watch;
+use eim::map_view::Inspect;
 use eim::report::summary::Summary;
 
 use crate::backend::{
@@ -50,7 +50,7 @@ fn scan_on<B: Inspect>(
                 "eim: waiting {:.1} s for the unwind slots to cool after the restart, then loading what was refused",
                 wait.as_secs_f64()
             );
-            watch::sleep_unless_stopped(wait, stop);
+            daemon::sleep_unless_stopped(wait, stop);
             if !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 host.step(stop, &mut Bar::new())?;
             }

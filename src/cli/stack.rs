@@ -10,8 +10,8 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::Context as _;
 
-use eim::backends::inspect::Inspect;
 use eim::host::scan::{Host, Quiet};
+use eim::map_view::Inspect;
 use eim::sim::SimReader;
 use eim::stack::{self, kernel::KernelStacks, output, SimStacks};
 

@@ -7,9 +7,9 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 
-use eim::backends::status;
 use eim::bpf::generation::{Patience, Snapshot};
 use eim::bpf::PinnedReader;
+use eim::map_view::status;
 
 use crate::backend::privileges_message;
 use crate::out;

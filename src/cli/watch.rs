@@ -7,10 +7,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim::backends::inspect::Inspect;
 use eim::bpf::events::HostEvents;
+use eim::daemon::{self, EventsConfig, WatchConfig};
 use eim::host::scan::{Host, Quiet};
-use eim::host::watch::{self, EventsConfig, WatchConfig};
+use eim::map_view::Inspect;
 use eim::metrics_http::{Metrics, MetricsServer};
 use eim::report::summary::{EventsReport, Summary};
 
@@ -110,7 +110,7 @@ fn watch_on<B: Inspect>(
     confine(args.backend.backend == BackendKind::Kernel);
     let summary = match events {
         Some(mut source) => {
-            let (summary, stats) = watch::watch_events(
+            let (summary, stats) = daemon::watch_events(
                 &mut host,
                 &mut source,
                 &config,
@@ -128,7 +128,7 @@ fn watch_on<B: Inspect>(
                 ..summary
             }
         }
-        None => watch::watch(
+        None => daemon::watch(
             &mut host,
             &config,
             stop,

@@ -1,8 +1,7 @@
 //! Where `eim watch` gets host events from ([`EventSource`]: the kernel's
-//! ring buffer, or a test's script), and what it counts of them
-//! ([`EventStats`]).
+//! ring buffer, or a test's script), and the clocks its costs are read
+//! from; what it counts of them is [`crate::findings::EventStats`].
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use eim_core::tracking::Stamped;
@@ -29,55 +28,6 @@ impl EventSource for eim_bpf::events::HostEvents {
 
     fn lost(&self) -> Result<u64, String> {
         eim_bpf::events::HostEvents::lost(self).map_err(|e| e.to_string())
-    }
-}
-
-/// How many event latencies [`EventStats`] keeps for its quantiles.
-pub const LATENCIES_KEPT: usize = 8192;
-
-/// What the event path saw since the watch started.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct EventStats {
-    /// Events by kind.
-    pub events: BTreeMap<&'static str, u64>,
-    /// Events the kernel could not deliver (a full ring).
-    pub lost: u64,
-    /// Full walks of `/proc` after the first: periodic, or after a loss.
-    pub resyncs: u64,
-    /// Resyncs forced by a loss.
-    pub resyncs_after_loss: u64,
-    /// What the resyncs corrected (processes events had not reported as
-    /// new, exited or with new executable mappings): 0 when nothing is lost.
-    pub corrections: u64,
-    /// Batches of events followed.
-    pub batches: u64,
-    /// Processes read because events named them.
-    pub processes_read: u64,
-    /// From each followed event to the end of the pass that read its
-    /// process (its tables published), the last [`LATENCIES_KEPT`].
-    #[serde(skip)]
-    pub latencies: Vec<Duration>,
-    #[serde(skip)]
-    latency_next: usize,
-}
-
-impl EventStats {
-    pub fn note_latency(&mut self, d: Duration) {
-        if self.latencies.len() < LATENCIES_KEPT {
-            self.latencies.push(d);
-        } else {
-            self.latencies[self.latency_next] = d;
-            self.latency_next = (self.latency_next + 1) % LATENCIES_KEPT;
-        }
-    }
-
-    /// The `q` quantile (0..=1) of the kept latencies.
-    pub fn latency_quantile(&self, q: f64) -> Option<Duration> {
-        let mut sorted = self.latencies.clone();
-        sorted.sort_unstable();
-        let last = sorted.len().checked_sub(1)?;
-        let at = ((last as f64) * q.clamp(0.0, 1.0)).round() as usize;
-        sorted.get(at).copied()
     }
 }
 
@@ -118,24 +68,6 @@ pub fn cpu_time() -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn latency_quantiles_come_from_the_kept_window() {
-        let mut s = EventStats::default();
-        assert_eq!(s.latency_quantile(0.5), None);
-        for ms in 1..=100 {
-            s.note_latency(Duration::from_millis(ms));
-        }
-        assert_eq!(s.latency_quantile(0.0), Some(Duration::from_millis(1)));
-        assert_eq!(s.latency_quantile(0.5), Some(Duration::from_millis(51)));
-        assert_eq!(s.latency_quantile(1.0), Some(Duration::from_millis(100)));
-        // The window keeps the newest.
-        for _ in 0..LATENCIES_KEPT {
-            s.note_latency(Duration::from_secs(1));
-        }
-        assert_eq!(s.latencies.len(), LATENCIES_KEPT);
-        assert_eq!(s.latency_quantile(0.0), Some(Duration::from_secs(1)));
-    }
 
     #[test]
     fn cpu_time_grows_with_work() {

@@ -16,7 +16,7 @@ use eim_core::tsd::LibcInfo;
 use eim_core::{ExecutableInfo, FileId};
 
 use crate::files::counting::ExtractionStats;
-use crate::host::scan::FileRecord;
+use crate::findings::FileRecord;
 use crate::report::table::{grouped, Align, Table};
 
 /// One loaded file.

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::host::scan::{Problem, ProblemKind};
+use crate::findings::{Problem, ProblemKind};
 
 /// Example paths a group shows unless every path is asked for.
 pub const EXAMPLES: usize = 3;

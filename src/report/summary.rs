@@ -28,11 +28,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 use eim_bpf::{PinReport, PinState};
-use eim_core::abi;
+
 use eim_core::tsd::LibcInfo;
 
-use crate::backends::inspect::{Inspect, InspectError};
-use crate::host::scan::{Counters, FileRecord, Host, Problem, ProblemKind};
+use crate::findings::{Counters, FileRecord, Problem};
 use crate::report;
 use crate::report::files::{self as loaded, LoadedFile};
 use crate::report::metrics::Metric;
@@ -82,7 +81,7 @@ pub struct Summary {
     pub events: Option<EventsReport>,
 }
 
-/// What a watch's host events did (see [`crate::host::events::EventStats`]).
+/// What a watch's host events did (see [`crate::findings::EventStats`]).
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct EventsReport {
     pub events: BTreeMap<&'static str, u64>,
@@ -98,7 +97,7 @@ pub struct EventsReport {
 }
 
 impl EventsReport {
-    pub fn of(s: &crate::host::events::EventStats) -> Self {
+    pub fn of(s: &crate::findings::EventStats) -> Self {
         let ms = |q| s.latency_quantile(q).map(|d| d.as_secs_f64() * 1e3);
         Self {
             events: s.events.clone(),
@@ -156,7 +155,7 @@ pub struct Processes {
     /// Processes holding references now.
     pub tracked: usize,
     /// Processes whose mappings eim may not read (the first
-    /// `host::scan::NOT_READABLE_KEPT` seen; `counters.permission_denied`
+    /// `findings::NOT_READABLE_KEPT` seen; `counters.permission_denied`
     /// counts them all).
     pub not_readable: Vec<NamedProcess>,
 }
@@ -250,7 +249,7 @@ pub struct Pins {
     pub cleaned: Option<Cleaned>,
     /// What the warm restart over the re-opened maps kept, loaded and
     /// removed (`null` when nothing was pinned with entries).
-    pub reconciled: Option<crate::host::scan::Reconciled>,
+    pub reconciled: Option<crate::findings::Reconciled>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -269,7 +268,7 @@ pub struct Cleaned {
 }
 
 impl Pins {
-    fn of(report: &PinReport) -> Self {
+    pub(crate) fn of(report: &PinReport) -> Self {
         let count = |state: fn(&PinState) -> bool| report.count(state);
         Self {
             dir: report.dir.clone(),
@@ -324,7 +323,7 @@ pub struct Seconds {
     pub phases: PhaseSeconds,
 }
 
-/// [`crate::host::scan::Phases`] in seconds.
+/// [`crate::findings::Phases`] in seconds.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct PhaseSeconds {
     pub walk: f64,
@@ -337,7 +336,7 @@ pub struct PhaseSeconds {
 }
 
 impl PhaseSeconds {
-    fn of(p: &crate::host::scan::Phases) -> Self {
+    pub(crate) fn of(p: &crate::findings::Phases) -> Self {
         Self {
             walk: secs(p.walk),
             open: secs(p.open),
@@ -350,142 +349,11 @@ impl PhaseSeconds {
     }
 }
 
-fn secs(d: Duration) -> f64 {
+pub(crate) fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
 impl Summary {
-    /// The summary of `host` now.
-    pub fn of<B: Inspect>(host: &mut Host<B>) -> Result<Self, InspectError> {
-        let usage = host.usage()?;
-        let state = host.manager().state();
-        let step = host.last_step().clone();
-        let loaded: Vec<_> = state.files.iter().collect();
-        let c_libraries = loaded
-            .iter()
-            .filter(|(_, e)| !e.info.libc.is_empty())
-            .count();
-        let interpreters = loaded
-            .iter()
-            .filter(|(_, e)| e.info.interpreters.iter().any(|m| m.outcome.is_ok()))
-            .count();
-        let stats = host.extraction();
-        let deltas = state
-            .book
-            .loaded()
-            .keys()
-            .filter_map(|id| stats.of(*id).deltas)
-            .map(|n| n as u64)
-            .sum();
-        let extraction = Extraction {
-            extractions: stats.attempts(),
-            files_extracted: stats.files(),
-            most_of_one_file: stats.most_of_one_file(),
-            deltas,
-            seconds: secs(stats.time()),
-        };
-        let size_classes: Vec<ClassUsage> = usage
-            .tables
-            .iter()
-            .map(|(&class, &tables)| {
-                let entries = abi::class_entries(class).unwrap_or(0);
-                ClassUsage {
-                    class,
-                    entries_per_table: entries,
-                    tables,
-                    bytes: tables as u64 * u64::from(entries) * DELTA_ELEMENT_BYTES,
-                }
-            })
-            .collect();
-        let delta_tables = size_classes.iter().map(|c| c.bytes).sum();
-        let page_entries = usage.pages as u64 * PAGE_ENTRY_BYTES;
-        let metrics = host.metrics();
-        let slots_in_use = metrics
-            .get(&eim_core::metrics::UNWIND_INFO_ARRAY_SIZE)
-            .map_or(0, |&v| usize::try_from(v).unwrap_or(usize::MAX));
-        let unwind_infos = slots_in_use as u64 * UNWIND_INFO_BYTES;
-        let kernel_time = host.kernel_time();
-        let (unsupported, problems): (Vec<Problem>, Vec<Problem>) = host
-            .problems()
-            .into_iter()
-            .partition(|p| p.kind == ProblemKind::Unsupported);
-        let found = found(host.files().values());
-        let count = |kind| problems.iter().filter(|p| p.kind == kind).count();
-        let extraction_seconds = extraction.seconds;
-        Ok(Self {
-            backend: B::NAME,
-            interrupted: step.interrupted,
-            processes: Processes {
-                listed: step.processes,
-                with_files: step.with_files,
-                tracked: host.processes().len(),
-                not_readable: host
-                    .not_readable()
-                    .iter()
-                    .map(|(&pid, name)| NamedProcess {
-                        pid,
-                        name: name.clone(),
-                    })
-                    .collect(),
-            },
-            mappings: Mappings {
-                file_mappings: step.file_mappings,
-                anonymous: step.anonymous_mappings,
-                references: host.processes().references(),
-            },
-            files: Files {
-                distinct: host.files().len(),
-                loaded: state.book.loaded().len(),
-                c_libraries,
-                interpreters,
-                deferred: count(ProblemKind::Deferred),
-                failed: count(ProblemKind::Failed),
-                unopenable: count(ProblemKind::Unopenable),
-                unsupported: unsupported.len(),
-                collisions: count(ProblemKind::Collision),
-            },
-            extraction,
-            kernel: Kernel {
-                page_entries: usage.pages,
-                unwind_infos: slots_in_use,
-                unwind_slots_holding_rules: usage.unwind_infos,
-                size_classes,
-                bytes: Bytes {
-                    delta_tables,
-                    page_entries,
-                    unwind_infos,
-                    total: delta_tables + page_entries + unwind_infos,
-                },
-                ops: host.kernel_ops(),
-                seconds: secs(kernel_time),
-            },
-            pins: host
-                .with_backend(|b| b.pin_report().map(Pins::of))
-                .map(|p| Pins {
-                    reconciled: host.restarted().cloned(),
-                    ..p
-                }),
-            problems,
-            unsupported: problems::group(&unsupported),
-            loaded_files: loaded::list(
-                &state,
-                host.files(),
-                host.extraction(),
-                &host.processes().pids_by_file(),
-            ),
-            found,
-            metrics: report::metrics::list(&metrics),
-            counters: host.counters().clone(),
-            seconds: Seconds {
-                last_step: secs(step.elapsed),
-                extraction: extraction_seconds,
-                kernel: secs(kernel_time),
-                phases: PhaseSeconds::of(&step.phases),
-            },
-            events: None,
-        })
-    }
-
     /// The summary as text tables, with a few example paths per reason a
     /// file was not loaded.
     pub fn render_text(&self) -> String {
@@ -547,7 +415,7 @@ impl Summary {
                 .take(SHOWN)
                 .map(|p| format!("{} ({})", p.pid, p.name))
                 .collect();
-            if all.len() >= crate::host::scan::NOT_READABLE_KEPT {
+            if all.len() >= crate::findings::NOT_READABLE_KEPT {
                 named.push("and more".into());
             } else if all.len() > SHOWN {
                 named.push(format!("and {} more", all.len() - SHOWN));
@@ -709,7 +577,7 @@ fn libc_detail(libc: &LibcInfo) -> String {
 }
 
 /// The C libraries and interpreters among `files`, in path order.
-fn found<'a>(files: impl Iterator<Item = &'a FileRecord>) -> Vec<Found> {
+pub(crate) fn found<'a>(files: impl Iterator<Item = &'a FileRecord>) -> Vec<Found> {
     let mut out = Vec::new();
     for file in files {
         let Some(info) = &file.info else { continue };

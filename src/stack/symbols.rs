@@ -16,9 +16,9 @@ use std::sync::Arc;
 use object::read::elf::{ElfFile64, ProgramHeader as _};
 use object::{LittleEndian, Object as _, ObjectSymbol as _, SymbolKind};
 
+use crate::files::segments::{self, LoadSegment};
 use crate::host::open::{open_mapping, OpenStrategy};
 use crate::host::procs::ExecMapping;
-use crate::host::segments::{self, LoadSegment};
 
 /// Largest file read for its symbols.
 pub const MAX_FILE_BYTES: u64 = 512 << 20;

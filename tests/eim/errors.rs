@@ -9,12 +9,12 @@ use std::io;
 use std::path::PathBuf;
 use std::process::Command;
 
-use eim::backends::inspect::InspectError;
-use eim::backends::lookup::LookupError;
+use eim::address::LookupError;
+use eim::daemon::WatchError;
 use eim::host::descriptors::DescriptorError;
 use eim::host::open::OpenError;
 use eim::host::procs::{self, ProcessError};
-use eim::host::watch::WatchError;
+use eim::map_view::InspectError;
 use eim::metrics_http::ServeError;
 use eim_test_support::errors::{assert_eims_convention, cli_text, repeated_segment};
 

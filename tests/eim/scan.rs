@@ -125,7 +125,7 @@ fn host_of(pids: &[i32], delay: Option<Duration>) -> Host<SimMaps> {
     )
 }
 
-fn step<B: eim::backends::inspect::Inspect>(host: &mut Host<B>) {
+fn step<B: eim::map_view::Inspect>(host: &mut Host<B>) {
     host.step(&AtomicBool::new(false), &mut Quiet)
         .expect("step");
 }

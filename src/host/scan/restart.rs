@@ -36,43 +36,15 @@ use eim_core::ops::MapKind;
 use eim_core::process_maps::ProcessMapTable;
 use eim_core::{ExecutableInfoManager, FileId};
 
-use super::{cause_of, host_elf_ref, Host, Identified, Problem, ProblemKind, StepReport};
-use crate::backends::inspect::Inspect;
+use super::{host_elf_ref, Host, Identified, StepReport};
 use crate::files::counting::HostFile;
+use crate::findings::{cause_of, Problem, ProblemKind, Reconciled};
 use crate::host::claims::Candidate;
 use crate::host::collide;
 use crate::host::mappings::{MappingKey, ProcessEntry, Resolution};
 use crate::host::open;
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
-
-/// What a warm restart did, for the summary and the log.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-pub struct Reconciled {
-    /// Processes walked that map executable files.
-    pub processes: usize,
-    /// Distinct files mapped now.
-    pub files: usize,
-    /// Files whose pinned entries were kept as they were.
-    pub adopted: usize,
-    /// Files loaded (nothing right of theirs was pinned).
-    pub loaded: usize,
-    /// Files that could not be extracted or loaded (in the problems).
-    pub failed: usize,
-    /// Files refused because they need a rule no slot holds while every
-    /// free slot cools after the restart: loaded once the grace is over.
-    pub waiting_for_slots: usize,
-    /// Files that could not be opened again for the extraction (their
-    /// processes exited meanwhile); the next step loads them if mapped.
-    pub reopen_failed: usize,
-    /// Removal ops planned (entries of files no longer mapped, or wrong).
-    pub removals: usize,
-    /// Removals still pending (retried like any leftover).
-    pub removals_pending: usize,
-    /// From the start of the walk to the maps reconciled.
-    pub seconds: f64,
-    /// Of which the walk (opening and identifying every mapped file).
-    pub walk_seconds: f64,
-}
+use crate::map_view::Inspect;
 
 /// Why a restart did not happen.
 #[derive(Debug, thiserror::Error)]

@@ -10,6 +10,12 @@
 //!   facade on both.
 //! * Each library crate depends only on the crates below it
 //!   (`Cargo.toml`'s `[dependencies]`).
+//! * No cycle between the child modules of any module of any crate
+//!   (test modules left out), and `src/`'s layers ([`SRC_LAYERS`]) only
+//!   point down.
+//! * No file has more than [`MAX_FILE_LINES`] non-test lines
+//!   ([`OVERSIZE_PENDING`] lists the splits still to do), and `src/`,
+//!   `bpf-backend/`, `tests/eim/` have no `mod.rs` ([`MOD_RS_ALLOWED`]).
 //!
 //! The checker runs on the real tree and, first, on small made-up trees
 //! that break each rule, so a checker that finds nothing fails too.
@@ -885,5 +891,506 @@ fn core_dependencies_are_read_from_the_manifest() {
     assert_eq!(
         deps,
         BTreeSet::from(["eim-core".to_string(), "eim-sim".to_string()])
+    );
+}
+
+// --- modules: no cycle between the modules of a module ---------------------
+//
+// A file cycle is the smallest knot; a module cycle is the one a reader
+// meets: `host` using `report` while `report` uses `host` makes neither
+// readable without the other, even when no two files point at each other.
+// At every module, the dependencies between its child modules (a file
+// inside `host/` on a file inside `report/` is the edge `host -> report`
+// at the level where the two are siblings) must not form a cycle.
+
+/// The dependency graph between the child modules of each module of a
+/// crate: parent module -> (child -> children of the same parent it
+/// uses). Nodes are module paths written as `a/b` (the crate's own
+/// children are bare names). The files of `#[cfg(test)]` modules are left
+/// out ([`test_files`]).
+fn module_graphs(
+    krate: &Crate,
+    edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+) -> BTreeMap<Vec<String>, BTreeMap<PathBuf, BTreeSet<PathBuf>>> {
+    let node = |module: &[String]| PathBuf::from(module.join("/"));
+    let tests = test_files(krate);
+    let mut out: BTreeMap<Vec<String>, BTreeMap<PathBuf, BTreeSet<PathBuf>>> = BTreeMap::new();
+    for (file, deps) in edges {
+        // A test module may drive its parent through a module above it
+        // (`sim/src/faults/tests.rs`): it is no part of the layering.
+        if tests.contains(file) {
+            continue;
+        }
+        let from = module_of(krate, file);
+        for dep in deps {
+            let to = module_of(krate, dep);
+            let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            // A module using its parent or one of its own children is not
+            // an edge between siblings.
+            if common < from.len() && common < to.len() {
+                out.entry(from[..common].to_vec())
+                    .or_default()
+                    .entry(node(&from[..=common]))
+                    .or_default()
+                    .insert(node(&to[..=common]));
+            }
+        }
+    }
+    for graph in out.values_mut() {
+        let nodes: Vec<PathBuf> = graph.values().flatten().cloned().collect();
+        for n in nodes {
+            graph.entry(n).or_default();
+        }
+    }
+    out
+}
+
+/// Every module cycle of a crate, described with the file dependencies
+/// that make each of its edges.
+fn module_cycles(krate: &Crate) -> Vec<String> {
+    let edges = graph(krate);
+    let mut out = Vec::new();
+    for graph in module_graphs(krate, &edges).values() {
+        for scc in cycles(graph) {
+            let mut text = String::from("module cycle:\n");
+            for m in &scc {
+                for d in graph[m].iter().filter(|d| scc.contains(d)) {
+                    text.push_str(&format!("  {} -> {}", m.display(), d.display()));
+                    let why = file_edges_between(krate, &edges, m, d);
+                    text.push_str(&format!(" ({})\n", why.join(", ")));
+                }
+            }
+            out.push(text);
+        }
+    }
+    out
+}
+
+/// The file dependencies that make the module edge `from -> to`
+/// (at most three, for the report).
+fn file_edges_between(
+    krate: &Crate,
+    edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    from: &Path,
+    to: &Path,
+) -> Vec<String> {
+    let inside = |file: &Path, module: &Path| {
+        let m = module_of(krate, file).join("/");
+        let module = module.to_string_lossy();
+        m == module || m.starts_with(&format!("{module}/"))
+    };
+    edges
+        .iter()
+        .filter(|(f, _)| inside(f, from))
+        .flat_map(|(f, ds)| {
+            ds.iter()
+                .filter(|d| inside(d, to))
+                .map(move |d| format!("{} -> {}", f.display(), d.display()))
+        })
+        .take(3)
+        .collect()
+}
+
+#[test]
+fn no_module_of_any_crate_is_in_a_cycle() {
+    let mut report = String::new();
+    for root in &crate_roots(&repo()) {
+        let krate = read_crate(&repo(), root);
+        for cycle in module_cycles(&krate) {
+            report.push_str(&format!("{root}: {cycle}"));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "modules depend on each other in a circle:\n{report}"
+    );
+}
+
+#[test]
+fn module_cycles_are_found_between_siblings_at_any_depth() {
+    // No two files in a circle, but `host` and `report` are: `host/watch`
+    // uses `report/summary`, which uses `host/scan`.
+    let krate = tree(&[
+        ("lib.rs", "pub mod host; pub mod report;"),
+        ("host.rs", "pub mod scan; pub mod watch;"),
+        ("host/scan.rs", ""),
+        ("host/watch.rs", "use crate::report::summary::S;\n"),
+        ("report.rs", "pub mod summary;"),
+        ("report/summary.rs", "use crate::host::scan::Host;\n"),
+    ]);
+    assert!(cycles(&graph(&krate)).is_empty(), "no file cycle");
+    let found = module_cycles(&krate);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("host -> report"), "{found:?}");
+    assert!(found[0].contains("report -> host"), "{found:?}");
+    assert!(
+        found[0].contains("host/watch.rs -> report/summary.rs"),
+        "the file edge is named: {found:?}"
+    );
+    // The same one level down, between the children of `a`.
+    let krate = tree(&[
+        ("lib.rs", "pub mod a;"),
+        ("a.rs", "pub mod x; pub mod y;"),
+        ("a/x.rs", "pub mod deep;"),
+        ("a/x/deep.rs", "use super::super::y::Y;\n"),
+        ("a/y.rs", "use crate::a::x::X;\n"),
+    ]);
+    let found = module_cycles(&krate);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("a/x -> a/y"), "{found:?}");
+    // A child using its parent, and the parent its child, is no cycle
+    // between siblings (a file cycle, if any, is the other rule's).
+    let krate = tree(&[
+        ("lib.rs", "pub mod a; pub mod b;"),
+        ("a.rs", "pub mod x;\nuse self::x::X;\n"),
+        ("a/x.rs", "use crate::b::B;\n"),
+        ("b.rs", ""),
+    ]);
+    assert!(module_cycles(&krate).is_empty());
+}
+
+/// The files of a crate that are compiled for its tests only: a module
+/// declared `#[cfg(test)] mod x;`, and every file under it.
+fn test_files(krate: &Crate) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for (module, file) in &krate.modules {
+        let is_test = (1..=module.len()).any(|n| {
+            let (parent, name) = (&module[..n - 1], &module[n - 1]);
+            file_of(krate, parent)
+                .and_then(|p| krate.sources.get(&p))
+                .is_some_and(|text| declared_for_tests(text, name))
+        });
+        if is_test {
+            out.insert(file.clone());
+        }
+    }
+    out
+}
+
+/// Whether `text` declares `mod name;` under `#[cfg(test)]` (the
+/// attribute on the declaration itself, other attributes between).
+fn declared_for_tests(text: &str, name: &str) -> bool {
+    let code = code_of(text);
+    let mut from = 0;
+    while let Some(n) = code[from..].find(&format!("mod {name};")) {
+        let at = from + n;
+        from = at + 1;
+        let before = code[..at].trim_end();
+        let before = before
+            .strip_suffix("pub(crate)")
+            .or_else(|| before.strip_suffix("pub"))
+            .unwrap_or(before)
+            .trim_end();
+        // Walk back over the attributes of this declaration.
+        let mut attrs = before;
+        while attrs.ends_with(']') {
+            let Some(open) = attrs.rfind("#[") else { break };
+            if attrs[open..].starts_with("#[cfg(test)]") {
+                return true;
+            }
+            attrs = attrs[..open].trim_end();
+        }
+    }
+    false
+}
+
+#[test]
+fn test_modules_are_no_part_of_the_module_layering() {
+    // `faults/tests.rs` drives `faults` through `kernel`, which uses
+    // `faults`: allowed for a test module, not for any other.
+    let files = |decl: &str| {
+        tree(&[
+            ("lib.rs", "pub mod faults; pub mod kernel;"),
+            ("faults.rs", decl),
+            ("faults/tests.rs", "use crate::kernel::SimMaps;\n"),
+            ("kernel.rs", "use crate::faults::Plan;\n"),
+        ])
+    };
+    let krate = files("#[cfg(test)]\n#[allow(dead_code)]\nmod tests;\n");
+    assert_eq!(
+        test_files(&krate),
+        BTreeSet::from([PathBuf::from("faults/tests.rs")])
+    );
+    assert!(module_cycles(&krate).is_empty());
+    let krate = files("mod tests;\n");
+    assert!(test_files(&krate).is_empty());
+    assert_eq!(module_cycles(&krate).len(), 1);
+}
+
+// --- the layers of `src/` ---------------------------------------------------
+
+/// The layers of the `eim` library (`src/lib.rs`), lowest first: a file
+/// may depend on files of its own layer or of a lower one (and the module
+/// cycle rule keeps a layer's modules acyclic). Every top-level module must
+/// be listed. The binary (`src/cli/`) is a crate of its own above them all.
+const SRC_LAYERS: &[(&str, &[&str])] = &[
+    // Reading files safely, and dropping privileges.
+    ("files", &["lib", "files", "sandbox"]),
+    // What a host walk finds, as data.
+    ("findings", &["findings"]),
+    // Rendering findings: the summary, metrics, tables.
+    ("reports", &["report"]),
+    // What a backend's maps hold and what its reader answers.
+    ("map view", &["map_view"]),
+    // The host model, its walks and its summary.
+    ("host", &["host"]),
+    // Over the host: the daemon and its metrics endpoint, the lookup of an
+    // address, stacks and profiles.
+    (
+        "daemon and commands",
+        &["daemon", "metrics_http", "address", "stack", "profile"],
+    ),
+];
+
+/// Every dependency of a file on a file of a higher layer of `layers`, and
+/// every top-level module no layer lists.
+fn layer_violations_in(
+    layers: &[(&'static str, &[&'static str])],
+    edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+) -> Vec<String> {
+    let layer_of = |module: &str| {
+        layers
+            .iter()
+            .enumerate()
+            .find(|(_, (_, mods))| mods.contains(&module))
+            .map(|(n, (name, _))| (n, *name))
+    };
+    let mut out = Vec::new();
+    for (file, deps) in edges {
+        let module = top_module(file);
+        let Some((layer, name)) = layer_of(&module) else {
+            out.push(format!(
+                "{}: module `{module}` is in no layer",
+                file.display()
+            ));
+            continue;
+        };
+        for dep in deps {
+            if let Some((dep_layer, dep_name)) = layer_of(&top_module(dep)) {
+                if dep_layer > layer {
+                    out.push(format!(
+                        "{} ({name}) depends on {} ({dep_name}), a higher layer",
+                        file.display(),
+                        dep.display()
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_layers_of_src_only_point_down() {
+    let krate = read_crate(&repo(), "src/lib.rs");
+    assert!(krate.sources.len() > 40, "src's modules were followed");
+    let bad = layer_violations_in(SRC_LAYERS, &graph(&krate));
+    assert!(
+        bad.is_empty(),
+        "src's layers (SRC_LAYERS, docs/ARCHITECTURE.md) broken:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn a_report_reaching_into_the_host_breaks_src_layers() {
+    let krate = tree(&[
+        ("lib.rs", "pub mod host; pub mod report; pub mod gadget;"),
+        ("host.rs", "pub mod scan;"),
+        ("host/scan.rs", "use crate::report::Summary;\n"),
+        ("report.rs", "use crate::host::scan::Host;\n"),
+        ("gadget.rs", ""),
+    ]);
+    let bad = layer_violations_in(SRC_LAYERS, &graph(&krate));
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert!(
+        bad[0].contains("`gadget` is in no layer"),
+        "an unplaced module is reported: {bad:?}"
+    );
+    assert!(
+        bad[1].contains("report.rs (reports) depends on host/scan.rs (host)"),
+        "{bad:?}"
+    );
+}
+
+// --- file size --------------------------------------------------------------
+
+/// The most non-test lines a `.rs` file may have (lines outside
+/// `#[cfg(test)] mod x { .. }` blocks; files of tests and benches are not
+/// counted): a file longer than this holds more than one concern.
+const MAX_FILE_LINES: usize = 1000;
+
+/// Files over [`MAX_FILE_LINES`] whose split is planned (issue 30: the
+/// core and the simulator are being split into crates, their long files
+/// with them). The check reports them as pending; an entry that is no
+/// longer over the cap (or no longer exists) fails, so the list only
+/// shrinks. Nothing may be added to it.
+const OVERSIZE_PENDING: &[&str] = &[
+    "core/src/manager.rs",
+    "core/src/machine/book.rs",
+    "core/src/elf/ehframe/walk.rs",
+];
+
+/// The directories whose crate roots are tests or benches ([`ROOT_DIRS`]
+/// minus binaries, examples and fuzz targets).
+const TEST_ROOT_DIRS: &[&str] = &[
+    "core/tests",
+    "core/benches",
+    "sim/tests",
+    "bpf-backend/tests",
+    "bpf-backend/benches",
+    "benches",
+    "tests/eim",
+    "tests/cross-crate/tests",
+];
+
+/// `text`'s lines outside its `#[cfg(test)] mod x { .. }` blocks.
+fn non_test_lines(text: &str) -> usize {
+    let code = code_of(text);
+    let mut test_lines = 0;
+    for (_, body) in inline_modules(&code) {
+        let head = &code[..body.start];
+        let Some(decl) = head.rfind("mod ") else {
+            continue;
+        };
+        let attrs = code[..decl].trim_end();
+        let attrs = attrs.strip_suffix("pub(crate)").unwrap_or(attrs).trim_end();
+        if attrs.ends_with("#[cfg(test)]") {
+            let start = code[..decl].rfind("#[cfg(test)]").unwrap_or(decl);
+            test_lines += code[start..=body.end.min(code.len() - 1)]
+                .matches('\n')
+                .count()
+                + 1;
+        }
+    }
+    text.lines().count().saturating_sub(test_lines)
+}
+
+/// Every non-test file of the workspace over [`MAX_FILE_LINES`], as
+/// (repository path, non-test lines).
+fn oversize_files(repo: &Path) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for root in crate_roots(repo) {
+        if TEST_ROOT_DIRS
+            .iter()
+            .any(|d| root.starts_with(&format!("{d}/")))
+        {
+            continue;
+        }
+        let krate = read_crate(repo, &root);
+        let tests = test_files(&krate);
+        let dir = Path::new(&root).parent().unwrap_or(Path::new(""));
+        for (file, text) in &krate.sources {
+            let lines = non_test_lines(text);
+            if lines > MAX_FILE_LINES && !tests.contains(file) {
+                out.insert(dir.join(file).display().to_string(), lines);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_file_is_over_the_size_cap() {
+    let over = oversize_files(&repo());
+    let mut bad = Vec::new();
+    for (file, lines) in &over {
+        if OVERSIZE_PENDING.contains(&file.as_str()) {
+            eprintln!("pending split: {file}: {lines} non-test lines (cap {MAX_FILE_LINES})");
+        } else {
+            bad.push(format!("{file}: {lines} non-test lines"));
+        }
+    }
+    for pending in OVERSIZE_PENDING {
+        if !over.contains_key(*pending) {
+            bad.push(format!(
+                "{pending} is in OVERSIZE_PENDING but not over the cap: remove it from the list"
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "files over {MAX_FILE_LINES} non-test lines (split them by concern):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn test_blocks_do_not_count_towards_the_size_cap() {
+    let body = "fn f() {}\n".repeat(10);
+    let text =
+        format!("{body}#[cfg(test)]\nmod tests {{\n    fn g() {{ let s = \"}}\"; }}\n}}\n{body}");
+    assert_eq!(non_test_lines(&text), 20);
+    // A module that is not for tests counts.
+    let text = format!("{body}mod inner {{\n    fn g() {{}}\n}}\n");
+    assert_eq!(non_test_lines(&text), 13);
+    // A made-up crate with one long file, and one long only in its tests.
+    let long = "fn f() {}\n".repeat(MAX_FILE_LINES + 1);
+    let tested = format!("fn f() {{}}\n#[cfg(test)]\nmod tests {{\n{long}}}\n");
+    let krate = tree(&[
+        (
+            "lib.rs",
+            "mod long; mod tested;\n#[cfg(test)]\nmod checks;\n",
+        ),
+        ("long.rs", &long),
+        ("tested.rs", &tested),
+        ("checks.rs", &long),
+    ]);
+    let over: Vec<&PathBuf> = krate
+        .sources
+        .iter()
+        .filter(|(f, t)| non_test_lines(t) > MAX_FILE_LINES && !test_files(&krate).contains(*f))
+        .map(|(f, _)| f)
+        .collect();
+    assert_eq!(over, [Path::new("long.rs")]);
+}
+
+// --- module files -----------------------------------------------------------
+
+/// Where a module is `foo.rs` beside its folder `foo/`, never `foo/mod.rs`.
+const ONE_MODULE_STYLE: &[&str] = &["src", "bpf-backend", "tests/eim"];
+
+/// The `mod.rs` files allowed there: an integration tests' helper module,
+/// which as `tests/common.rs` cargo would build as a test of its own
+/// (`bpf-backend` finds its tests automatically; the root package declares
+/// its tests, so `tests/eim/common.rs` is none).
+const MOD_RS_ALLOWED: &[&str] = &["bpf-backend/tests/common/mod.rs"];
+
+/// Every `mod.rs` under `dirs` of `repo` (skipping `target`).
+fn mod_rs_files(repo: &Path, dirs: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack: Vec<PathBuf> = dirs.iter().map(|d| repo.join(d)).collect();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() && path.file_name().is_some_and(|n| n != "target") {
+                stack.push(path);
+            } else if path.file_name().is_some_and(|n| n == "mod.rs") {
+                let rel = path.strip_prefix(repo).unwrap_or(&path);
+                out.push(rel.display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn modules_are_files_beside_their_folders() {
+    let found = mod_rs_files(&repo(), ONE_MODULE_STYLE);
+    assert!(
+        found.iter().any(|f| MOD_RS_ALLOWED.contains(&f.as_str())),
+        "the search finds the allowed helper module: {found:?}"
+    );
+    let bad: Vec<_> = found
+        .iter()
+        .filter(|f| !MOD_RS_ALLOWED.contains(&f.as_str()))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "mod.rs where a module is foo.rs beside foo/: {bad:?}"
     );
 }

@@ -198,13 +198,13 @@ pub fn started_loop<'a>(
     host: &'a mut eim::host::scan::Host<eim::sim::SimMaps>,
     source: &'a mut eim::bpf::events::HostEvents,
     stop: &std::sync::atomic::AtomicBool,
-) -> eim::host::watch::EventLoop<'a, eim::sim::SimMaps> {
-    let mut lp = eim::host::watch::EventLoop::new(
+) -> eim::daemon::EventLoop<'a, eim::sim::SimMaps> {
+    let mut lp = eim::daemon::EventLoop::new(
         host,
         source,
-        eim::host::watch::EventsConfig {
+        eim::daemon::EventsConfig {
             resync_every: Duration::from_secs(3600),
-            ..eim::host::watch::EventsConfig::default()
+            ..eim::daemon::EventsConfig::default()
         },
         None,
     );

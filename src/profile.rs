@@ -1,5 +1,5 @@
 //! `eim profile`: user stacks sampled by the BPF unwinder (the perf-event
-//! program of `bpf/lookup.bpf.c`, [`crate::bpf::profile::Profiler`]) while
+//! program of `bpf/lookup.bpf.c`, [`crate::bpf::sampler::Profiler`]) while
 //! the host's files are kept loaded, aggregated here as folded stacks (the
 //! input of flame-graph tools) and as a pprof profile.
 //!

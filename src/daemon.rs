@@ -1,4 +1,4 @@
-//! `eim watch`: a [`Host`] kept in step with the host, one step every
+//! The daemon's loop (`eim watch`): a [`Host`] kept in step with the host, one step every
 //! interval, until stopped. A process that exits between two steps is
 //! released at the next one; with a delayed unload its files stay loaded
 //! for the delay, so processes that come and go (a storm of short-lived
@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use eim_core::tracking::{coalesce, HostEvent, Stamped};
 
-use crate::backends::inspect::{Inspect, InspectError};
-use crate::host::events::{cpu_time, monotonic_now, EventSource, EventStats};
+use crate::findings::EventStats;
+use crate::host::events::{cpu_time, monotonic_now, EventSource};
 use crate::host::procs::ListError;
 use crate::host::scan::{Host, Missed, Progress};
+use crate::map_view::{Inspect, InspectError};
 use crate::metrics_http::Metrics;
 use crate::report::summary::Summary;
 

@@ -1,7 +1,12 @@
-//! What eim needs to see of a backend beyond applying ops: how much its
-//! maps hold, and what the unwinder's lookup answers for an address. Both
-//! are read from the maps themselves (the simulated ones, or the kernel's
-//! through its own lookup program), never from the manager's book.
+//! A view of the maps a backend holds, the same way for the simulated
+//! kernel and the real one: what eim needs to see of a backend beyond
+//! applying ops ([`Inspect`]): how much its maps hold, and what the
+//! unwinder's lookup answers for an address. Both are read from the maps
+//! themselves (the simulated ones, or the kernel's through its own lookup
+//! program), never from the manager's book. [`status`] audits pinned maps
+//! (`eim status`).
+
+pub mod status;
 
 use std::collections::BTreeMap;
 
@@ -12,7 +17,7 @@ use eim_core::ops::Backend;
 use eim_core::FileId;
 use eim_sim::{LookupError, Resolved, SimMaps, SimReader};
 
-use eim_bpf::lookup::{self as klookup, KernelResolved};
+use eim_bpf::lookup_record::{self as klookup, KernelResolved};
 use eim_bpf::{KernelError, KernelMaps, PinReport, PinnedReader};
 
 /// How many entries the maps hold.

@@ -20,13 +20,13 @@ use eim_core::FileId;
 
 use eim_bpf::PinnedReader;
 
-use crate::backends::inspect::{pinned_lookup, Inspect, LookupAnswer};
 use crate::files::counting::HostFile;
 use crate::files::regular::open_regular;
 use crate::host::fileids;
 use crate::host::open::{self, OpenStrategy};
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
 use crate::host::scan::{Host, Quiet};
+use crate::map_view::{pinned_lookup, Inspect, LookupAnswer};
 use crate::ElfFileRef;
 
 /// The answer for one address.
@@ -72,7 +72,7 @@ pub enum LookupError {
     #[error("{}: {message}", path.display())]
     File { path: PathBuf, message: String },
     #[error(transparent)]
-    Inspect(#[from] crate::backends::inspect::InspectError),
+    Inspect(#[from] crate::map_view::InspectError),
 }
 
 /// The ELF virtual address of file offset `offset`, through the segment
@@ -322,7 +322,7 @@ fn answer_pinned(a: &mut AddressAnswer, reader: &PinnedReader, id: FileId, elf_a
 
 /// An answer as one line of text.
 pub fn render_line(a: &AddressAnswer) -> String {
-    use crate::backends::inspect::Outcome;
+    use crate::map_view::Outcome;
     let mut line = format!("{:#x}", a.address);
     if let Some(p) = &a.path {
         line.push_str(&format!(" {}", p.display()));

@@ -4,7 +4,7 @@
 //! [`fileids`] read `/proc` and files; the decisions about references live
 //! in [`mappings`], and which file owns an id that several present in
 //! [`claims`] (with its I/O in [`collide`]); [`scan::Host`] is one walk of the host (and a warm
-//! restart), [`watch`] a step every interval; [`descriptors`] and [`heap`]
+//! restart), [`crate::daemon`] steps it every interval; [`descriptors`] and [`heap`]
 //! keep the process's descriptors and memory within bounds at host scale.
 
 pub mod claims;
@@ -14,8 +14,8 @@ pub mod events;
 pub mod fileids;
 pub mod heap;
 pub mod mappings;
+pub mod model;
 pub mod open;
 pub mod procs;
 pub mod scan;
-pub mod segments;
-pub mod watch;
+pub mod summarize;

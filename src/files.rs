@@ -12,4 +12,5 @@ pub mod elf_provider;
 pub mod loaders;
 pub mod opener;
 pub mod regular;
+pub mod segments;
 pub mod trust;
