@@ -26,12 +26,14 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
-use eim_core::deltas::info::sp;
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::deltas::info::sp;
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::manager::ManualClock;
-use eim_core::ops::Errno;
+use eim_machine::ops::Errno;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo};
+use eim_analysis::LibcInfo;
+use eim_core::{Config, Error, ExecutableInfoManager};
+use eim_machine::FileId;
 use eim_sim::{Observed, SimConfig, SimMaps, Sources};
 use eim_tests::refcount::RefCounts;
 
@@ -75,7 +77,7 @@ enum RuleIn {
 }
 
 impl RuleIn {
-    fn info(self) -> eim_core::abi::UnwindInfo {
+    fn info(self) -> eim_machine::abi::UnwindInfo {
         match self {
             RuleIn::Sp(k) => sp(8 * i32::from(k % 6 + 1)),
             RuleIn::Invalid => info::INVALID,

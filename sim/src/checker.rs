@@ -25,13 +25,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::time::Duration;
 
-use eim_core::abi::{StackDeltaPageKey, UnwindInfo, PAGE_BITS, PAGE_SIZE};
-use eim_core::deltas::IntervalData;
-use eim_core::machine::slots::SlotState;
-use eim_core::machine::{KernelBook, Timestamp};
 use eim_core::manager::StateView;
-use eim_core::ops::MapOp;
-use eim_core::FileId;
+use eim_machine::abi::{StackDeltaPageKey, UnwindInfo, PAGE_BITS, PAGE_SIZE};
+use eim_machine::deltas::IntervalData;
+use eim_machine::machine::slots::SlotState;
+use eim_machine::machine::{KernelBook, Timestamp};
+use eim_machine::ops::MapOp;
+use eim_machine::FileId;
 
 use crate::kernel::SimMaps;
 use crate::reader::{answer_of, expected, in_dead_page, Answer, LookupError, Resolved, SimReader};
@@ -334,7 +334,7 @@ pub fn check_accounting(book: &KernelBook) -> Result<(), Violation> {
             book.pages_in_use()
         )));
     }
-    for class in eim_core::abi::SIZE_CLASS_MIN..=eim_core::abi::SIZE_CLASS_MAX {
+    for class in eim_machine::abi::SIZE_CLASS_MIN..=eim_machine::abi::SIZE_CLASS_MAX {
         let count = book
             .loaded()
             .values()
@@ -633,7 +633,7 @@ pub fn check_all(state: &StateView, maps: &SimMaps, sources: &Sources) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eim_core::deltas::info::sp;
+    use eim_machine::deltas::info::sp;
 
     const LATER: Timestamp = Timestamp(Duration::from_nanos(5));
 
@@ -692,7 +692,7 @@ mod tests {
 
     #[test]
     fn page_samples_are_each_delta_and_its_neighbours_the_bounds_and_the_spread() {
-        use eim_core::deltas::{hint, StackDelta};
+        use eim_machine::deltas::{hint, StackDelta};
         let page = 3 << PAGE_BITS;
         let at = |address| StackDelta::new(address, hint::NONE, sp(8));
         let data = IntervalData::from_deltas(vec![

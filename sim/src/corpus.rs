@@ -8,8 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use eim_core::deltas::IntervalData;
-use eim_core::elf::{extract, vdso, Elf};
+use eim_analysis::elf::{extract, vdso, Elf};
+use eim_machine::deltas::IntervalData;
 
 /// Why the corpus could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -2,12 +2,12 @@
 //! maps (`sim/tests`, `tests/tests`): delta tables written as rows, and an
 //! interpreter match with offsets, so each test does not grow its own.
 
-use eim_core::abi::program;
-use eim_core::deltas::info::{sp, INVALID};
-use eim_core::deltas::{IntervalData, StackDelta};
-use eim_core::interp::{InterpreterOffsets, Loaded};
+use eim_analysis::interp::{InterpreterOffsets, Loaded};
+use eim_analysis::InterpreterData;
 use eim_core::tracers::LoaderMatch;
-use eim_core::InterpreterData;
+use eim_machine::abi::program;
+use eim_machine::deltas::info::{sp, INVALID};
+use eim_machine::deltas::{IntervalData, StackDelta};
 
 /// Deltas from `(address, hints, cfa)` rows: the rule is "CFA = SP + cfa",
 /// or the INVALID marker for a cfa of 0.
@@ -49,7 +49,7 @@ pub fn python() -> Vec<LoaderMatch> {
 /// Three pages, four rules (the first, sp 8, the one most other fixtures
 /// share), ending in an INVALID marker.
 pub fn three_pages() -> IntervalData {
-    use eim_core::deltas::hint;
+    use eim_machine::deltas::hint;
     deltas(&[
         (0x7_0100, hint::KEEP, 8),
         (0x7_0104, hint::NONE, 16),

@@ -2,7 +2,7 @@
 //! host whose processes fork, exec, map libraries and exit; the events
 //! those changes cause, reordered, duplicated and dropped on their way; a
 //! process table that follows them the way `eim watch` does
-//! ([`eim_core::tracking::coalesce`], then one read of each named process),
+//! ([`eim_machine::tracking::coalesce`], then one read of each named process),
 //! resyncing from the host's truth every so often and at once after a loss
 //! it is told of; and the manager over simulated maps underneath.
 //!
@@ -14,11 +14,12 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use eim_core::deltas::hint;
 use eim_core::manager::ManualClock;
 use eim_core::provider::MemoryProvider;
-use eim_core::tracking::{coalesce, HostEvent};
-use eim_core::{Config, ExecutableInfoManager, FileId, Tracers};
+use eim_core::{Config, ExecutableInfoManager, Tracers};
+use eim_machine::deltas::hint;
+use eim_machine::tracking::{coalesce, HostEvent};
+use eim_machine::FileId;
 
 use crate::fixtures::deltas;
 use crate::rng::{SimRng, Stream};

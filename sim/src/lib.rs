@@ -6,9 +6,10 @@
 //! unwinder does.
 //!
 //! ```
-//! use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+//! use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
 //! use eim_core::provider::MemoryProvider;
-//! use eim_core::{ExecutableInfoManager, FileId, Tracers};
+//! use eim_core::{ExecutableInfoManager, Tracers};
+//! use eim_machine::FileId;
 //! use eim_sim::reader::Answer;
 //! use eim_sim::{SimConfig, SimMaps, SimReader};
 //!
@@ -35,7 +36,7 @@
 //! ```
 //!
 //! The machine in eim-core talks to the kernel only through
-//! [`eim_core::ops::Backend`]. This crate provides a backend that needs no
+//! [`eim_machine::ops::Backend`]. This crate provides a backend that needs no
 //! privileges and fails on demand, so that every plan, every partial failure
 //! and every reader-visible intermediate state can be tested:
 //!
@@ -43,7 +44,7 @@
 //!   level, with the syscall's errnos, batch semantics and map-in-map
 //!   reference counting.
 //! * [`kernel`]: [`SimMaps`], eim's map set built from a [`SimConfig`], the
-//!   [`Backend`](eim_core::ops::Backend) implementation, and typed views of
+//!   [`Backend`](eim_machine::ops::Backend) implementation, and typed views of
 //!   the contents for tests and the invariant checker.
 //! * [`faults`]: deterministic fault injection by op number.
 //! * [`reader`]: [`SimReader`], SEED's BPF stack-delta lookup against the

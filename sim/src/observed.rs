@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eim_core::manager::Clock;
-use eim_core::ops::{Backend, MapOp, OpFailure};
+use eim_machine::ops::{Backend, MapOp, OpFailure};
 
 use crate::checker::{check_reader_safety, Sources, Violation};
 use crate::kernel::SimMaps;

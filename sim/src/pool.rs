@@ -8,9 +8,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use eim_core::deltas::IntervalData;
+use eim_analysis::LibcInfo;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
-use eim_core::{FileId, LibcInfo};
+use eim_machine::deltas::IntervalData;
+use eim_machine::FileId;
 
 use crate::checker::Sources;
 use crate::corpus::RealFile;

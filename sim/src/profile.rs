@@ -8,7 +8,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use eim_core::machine::Capacities;
+use eim_machine::machine::Capacities;
 
 use crate::kernel::SimConfig;
 use crate::pool::PoolSpec;

@@ -14,9 +14,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::machine::Timestamp;
 use eim_core::manager::{ManualClock, StateView};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
+use eim_core::{Config, Error, ExecutableInfoManager, Tracers};
+use eim_machine::machine::Timestamp;
+use eim_machine::FileId;
 
 use crate::checker::{check_all, check_projection, Sources, Violation};
 use crate::corpus::RealFile;

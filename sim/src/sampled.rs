@@ -10,10 +10,10 @@
 //! checks of the same page cover all of it over time. The expected answers
 //! still come from the source deltas, as in the full checks.
 
-use eim_core::abi::{StackDeltaPageKey, PAGE_BITS, PAGE_SIZE};
-use eim_core::deltas::IntervalData;
 use eim_core::manager::StateView;
-use eim_core::FileId;
+use eim_machine::abi::{StackDeltaPageKey, PAGE_BITS, PAGE_SIZE};
+use eim_machine::deltas::IntervalData;
+use eim_machine::FileId;
 
 use crate::checker::{check_addresses_safe, Sources, Violation};
 use crate::kernel::SimMaps;
@@ -186,7 +186,7 @@ pub fn check_page_equivalent(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eim_core::deltas::{hint, info, StackDelta};
+    use eim_machine::deltas::{hint, info, StackDelta};
 
     fn dense(count: u64) -> IntervalData {
         let mut d = IntervalData::new();

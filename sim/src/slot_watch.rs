@@ -21,10 +21,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::abi::{UnwindInfo, DELTA_COMMAND_FLAG};
-use eim_core::machine::Timestamp;
 use eim_core::manager::Clock;
-use eim_core::ops::MapOp;
+use eim_machine::abi::{UnwindInfo, DELTA_COMMAND_FLAG};
+use eim_machine::machine::Timestamp;
+use eim_machine::ops::MapOp;
 
 use crate::checker::Violation;
 use crate::kernel::SimMaps;
@@ -50,7 +50,7 @@ impl std::fmt::Debug for SlotWatch {
 
 impl SlotWatch {
     /// The time on the watch's clock.
-    pub fn now(&self) -> eim_core::machine::Timestamp {
+    pub fn now(&self) -> eim_machine::machine::Timestamp {
         self.clock.now()
     }
 
@@ -136,10 +136,10 @@ impl SlotWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eim_core::deltas::info::sp;
     use eim_core::manager::ManualClock;
-    use eim_core::ops::Backend;
-    use eim_core::FileId;
+    use eim_machine::deltas::info::sp;
+    use eim_machine::ops::Backend;
+    use eim_machine::FileId;
 
     use crate::kernel::SimConfig;
 
@@ -147,7 +147,7 @@ mod tests {
         MapOp::PutDeltaTable {
             file_id: FileId(file),
             map_id: 8,
-            deltas: Arc::from(vec![eim_core::abi::StackDelta {
+            deltas: Arc::from(vec![eim_machine::abi::StackDelta {
                 addr_low: 0x10,
                 unwind_info: slot,
             }]),

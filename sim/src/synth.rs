@@ -7,8 +7,8 @@
 //! with more deltas than a page entry can count (an encoding error). All
 //! are built with upstream's append rules, as extraction builds them.
 
-use eim_core::abi::{opcode, UnwindInfo, PAGE_SIZE};
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::abi::{opcode, UnwindInfo, PAGE_SIZE};
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
 
 use crate::rng::SimRng;
 
@@ -232,7 +232,7 @@ mod tests {
             for _ in 0..5 {
                 let d = generate(shape, &mut rng);
                 assert!(d.to_vec().windows(2).all(|w| w[0].address < w[1].address));
-                let drafted = eim_core::encode::draft(&d, 1 << 20);
+                let drafted = eim_machine::encode::draft(&d, 1 << 20);
                 assert_eq!(drafted.is_err(), shape == Shape::Overfull, "{shape:?}");
             }
         }

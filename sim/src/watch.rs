@@ -31,10 +31,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::abi::{StackDeltaPageKey, UnwindInfo, DELTA_COMMAND_FLAG};
 use eim_core::manager::Clock;
-use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
-use eim_core::FileId;
+use eim_machine::abi::{StackDeltaPageKey, UnwindInfo, DELTA_COMMAND_FLAG};
+use eim_machine::ops::{Backend, Errno, MapOp, OpFailure};
+use eim_machine::FileId;
 use sha2::{Digest, Sha256};
 
 use crate::checker::{Sources, Violation};
@@ -108,7 +108,7 @@ pub struct Watch {
     /// zero into a slot: the record a warm restart reads, as the kernel
     /// backend keeps it in the pin directory's lock file
     /// (`Observed::zeroed_ago`).
-    zeroed_at: Option<eim_core::machine::Timestamp>,
+    zeroed_at: Option<eim_machine::machine::Timestamp>,
 }
 
 impl Watch {

@@ -8,11 +8,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::deltas::IntervalData;
-use eim_core::machine::Capacities;
 use eim_core::manager::ManualClock;
 use eim_core::provider::MemoryProvider;
-use eim_core::{Config, ExecutableInfoManager, FileId, Tracers};
+use eim_core::{Config, ExecutableInfoManager, Tracers};
+use eim_machine::deltas::IntervalData;
+use eim_machine::machine::Capacities;
+use eim_machine::FileId;
 
 use crate::checker::Sources;
 use crate::kernel::{SimConfig, SimMaps};

@@ -7,14 +7,16 @@
 
 use std::sync::Arc;
 
-use eim_core::abi::{OffsetRange, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
-use eim_core::deltas::hint;
-use eim_core::deltas::info::sp;
-use eim_core::machine::audit::{audit, MapViolation};
+use eim_analysis::LibcInfo;
 use eim_core::manager::{ManualClock, StateView};
-use eim_core::ops::{Backend, MapOp};
 use eim_core::provider::{Extraction, MemoryProvider};
-use eim_core::{Config, ExecutableInfoManager, FileId, LibcInfo, Tracers};
+use eim_core::{Config, ExecutableInfoManager, Tracers};
+use eim_machine::abi::{OffsetRange, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
+use eim_machine::deltas::hint;
+use eim_machine::deltas::info::sp;
+use eim_machine::machine::audit::{audit, MapViolation};
+use eim_machine::ops::{Backend, MapOp};
+use eim_machine::FileId;
 use eim_sim::fixtures::{deltas, python, three_pages};
 use eim_sim::{
     check_accounting, check_all, check_lookup_equivalence, check_projection, check_reader_safety,
@@ -218,7 +220,7 @@ fn a_missing_or_orphan_table_is_caught() {
     let maps = h.written(MapOp::PutDeltaTable {
         file_id: STRANGER,
         map_id: class,
-        deltas: Arc::from(vec![eim_core::abi::StackDelta::default(); 2]),
+        deltas: Arc::from(vec![eim_machine::abi::StackDelta::default(); 2]),
     });
     projection_says(check_projection(&h.state, &maps), "orphans [(");
 }
@@ -412,8 +414,11 @@ fn rolled_back_allows_only_unused_slots_to_change() {
 /// A book and a plan for FILE's deltas, for the accounting tests: the book
 /// can only be made inconsistent by a caller misusing it, which is what
 /// the accounting check is there to notice (a manager bug).
-fn book_and_plan() -> (eim_core::machine::KernelBook, eim_core::machine::LoadPlan) {
-    let mut book = eim_core::machine::KernelBook::new(Default::default());
+fn book_and_plan() -> (
+    eim_machine::machine::KernelBook,
+    eim_machine::machine::LoadPlan,
+) {
+    let mut book = eim_machine::machine::KernelBook::new(Default::default());
     let data = deltas(&[
         (0x7_0100, hint::KEEP, 8),
         (0x8_0200, hint::KEEP, 24),
@@ -458,7 +463,7 @@ fn a_plan_committed_to_another_book_is_caught() {
     // Its slots were reserved in the first book: the second never handed
     // them out, yet a table of it uses them.
     let (_, plan) = book_and_plan();
-    let mut other = eim_core::machine::KernelBook::new(Default::default());
+    let mut other = eim_machine::machine::KernelBook::new(Default::default());
     other.commit_load(plan);
     accounting_says(check_accounting(&other), "above the high-water mark");
 }
@@ -468,9 +473,9 @@ fn a_plan_committed_after_it_was_rolled_back_is_caught() {
     // The rollback freed the plan's slots; committing it anyway leaves a
     // table that uses free slots.
     let (mut book, plan) = book_and_plan();
-    let stopped = eim_core::machine::Stopped {
+    let stopped = eim_machine::machine::Stopped {
         at: 0,
-        failure: eim_core::ops::OpFailure::new(eim_core::ops::Errno::ENOMEM, 0),
+        failure: eim_machine::ops::OpFailure::new(eim_machine::ops::Errno::ENOMEM, 0),
     };
     let rollback = book.abort_load(&plan, stopped);
     assert!(book.finish_rollback(rollback, Ok(())));
@@ -556,7 +561,7 @@ fn the_audit_reports_a_corrupted_table() {
     // The first delta naming a slot now names one past the array.
     let named = deltas
         .iter_mut()
-        .find(|d| d.unwind_info & eim_core::abi::DELTA_COMMAND_FLAG == 0)
+        .find(|d| d.unwind_info & eim_machine::abi::DELTA_COMMAND_FLAG == 0)
         .expect("a delta naming a slot");
     named.unwind_info = 0x7fff;
     let mut maps = h.written(MapOp::DeleteDeltaTable {
@@ -575,7 +580,7 @@ fn the_audit_reports_a_corrupted_table() {
     let maps = h.written(MapOp::PutDeltaTable {
         file_id: STRANGER,
         map_id: class,
-        deltas: Arc::from(vec![eim_core::abi::StackDelta::default(); 2]),
+        deltas: Arc::from(vec![eim_machine::abi::StackDelta::default(); 2]),
     });
     audit_says(&maps, "orphan_table", Some(STRANGER));
 }

@@ -5,7 +5,7 @@
 use std::error::Error as StdError;
 use std::path::Path;
 
-use eim_core::ops::Errno;
+use eim_machine::ops::Errno;
 use eim_sim::corpus::extract_file;
 use eim_sim::run::SetupError;
 use eim_sim::trace::Trace;

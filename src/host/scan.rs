@@ -32,16 +32,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use eim_core::abi::ProcessMapping;
-use eim_core::elf::fileid::FileId128;
+use eim_analysis::elf::fileid::FileId128;
 use eim_core::manager::Config;
 use eim_core::manager::MonotonicClock;
 use eim_core::metrics::{self, MetricId};
-use eim_core::ops::{Backend, MapOp};
-use eim_core::process_maps::ProcessMapTable;
 use eim_core::provider::ExtractErrorKind;
-use eim_core::tracking::Work;
-use eim_core::{Error, ExecutableInfo, ExecutableInfoManager, FileId, Tracers};
+use eim_core::{Error, ExecutableInfo, ExecutableInfoManager, Tracers};
+use eim_machine::abi::ProcessMapping;
+use eim_machine::ops::{Backend, MapOp};
+use eim_machine::process_maps::ProcessMapTable;
+use eim_machine::tracking::Work;
+use eim_machine::FileId;
 
 use crate::backends::inspect::{Inspect, InspectError, Usage};
 use crate::files::counting::{CountingProvider, ExtractionStats, HostFile, Timed};

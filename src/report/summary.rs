@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use eim_analysis::tsd::LibcInfo;
 use eim_bpf::{PinReport, PinState};
-use eim_core::abi;
-use eim_core::tsd::LibcInfo;
+use eim_machine::abi;
 
 use crate::backends::inspect::{Inspect, InspectError};
 use crate::host::scan::{Counters, FileRecord, Host, Problem, ProblemKind};
@@ -739,7 +739,7 @@ fn found<'a>(files: impl Iterator<Item = &'a FileRecord>) -> Vec<Found> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eim_core::tsd::{DtvInfo, TsdInfo};
+    use eim_analysis::tsd::{DtvInfo, TsdInfo};
 
     #[test]
     fn a_c_library_shows_each_layout_it_has() {

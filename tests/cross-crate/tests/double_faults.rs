@@ -21,12 +21,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::deltas::{hint, IntervalData};
+use eim_analysis::LibcInfo;
 use eim_core::manager::ManualClock;
-use eim_core::ops::Errno;
 use eim_core::provider::Extraction;
 use eim_core::tracers::LoaderMatch;
-use eim_core::{Error, FileId, LibcInfo};
+use eim_core::Error;
+use eim_machine::deltas::{hint, IntervalData};
+use eim_machine::ops::Errno;
+use eim_machine::FileId;
 use eim_sim::fixtures::{deltas, python, three_pages};
 use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
 use eim_sim::{check_all, check_rolled_back, SimConfig, Sources};
