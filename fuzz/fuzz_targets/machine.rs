@@ -5,7 +5,7 @@
 //! elements, rollbacks failing in turn) over the simulated kernel.
 //!
 //! Properties, after every call:
-//! * `eim_sim::check_all`: projection, lookup equivalence, accounting;
+//! * `eim_sim_harness::check_all`: projection, lookup equivalence, accounting;
 //! * reader safety after every single op, also inside a plan (the
 //!   `Observed` backend);
 //! * reference counts equal a small model kept from the calls' results, and
@@ -34,7 +34,8 @@ use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvi
 use eim_analysis::LibcInfo;
 use eim_core::{Config, Error, ExecutableInfoManager};
 use eim_machine::FileId;
-use eim_sim::{Observed, SimConfig, SimMaps, Sources};
+use eim_sim::{SimConfig, SimMaps};
+use eim_sim_harness::{Observed, Sources};
 use eim_tests::refcount::RefCounts;
 
 const FILES: usize = 4;

@@ -52,7 +52,7 @@ pub struct FaultPlan {
 /// The file element `i` of a write `op` belongs to (tables, pages,
 /// interpreter offsets). Deletes and slot writes belong to no file here (a
 /// rollback must be able to remove what went in).
-pub(crate) fn element_file(op: &MapOp, i: usize) -> Option<FileId> {
+pub fn element_file(op: &MapOp, i: usize) -> Option<FileId> {
     match op {
         MapOp::PutDeltaTable { file_id, .. } | MapOp::PutInterpreterOffsets { file_id, .. } => {
             (i == 0).then_some(*file_id)

@@ -147,7 +147,7 @@ impl SimMaps {
     }
 
     /// The outer map of a size class; `None` outside 8..=23.
-    pub(crate) fn outer(&self, class: u16) -> Option<MapId> {
+    pub fn outer(&self, class: u16) -> Option<MapId> {
         let at = usize::from(class.checked_sub(SIZE_CLASS_MIN)?);
         self.outers.get(at).copied()
     }
@@ -229,7 +229,7 @@ impl SimMaps {
     /// What the maps hold, as a warm restart's reconcile reads it (the
     /// same dump `KernelMaps::dump` gives of real maps). The maps keep no
     /// record of when a slot was last zeroed (`zeroed_ago` unknown; the
-    /// simulator's `Watch` keeps one).
+    /// simulator's `FaultyBackend` keeps one).
     pub fn observed(&self) -> eim_machine::machine::Observed {
         eim_machine::machine::Observed {
             pages: self.pages(),

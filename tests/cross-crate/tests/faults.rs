@@ -12,9 +12,9 @@ use eim_core::Error;
 use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
 use eim_machine::ops::Errno;
 use eim_machine::FileId;
-use eim_sim::fixtures::three_pages;
-use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
-use eim_sim::{check_all, Sources};
+use eim_sim_harness::fixtures::three_pages;
+use eim_sim_harness::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim_harness::{check_all, Sources};
 
 const FILE: FileId = FileId(0xf11e);
 const OTHER: FileId = FileId(0x07e7);

@@ -18,8 +18,8 @@ use eim_machine::deltas::info::sp;
 use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
 use eim_machine::ops::{Errno, MapKind};
 use eim_machine::FileId;
-use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
-use eim_sim::{check_all, Sources};
+use eim_sim_harness::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim_harness::{check_all, Sources};
 
 const FILE: FileId = FileId(0x9e7);
 const OTHER: FileId = FileId(0x07e7);

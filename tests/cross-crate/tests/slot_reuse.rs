@@ -18,8 +18,8 @@ use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
 use eim_machine::machine::Capacities;
 use eim_machine::ops::{Errno, MapKind};
 use eim_machine::FileId;
-use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
-use eim_sim::{check_all, Sources, Violation};
+use eim_sim_harness::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim_harness::{check_all, Sources, Violation};
 
 const GRACE: Duration = Duration::from_secs(5);
 

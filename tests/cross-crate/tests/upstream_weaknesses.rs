@@ -15,8 +15,9 @@ use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
 use eim_machine::encode::EncodeError;
 use eim_machine::ops::Errno;
 use eim_machine::FileId;
-use eim_sim::world::{CheckedWorld, WorldSpec};
-use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+use eim_sim::{SimConfig, SimMaps};
+use eim_sim_harness::world::{CheckedWorld, WorldSpec};
+use eim_sim_harness::{check_all, Observed, Sources};
 
 /// `pages` pages, one function each.
 fn file(pages: u64, seed: i32) -> IntervalData {

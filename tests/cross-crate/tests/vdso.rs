@@ -11,7 +11,8 @@ use eim_core::{ExecutableInfoManager, Tracers};
 use eim_machine::abi::encoded_command;
 use eim_machine::deltas::info;
 use eim_machine::FileId;
-use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+use eim_sim::{SimConfig, SimMaps};
+use eim_sim_harness::{check_all, Observed, Sources};
 use eim_test_support::testdata;
 
 #[test]

@@ -27,7 +27,7 @@ use eim_machine::machine::Timestamp;
 use eim_machine::ops::MapOp;
 
 use crate::checker::Violation;
-use crate::kernel::SimMaps;
+use eim_sim::kernel::SimMaps;
 
 /// The last reference to each slot by a published table.
 #[derive(Clone)]
@@ -141,7 +141,7 @@ mod tests {
     use eim_machine::ops::Backend;
     use eim_machine::FileId;
 
-    use crate::kernel::SimConfig;
+    use eim_sim::kernel::SimConfig;
 
     fn table(file: u64, slot: u16) -> MapOp {
         MapOp::PutDeltaTable {

@@ -16,7 +16,7 @@
 //!   "already written" but rolls back what the op did, so an injected EEXIST
 //!   is safe without making the key present.
 //!
-//! The die is reseeded by each action ([`Watch::begin`]), so a shrunk trace
+//! The die is reseeded by each action ([`FaultyBackend::begin`]), so a shrunk trace
 //! keeps the faults of the actions it keeps.
 //!
 //! Checks after each op (successful or failed), on the pages the op could
@@ -38,11 +38,11 @@ use eim_machine::FileId;
 use sha2::{Digest, Sha256};
 
 use crate::checker::{Sources, Violation};
-use crate::faults::element_file;
-use crate::kernel::SimMaps;
 use crate::rng::SimRng;
 use crate::sampled::{check_pages_safe, present_pages, Sampling};
 use crate::slot_watch::SlotWatch;
+use eim_sim::faults::element_file;
+use eim_sim::kernel::SimMaps;
 
 /// The errnos injected, in the order a fault draws them.
 pub const ERRNOS: [Errno; 6] = [
@@ -56,7 +56,7 @@ pub const ERRNOS: [Errno; 6] = [
 
 /// Counters of one run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WatchStats {
+pub struct FaultyStats {
     pub ops: u64,
     pub faults: u64,
     pub stopped_batches: u64,
@@ -72,7 +72,7 @@ pub struct WatchStats {
 
 /// [`SimMaps`] plus faults and per-op checks.
 #[derive(Debug)]
-pub struct Watch {
+pub struct FaultyBackend {
     pub maps: SimMaps,
     sources: Arc<Sources>,
     rate: f64,
@@ -81,12 +81,12 @@ pub struct Watch {
     pub recovery_rate: f64,
     dice: SimRng,
     sampling: Sampling,
-    pub stats: WatchStats,
-    /// Faults injected since [`Watch::begin`].
+    pub stats: FaultyStats,
+    /// Faults injected since [`FaultyBackend::begin`].
     faults_now: u64,
     /// The first violation, with the op after which it was seen.
     violation: Option<(String, Violation)>,
-    /// Files whose entries were written since [`Watch::begin`].
+    /// Files whose entries were written since [`FaultyBackend::begin`].
     touched: BTreeSet<FileId>,
     /// Slots each published table references, by inner map id (a
     /// published table never changes, and ids are never reused).
@@ -99,10 +99,10 @@ pub struct Watch {
     /// Invariant 6: no slot changes its rule while a reader may still
     /// reach it (on the manager's clock).
     slot_watch: Option<SlotWatch>,
-    /// Ops left before the daemon dies ([`Watch::arm_crash`]).
+    /// Ops left before the daemon dies ([`FaultyBackend::arm_crash`]).
     crash_in: Option<u64>,
     /// The daemon died: every op fails without effect until
-    /// [`Watch::revive`].
+    /// [`FaultyBackend::revive`].
     dead: bool,
     /// When (on the slot watch's clock, the manager's) an op last wrote a
     /// zero into a slot: the record a warm restart reads, as the kernel
@@ -111,7 +111,7 @@ pub struct Watch {
     zeroed_at: Option<eim_machine::machine::Timestamp>,
 }
 
-impl Watch {
+impl FaultyBackend {
     pub fn new(maps: SimMaps, sources: Arc<Sources>, rate: f64, sampling: Sampling) -> Self {
         Self {
             maps,
@@ -120,7 +120,7 @@ impl Watch {
             recovery_rate: 0.0,
             dice: SimRng::from_parts(0, 0),
             sampling,
-            stats: WatchStats::default(),
+            stats: FaultyStats::default(),
             faults_now: 0,
             violation: None,
             touched: BTreeSet::new(),
@@ -206,12 +206,12 @@ impl Watch {
         self.touched.clear();
     }
 
-    /// Faults injected since [`Watch::begin`].
+    /// Faults injected since [`FaultyBackend::begin`].
     pub fn faults_now(&self) -> u64 {
         self.faults_now
     }
 
-    /// Files whose entries were written since [`Watch::begin`].
+    /// Files whose entries were written since [`FaultyBackend::begin`].
     pub fn touched(&self) -> &BTreeSet<FileId> {
         &self.touched
     }
@@ -343,7 +343,11 @@ impl Watch {
 
     fn inner_id(&self, class: u16, file_id: FileId) -> Option<u32> {
         let outer = self.maps.outer(class)?;
-        let value = self.maps.reg.lookup(outer, &file_id.0.to_le_bytes()).ok()?;
+        let value = self
+            .maps
+            .registry()
+            .lookup(outer, &file_id.0.to_le_bytes())
+            .ok()?;
         Some(u32::from_le_bytes(value.get(..4)?.try_into().ok()?))
     }
 
@@ -383,7 +387,7 @@ impl Watch {
     }
 }
 
-impl Backend for Watch {
+impl Backend for FaultyBackend {
     fn apply(&mut self, op: &MapOp) -> Result<(), OpFailure> {
         self.stats.ops += 1;
         if let Some(watch) = &mut self.slot_watch {

@@ -21,9 +21,10 @@ use eim_machine::deltas::hint;
 use eim_machine::tracking::{coalesce, HostEvent};
 use eim_machine::FileId;
 
+use crate::check_projection;
 use crate::fixtures::deltas;
 use crate::rng::{SimRng, Stream};
-use crate::{check_projection, SimConfig, SimMaps};
+use eim_sim::{SimConfig, SimMaps};
 
 /// How hostile the event path is.
 #[derive(Clone, Copy, Debug)]

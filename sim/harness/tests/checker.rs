@@ -17,10 +17,11 @@ use eim_machine::deltas::info::sp;
 use eim_machine::machine::audit::{audit, MapViolation};
 use eim_machine::ops::{Backend, MapOp};
 use eim_machine::FileId;
-use eim_sim::fixtures::{deltas, python, three_pages};
-use eim_sim::{
+use eim_sim::{SimConfig, SimMaps};
+use eim_sim_harness::fixtures::{deltas, python, three_pages};
+use eim_sim_harness::{
     check_accounting, check_all, check_lookup_equivalence, check_projection, check_reader_safety,
-    check_rolled_back, SimConfig, SimMaps, Sources, Violation,
+    check_rolled_back, Sources, Violation,
 };
 
 /// Three pages, an interpreter entry.

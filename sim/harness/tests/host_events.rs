@@ -2,7 +2,7 @@
 //! table converges to the host's truth at every resync whatever the path
 //! does to the events, and a path that loses nothing needs no correction.
 
-use eim_sim::host_events::{run, EventPath, HostEventsConfig};
+use eim_sim_harness::host_events::{run, EventPath, HostEventsConfig};
 
 fn config(seed: u64, path: EventPath) -> HostEventsConfig {
     HostEventsConfig {

@@ -14,7 +14,7 @@
 //!   exactly what a direct search of its deltas answers, at every delta,
 //!   one byte on either side, and at spread-out addresses, except in the
 //!   dead pages of a long gap after an INVALID marker, where it must find
-//!   no page ([`crate::reader::in_dead_page`]).
+//!   no page ([`eim_sim::reader::in_dead_page`]).
 //! * **Accounting**: the book's counters equal a recount of its contents.
 //!
 //! The expected answers come from the source deltas (what the provider gave
@@ -33,8 +33,10 @@ use eim_machine::machine::{KernelBook, Timestamp};
 use eim_machine::ops::MapOp;
 use eim_machine::FileId;
 
-use crate::kernel::SimMaps;
-use crate::reader::{answer_of, expected, in_dead_page, Answer, LookupError, Resolved, SimReader};
+use eim_sim::kernel::SimMaps;
+use eim_sim::reader::{
+    answer_of, expected, in_dead_page, Answer, LookupError, Resolved, SimReader,
+};
 
 /// The source deltas of every file the manager may have loaded.
 pub type Sources = HashMap<FileId, IntervalData>;

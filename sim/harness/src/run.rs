@@ -1,4 +1,4 @@
-//! The run loop: the real [`ExecutableInfoManager`] over a [`Watch`]ed
+//! The run loop: the real [`ExecutableInfoManager`] over a [`FaultyBackend`]ed
 //! [`SimMaps`], driven one step at a time, with the invariants checked
 //! after every op and every step.
 //!
@@ -21,14 +21,14 @@ use eim_machine::FileId;
 
 use crate::checker::{check_all, check_projection, Sources, Violation};
 use crate::corpus::RealFile;
-use crate::kernel::{SimError, SimMaps};
+use crate::faulty::{FaultyBackend, FaultyStats};
 use crate::pool::{self, file_id, PoolFile, SimProvider};
 use crate::profile::Setup;
 use crate::rng::{SimRng, Stream};
 use crate::sampled::{check_files_equivalent, check_page_equivalent};
-use crate::watch::{Watch, WatchStats};
 use crate::workload::{Action, ExitStyle, Generator, LoadStyle, Step};
-use crate::SimReader;
+use eim_sim::kernel::{SimError, SimMaps};
+use eim_sim::SimReader;
 
 /// Which promise a failing run broke.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +130,7 @@ pub struct Sim {
     provider: Arc<SimProvider>,
     clock: Arc<ManualClock>,
     config: Config,
-    manager: ExecutableInfoManager<Arc<SimProvider>, Watch>,
+    manager: ExecutableInfoManager<Arc<SimProvider>, FaultyBackend>,
     now: Duration,
     processes: BTreeMap<u32, Process>,
     known: BTreeMap<FileId, Known>,
@@ -151,7 +151,7 @@ pub struct Outcome {
     pub steps: usize,
     pub tally: BTreeMap<&'static str, u64>,
     pub failure: Option<Failure>,
-    pub stats: WatchStats,
+    pub stats: FaultyStats,
     pub digest: String,
 }
 
@@ -185,7 +185,8 @@ impl Sim {
         let provider = Arc::new(SimProvider::new(&pool));
         let clock = Arc::new(ManualClock::new());
         let maps = SimMaps::new(setup.kernel)?;
-        let mut watch = Watch::new(maps, sources.clone(), setup.fault_rate, setup.checks.per_op);
+        let mut watch =
+            FaultyBackend::new(maps, sources.clone(), setup.fault_rate, setup.checks.per_op);
         watch.recovery_rate = setup.recovery_fault_rate;
         watch.sabotage = setup.sabotage;
         let config = Config {
@@ -224,7 +225,7 @@ impl Sim {
         &self.setup
     }
 
-    pub fn stats(&self) -> WatchStats {
+    pub fn stats(&self) -> FaultyStats {
         self.manager.with_backend(|w| w.stats)
     }
 
@@ -516,7 +517,7 @@ impl Sim {
         let maps = SimMaps::new(self.setup.kernel).map_err(|e| api(e.to_string()))?;
         let placeholder = ExecutableInfoManager::with_config(
             self.provider.clone(),
-            Watch::new(maps, self.sources.clone(), 0.0, self.setup.checks.per_op),
+            FaultyBackend::new(maps, self.sources.clone(), 0.0, self.setup.checks.per_op),
             Tracers::none(),
             self.config,
             Box::new(self.clock.clone()),

@@ -18,12 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use eim_sim::corpus::{self, RealFile};
-use eim_sim::profile::{Profile, Setup};
-use eim_sim::run::{build_pool, generator, run_steps, Failure, Sim};
-use eim_sim::shrink::{shrink, Budget};
-use eim_sim::trace::Trace;
-use eim_sim::workload::Step;
+use eim_sim_harness::corpus::{self, RealFile};
+use eim_sim_harness::profile::{Profile, Setup};
+use eim_sim_harness::run::{build_pool, generator, run_steps, Failure, Sim};
+use eim_sim_harness::shrink::{shrink, Budget};
+use eim_sim_harness::trace::Trace;
+use eim_sim_harness::workload::Step;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -88,7 +88,7 @@ struct Args {
 
 /// `--host-events`: each seed's run, and its report.
 fn host_events(args: &Args) -> ExitCode {
-    use eim_sim::host_events::{run, EventPath, HostEventsConfig};
+    use eim_sim_harness::host_events::{run, EventPath, HostEventsConfig};
     for p in [args.drop, args.duplicate, args.delay] {
         if !(0.0..=1.0).contains(&p) {
             eprintln!("eim-sim: --drop, --duplicate and --delay must be within 0..=1, not {p}");
@@ -266,7 +266,7 @@ fn run_seed(args: &Args, corpus: &[RealFile], setup: Setup) -> Fallible<Option<R
 fn report_failure(
     args: &Args,
     setup: &Setup,
-    pool: Arc<Vec<eim_sim::pool::PoolFile>>,
+    pool: Arc<Vec<eim_sim_harness::pool::PoolFile>>,
     steps: &[Step],
     failure: &Failure,
 ) -> Fallible<()> {

@@ -6,12 +6,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-use eim_sim::corpus::{self, RealFile};
-use eim_sim::pool::PoolFile;
-use eim_sim::profile::{Profile, Setup};
-use eim_sim::run::{build_pool, generate, run_steps, Invariant, Outcome};
-use eim_sim::shrink::{shrink, Budget};
-use eim_sim::trace::Trace;
+use eim_sim_harness::corpus::{self, RealFile};
+use eim_sim_harness::pool::PoolFile;
+use eim_sim_harness::profile::{Profile, Setup};
+use eim_sim_harness::run::{build_pool, generate, run_steps, Invariant, Outcome};
+use eim_sim_harness::shrink::{shrink, Budget};
+use eim_sim_harness::trace::Trace;
 
 fn corpus() -> &'static [RealFile] {
     static CORPUS: OnceLock<Vec<RealFile>> = OnceLock::new();
@@ -110,7 +110,7 @@ fn warm_restarts_at_any_op_keep_every_invariant() {
 /// each must now keep every invariant.
 #[test]
 fn saved_failures_replay_clean() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../regressions");
     let mut replayed = 0;
     for entry in std::fs::read_dir(&dir).expect("sim/regressions") {
         let path = entry.expect("entry").path();

@@ -6,11 +6,11 @@ use std::error::Error as StdError;
 use std::path::Path;
 
 use eim_machine::ops::Errno;
-use eim_sim::corpus::extract_file;
-use eim_sim::run::SetupError;
-use eim_sim::trace::Trace;
-use eim_sim::workload::Step;
 use eim_sim::{BatchError, SimError};
+use eim_sim_harness::corpus::extract_file;
+use eim_sim_harness::run::SetupError;
+use eim_sim_harness::trace::Trace;
+use eim_sim_harness::workload::Step;
 use eim_test_support::errors::assert_eims_convention;
 
 /// eim's convention ([`assert_eims_convention`]).

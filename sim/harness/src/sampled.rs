@@ -16,8 +16,8 @@ use eim_machine::deltas::IntervalData;
 use eim_machine::FileId;
 
 use crate::checker::{check_addresses_safe, Sources, Violation};
-use crate::kernel::SimMaps;
-use crate::reader::{expected, SimReader};
+use eim_sim::kernel::SimMaps;
+use eim_sim::reader::{expected, SimReader};
 
 /// How much of a page to look up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

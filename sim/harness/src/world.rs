@@ -16,8 +16,8 @@ use eim_machine::machine::Capacities;
 use eim_machine::FileId;
 
 use crate::checker::Sources;
-use crate::kernel::{SimConfig, SimMaps};
 use crate::observed::Observed;
+use eim_sim::kernel::{SimConfig, SimMaps};
 
 /// The manager of a [`CheckedWorld`].
 pub type CheckedManager = ExecutableInfoManager<Arc<MemoryProvider>, Observed>;

@@ -10,11 +10,11 @@ use std::str::FromStr;
 
 use eim_machine::machine::Capacities;
 
-use crate::kernel::SimConfig;
 use crate::pool::PoolSpec;
 use crate::rng::{SimRng, Stream};
 use crate::sampled::Sampling;
 use crate::workload::{Shape, Weights};
+use eim_sim::kernel::SimConfig;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Profile {
@@ -149,7 +149,7 @@ pub struct Setup {
     pub shape: Shape,
     pub checks: CheckPlan,
     /// Self-test: the backend loses every op of this name (see
-    /// [`crate::watch::Watch::sabotage`]).
+    /// [`crate::faulty::FaultyBackend::sabotage`]).
     pub sabotage: Option<&'static str>,
 }
 

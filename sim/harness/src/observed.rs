@@ -9,8 +9,8 @@ use eim_core::manager::Clock;
 use eim_machine::ops::{Backend, MapOp, OpFailure};
 
 use crate::checker::{check_reader_safety, Sources, Violation};
-use crate::kernel::SimMaps;
 use crate::slot_watch::SlotWatch;
+use eim_sim::kernel::SimMaps;
 
 /// [`SimMaps`] plus a reader-safety check after each op.
 #[derive(Clone, Debug)]
