@@ -71,6 +71,9 @@
 //! # Ok::<(), eim_core::Error>(())
 //! ```
 
+// What other crates may use is `pub` and reachable; the rest is `pub(crate)`.
+#![warn(unreachable_pub)]
+
 pub mod error;
 pub mod info;
 pub mod manager;

@@ -16,25 +16,25 @@
 //! Every loader asks a file it does not claim no more than it must: the
 //! loaders upstream keys on the file's name test the name before anything
 //! else, and the Go loaders, which key on the contents, test the cheap
-//! [`evidence`] first (section names, Go's note). What is costly to build
+//! `evidence` first (section names, Go's note). What is costly to build
 //! is built on first use and shared by all loaders: the symbol index, and
 //! the gaps (a walk over every delta, which only V8 needs, on a file named
 //! like node). On a file no loader claims neither is built, and nothing of
 //! the file is read but its note segments (`tests/eim/loaders_evidence.rs`).
 //!
 //! One module per interpreter; [`access`] holds the ELF reading they share,
-//! [`evidence`] what they test first, [`names`] the file-name patterns
+//! `evidence` what they test first, `names` the file-name patterns
 //! of spec 8.2, and [`identity`] what interpreter a file is by its symbols
 //! whatever its name (for `eim inspect`).
 
 pub mod access;
 pub mod apm;
 pub mod dotnet;
-pub mod evidence;
+pub(crate) mod evidence;
 pub mod go;
 pub mod hotspot;
 pub mod identity;
-pub mod names;
+pub(crate) mod names;
 pub mod perl;
 pub mod php;
 pub mod php_code;

@@ -13,6 +13,9 @@
 //! * [`tsd`]: C-library introspection (TSD and DTV layouts from machine code).
 //! * [`interp`]: the interpreter loaders (pure functions of a parsed ELF).
 
+// What other crates may use is `pub` and reachable; the rest is `pub(crate)`.
+#![warn(unreachable_pub)]
+
 pub mod elf;
 pub mod interp;
 pub mod tsd;

@@ -7,19 +7,19 @@
 //!   the DTV).
 //! * [`extract_tsd`]: the code of `__pthread_getspecific` (or
 //!   `pthread_getspecific`), analysed per architecture: a symbolic
-//!   interpreter on x86-64 ([`x86`], over [`expr`]), a register-state
-//!   machine on arm64 ([`arm64`]).
+//!   interpreter on x86-64 (`x86`, over `expr`), a register-state
+//!   machine on arm64 (`arm64`).
 //! * [`extract_dtv`]: the same machinery over `__tls_get_addr`.
 //!
 //! Error messages are upstream's where the oracle records them (its
 //! `.tsd` files show them after `# error: `).
 
-pub mod arm64;
+pub(crate) mod arm64;
 pub mod error;
-pub mod expr;
-pub mod layout;
-pub mod name;
-pub mod x86;
+pub(crate) mod expr;
+pub(crate) mod layout;
+pub(crate) mod name;
+pub(crate) mod x86;
 
 use std::borrow::Cow;
 

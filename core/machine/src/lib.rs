@@ -20,6 +20,9 @@
 //! * [`unwind`]: the native unwinder, over the maps behind traits.
 //! * [`text`], [`text_input`]: the oracle's text formats.
 
+// What other crates may use is `pub` and reachable; the rest is `pub(crate)`.
+#![warn(unreachable_pub)]
+
 pub mod abi;
 pub mod deltas;
 pub mod driver;

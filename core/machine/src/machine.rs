@@ -12,10 +12,10 @@
 //! and kernel effects are [`crate::ops::MapOp`]s.
 
 pub mod audit;
-pub mod book;
+pub(crate) mod book;
 pub mod deferred;
-pub mod files;
-pub mod reconcile;
+pub(crate) mod files;
+pub(crate) mod reconcile;
 pub mod slots;
 
 use std::time::Duration;

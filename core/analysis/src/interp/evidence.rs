@@ -23,8 +23,8 @@ use crate::elf::gopclntab::has_go_build_id_note;
 use crate::elf::Elf;
 
 /// Go's sections: its build information and its pc/line table.
-pub const GO_BUILDINFO: &str = ".go.buildinfo";
-pub const GO_PCLNTAB: &str = ".gopclntab";
+pub(crate) const GO_BUILDINFO: &str = ".go.buildinfo";
+pub(crate) const GO_PCLNTAB: &str = ".gopclntab";
 
 /// What a file shows of itself cheaply (see the module documentation).
 pub struct Evidence<'a, 'd> {

@@ -2,7 +2,7 @@
 //! (the goroutine labels of Go before 1.25).
 //!
 //! go: a file with a readable `.go.buildinfo` or `.gopclntab` section
-//! (tested by name first, [`super::evidence`]); extracts the
+//! (tested by name first, `super::evidence`); extracts the
 //! toolchain version from the build information (may be absent), and the
 //! size and function count of the pc/line table, which must parse.
 //!

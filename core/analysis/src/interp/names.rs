@@ -13,25 +13,26 @@ fn compile(pattern: &str) -> Regex {
     Regex::new(pattern).unwrap_or_else(|e| unreachable!("pattern {pattern}: {e}"))
 }
 
-pub static PERL_LIB: LazyLock<Regex> = LazyLock::new(|| compile(r"^(?:.*/)?libperl\.so[^/]*$"));
-pub static PERL_EXE: LazyLock<Regex> = LazyLock::new(|| compile(r"^(?:.*/)?perl$"));
-pub static PYTHON_LIB: LazyLock<Regex> =
+pub(crate) static PERL_LIB: LazyLock<Regex> =
+    LazyLock::new(|| compile(r"^(?:.*/)?libperl\.so[^/]*$"));
+pub(crate) static PERL_EXE: LazyLock<Regex> = LazyLock::new(|| compile(r"^(?:.*/)?perl$"));
+pub(crate) static PYTHON_LIB: LazyLock<Regex> =
     LazyLock::new(|| compile(r"^(?:.*/)?libpython([0-9])\.([0-9]+)[^/]*"));
-pub static PYTHON_EXE: LazyLock<Regex> =
+pub(crate) static PYTHON_EXE: LazyLock<Regex> =
     LazyLock::new(|| compile(r"^(?:.*/)?python([0-9])\.([0-9]+)(d|m|dm)?$"));
-pub static PHP: LazyLock<Regex> = LazyLock::new(|| {
+pub(crate) static PHP: LazyLock<Regex> = LazyLock::new(|| {
     compile(r".*/php(-cgi|-fpm)?[0-9.]*$|^php(-cgi|-fpm)?[0-9.]*$|.*/libphp.*\.so$")
 });
-pub static OPCACHE: LazyLock<Regex> = LazyLock::new(|| compile(r"^(?:.*/)?opcache\.so$"));
-pub static HOTSPOT: LazyLock<Regex> = LazyLock::new(|| compile(r".*/libjvm\.so"));
-pub static RUBY: LazyLock<Regex> =
+pub(crate) static OPCACHE: LazyLock<Regex> = LazyLock::new(|| compile(r"^(?:.*/)?opcache\.so$"));
+pub(crate) static HOTSPOT: LazyLock<Regex> = LazyLock::new(|| compile(r".*/libjvm\.so"));
+pub(crate) static RUBY: LazyLock<Regex> =
     LazyLock::new(|| compile(r"^(?:.*/)?libruby(?:-.*)?\.so\.([0-9])\.([0-9])\.([0-9])$"));
-pub static V8: LazyLock<Regex> = LazyLock::new(|| {
+pub(crate) static V8: LazyLock<Regex> = LazyLock::new(|| {
     compile(r"^(?:.*/)?(?:node|nsolid)([0-9]+)?$|^(?:.*/)libnode\.so(\.[0-9]+)?$")
 });
-pub static DOTNET: LazyLock<Regex> =
+pub(crate) static DOTNET: LazyLock<Regex> =
     LazyLock::new(|| compile(r"/([0-9]+)\.([0-9]+).([0-9]+)/libcoreclr.so$"));
-pub static APM: LazyLock<Regex> =
+pub(crate) static APM: LazyLock<Regex> =
     LazyLock::new(|| compile(r".*/elastic-jvmti-linux-([0-9A-Za-z_-]*)\.so"));
 
 #[cfg(test)]

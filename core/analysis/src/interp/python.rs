@@ -10,7 +10,7 @@
 //! `.cold` part of the evaluation loop: the FDE that covers the first jump
 //! target outside the function (upstream looks for it on x86-64 only).
 //! It also reads the layouts CPython publishes of its code, frame and bytes
-//! objects ([`types`]) and, from 3.13, the address of `_Py_NoneStruct`
+//! objects (`types`) and, from 3.13, the address of `_Py_NoneStruct`
 //! (the top frame's code object is `None` there, where unwinding stops).
 //!
 //! A key that cannot be found is an error, as upstream's loader makes it
@@ -22,7 +22,7 @@
 //! such instead of as empty Python stacks.
 
 mod tss;
-pub mod types;
+pub(crate) mod types;
 
 use std::collections::BTreeMap;
 

@@ -263,7 +263,7 @@ fn shl(v: i64, n: u8) -> i64 {
 
 /// The TSD layout `pthread_getspecific`'s code reads. At most one step
 /// per 4 bytes of code.
-pub fn tsd(code: &[u8]) -> Result<TsdInfo, AnalysisError> {
+pub(crate) fn tsd(code: &[u8]) -> Result<TsdInfo, AnalysisError> {
     let mut regs = [State::default(); 31];
     regs[0] = State {
         status: Status::Index,
@@ -433,7 +433,7 @@ fn follow(regs: &[State; 31], op: Op) -> Option<Option<State>> {
 /// HEAD's scan of `__tls_get_addr` for the DTV layout: the offset of the
 /// first load after `mrs` (or of any `ldur`), the entry size from the
 /// last scaled index or `lsl`. Every word must decode.
-pub fn dtv(code: &[u8]) -> Result<DtvInfo, AnalysisError> {
+pub(crate) fn dtv(code: &[u8]) -> Result<DtvInfo, AnalysisError> {
     let (mut offset, mut width) = (0i64, 0u32);
     let (mut thread_pointer, mut dtv_load) = (false, false);
     for (i, chunk) in code.chunks_exact(4).enumerate() {

@@ -12,12 +12,12 @@
 use std::rc::Rc;
 
 /// Values larger than this are replaced by an opaque one.
-pub const MAX_NODES: u32 = 512;
+pub(crate) const MAX_NODES: u32 = 512;
 
 /// A value that is not computed from others: an input register, the
 /// function's own address, or something too large to follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Name {
+pub(crate) enum Name {
     /// The register's value when the function was entered.
     Input(u8),
     /// The address the code is loaded at.
@@ -28,7 +28,7 @@ pub enum Name {
 
 /// A memory operand's segment override, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Segment {
+pub(crate) enum Segment {
     None,
     Fs,
     Gs,
@@ -47,7 +47,7 @@ enum Node {
 
 /// A symbolic 64-bit value.
 #[derive(Clone, Debug)]
-pub struct Expr {
+pub(crate) struct Expr {
     node: Rc<Node>,
     size: u32,
 }
@@ -63,18 +63,18 @@ impl Expr {
         }
     }
 
-    pub fn imm(value: u64) -> Self {
+    pub(crate) fn imm(value: u64) -> Self {
         Self::new(Node::Imm(value), 1)
     }
 
-    pub fn named(name: Name) -> Self {
+    pub(crate) fn named(name: Name) -> Self {
         Self {
             node: Rc::new(Node::Named(name)),
             size: 1,
         }
     }
 
-    pub fn as_imm(&self) -> Option<u64> {
+    pub(crate) fn as_imm(&self) -> Option<u64> {
         match *self.node {
             Node::Imm(v) => Some(v),
             _ => None,
@@ -87,7 +87,7 @@ impl Expr {
 
     /// The sum of `parts`: nested sums flattened, constants folded into
     /// one, which goes last and is left out when it is zero.
-    pub fn add(parts: &[Expr]) -> Self {
+    pub(crate) fn add(parts: &[Expr]) -> Self {
         let mut operands = Vec::new();
         let mut constant = 0u64;
         for part in parts {
@@ -122,7 +122,7 @@ impl Expr {
 
     /// The product of `parts`: constants folded (last, left out when one),
     /// zero absorbing, and `(a + b) * c` distributed into `a*c + b*c`.
-    pub fn mul(parts: &[Expr]) -> Self {
+    pub(crate) fn mul(parts: &[Expr]) -> Self {
         let mut operands = Vec::new();
         let mut constant = 1u64;
         for part in parts {
@@ -157,7 +157,7 @@ impl Expr {
     }
 
     /// The low `bits` of `value`, zero-extended.
-    pub fn zero_extend(value: Expr, bits: u8) -> Self {
+    pub(crate) fn zero_extend(value: Expr, bits: u8) -> Self {
         if bits >= 64 {
             return value;
         }
@@ -200,7 +200,7 @@ impl Expr {
     }
 
     /// The low `bits` of `value`, sign-extended (never simplified).
-    pub fn sign_extend(value: Expr, bits: u8) -> Self {
+    pub(crate) fn sign_extend(value: Expr, bits: u8) -> Self {
         let size = value.size.saturating_add(1);
         Self::new(
             Node::Extend {
@@ -214,7 +214,7 @@ impl Expr {
 
     /// What memory holds at `at` (the access size does not matter to the
     /// patterns, so it is not kept).
-    pub fn mem(segment: Segment, at: Expr) -> Self {
+    pub(crate) fn mem(segment: Segment, at: Expr) -> Self {
         let size = at.size.saturating_add(1);
         Self::new(Node::Mem { segment, at }, size)
     }
@@ -233,7 +233,7 @@ impl Expr {
 
     /// Whether this value has the shape of `pattern`; immediates under a
     /// [`Pat::Capture`] are recorded in `captures`.
-    pub fn matches(&self, pattern: &Pat, captures: &mut [u64]) -> bool {
+    pub(crate) fn matches(&self, pattern: &Pat, captures: &mut [u64]) -> bool {
         match (&*self.node, pattern) {
             (Node::Imm(v), Pat::Imm(w)) => v == w,
             (Node::Imm(v), Pat::Capture(slot)) => match captures.get_mut(*slot) {
@@ -278,7 +278,7 @@ impl Expr {
 
 /// A shape to recognise.
 #[derive(Clone, Debug)]
-pub enum Pat {
+pub(crate) enum Pat {
     Imm(u64),
     /// Any immediate, recorded in the given slot.
     Capture(usize),
@@ -301,11 +301,11 @@ impl Pat {
         }
     }
 
-    pub fn mem(segment: Segment, at: Pat) -> Self {
+    pub(crate) fn mem(segment: Segment, at: Pat) -> Self {
         Pat::Mem(segment, Box::new(at))
     }
 
-    pub fn zext32(inner: Pat) -> Self {
+    pub(crate) fn zext32(inner: Pat) -> Self {
         Pat::ZeroExtend(Box::new(inner), 32)
     }
 }

@@ -287,7 +287,7 @@ const MULTIPLIER: usize = 1;
 const BIAS: usize = 2;
 
 /// The TSD layout `pthread_getspecific`'s code reads.
-pub fn tsd(code: &[u8]) -> Result<TsdInfo, AnalysisError> {
+pub(crate) fn tsd(code: &[u8]) -> Result<TsdInfo, AnalysisError> {
     let result = run_to_return(code)?;
     let mut c = [0u64; 3];
     // musl: load(load(load(fs:[0]) + offset) + zext32(key) * multiplier).
@@ -335,7 +335,7 @@ fn tsd_info(offset: u64, multiplier: u64, indirect: u8) -> TsdInfo {
 
 /// The DTV layout `__tls_get_addr`'s code reads. Its argument points to
 /// `{module id, offset}`; the result is `dtv[module].pointer + offset`.
-pub fn dtv(code: &[u8]) -> Result<DtvInfo, AnalysisError> {
+pub(crate) fn dtv(code: &[u8]) -> Result<DtvInfo, AnalysisError> {
     let result = run_to_return(code)?;
     let module = || load(key());
     let tls_offset = || load(Pat::Add(vec![key(), Pat::Imm(8)]));

@@ -30,7 +30,7 @@ use super::{
 
 /// Deltas held before they are folded: the room a CFI walk reserves up
 /// front (`walk::MAX_RESERVED_DELTAS`), 24 MiB.
-pub const FOLD_CHUNK: usize = 1 << 20;
+pub(super) const FOLD_CHUNK: usize = 1 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {

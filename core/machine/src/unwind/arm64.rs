@@ -27,12 +27,12 @@ const SIGNAL_OFFSET: u64 = 312;
 
 /// Indices in those words.
 mod sigcontext {
-    pub const X22: usize = 22;
-    pub const X28: usize = 28;
-    pub const FP: usize = 29;
-    pub const LR: usize = 30;
-    pub const SP: usize = 31;
-    pub const PC: usize = 32;
+    pub(super) const X22: usize = 22;
+    pub(super) const X28: usize = 28;
+    pub(super) const FP: usize = 29;
+    pub(super) const LR: usize = 30;
+    pub(super) const SP: usize = 31;
+    pub(super) const PC: usize = 32;
 }
 
 /// User-space addresses on arm64 fit in 48 bits; the bits above hold a

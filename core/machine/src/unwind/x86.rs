@@ -24,14 +24,14 @@ const SIGCONTEXT_OFFSET: u64 = 40;
 /// `sigcontext` word indices (the kernel's `struct sigcontext_64` order:
 /// r8..r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip).
 mod sigcontext {
-    pub const R9: usize = 1;
-    pub const R11: usize = 3;
-    pub const R13: usize = 5;
-    pub const R15: usize = 7;
-    pub const RBP: usize = 10;
-    pub const RAX: usize = 13;
-    pub const RSP: usize = 15;
-    pub const RIP: usize = 16;
+    pub(super) const R9: usize = 1;
+    pub(super) const R11: usize = 3;
+    pub(super) const R13: usize = 5;
+    pub(super) const R15: usize = 7;
+    pub(super) const RBP: usize = 10;
+    pub(super) const RAX: usize = 13;
+    pub(super) const RSP: usize = 15;
+    pub(super) const RIP: usize = 16;
 }
 
 /// `BASE_REG`: the low 4 bits of param number the register.

@@ -12,20 +12,20 @@ use super::EntryError;
 
 /// DWARF pointer encodings (`DW_EH_PE_*`).
 pub(super) mod pe {
-    pub const ABSPTR: u8 = 0x00;
-    pub const UDATA2: u8 = 0x02;
-    pub const UDATA4: u8 = 0x03;
-    pub const UDATA8: u8 = 0x04;
-    pub const SDATA2: u8 = 0x0a;
-    pub const SDATA4: u8 = 0x0b;
-    pub const SDATA8: u8 = 0x0c;
+    pub(crate) const ABSPTR: u8 = 0x00;
+    pub(crate) const UDATA2: u8 = 0x02;
+    pub(crate) const UDATA4: u8 = 0x03;
+    pub(crate) const UDATA8: u8 = 0x04;
+    pub(crate) const SDATA2: u8 = 0x0a;
+    pub(crate) const SDATA4: u8 = 0x0b;
+    pub(crate) const SDATA8: u8 = 0x0c;
     /// Format and sign bits.
-    pub const FORMAT_MASK: u8 = 0x0f;
-    pub const PCREL: u8 = 0x10;
-    pub const DATAREL: u8 = 0x30;
-    pub const ADJUST_MASK: u8 = 0x70;
-    pub const INDIRECT: u8 = 0x80;
-    pub const OMIT: u8 = 0xff;
+    pub(crate) const FORMAT_MASK: u8 = 0x0f;
+    pub(crate) const PCREL: u8 = 0x10;
+    pub(crate) const DATAREL: u8 = 0x30;
+    pub(crate) const ADJUST_MASK: u8 = 0x70;
+    pub(crate) const INDIRECT: u8 = 0x80;
+    pub(crate) const OMIT: u8 = 0xff;
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -42,7 +42,7 @@ pub(super) struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    pub fn new(data: &'a [u8], pos: u64, vaddr: u64, debug_frame: bool) -> Self {
+    pub(super) fn new(data: &'a [u8], pos: u64, vaddr: u64, debug_frame: bool) -> Self {
         Self {
             data,
             window: data,
@@ -54,14 +54,14 @@ impl<'a> Reader<'a> {
 
     /// The end of the readable bytes (a section offset).
     #[inline]
-    pub fn end(&self) -> u64 {
+    pub(super) fn end(&self) -> u64 {
         self.window.len() as u64
     }
 
     /// Limits reads to `data[..end]`; `false` (and no change) if `end`
     /// is beyond the data.
     #[inline]
-    pub fn set_end(&mut self, end: u64) -> bool {
+    pub(super) fn set_end(&mut self, end: u64) -> bool {
         match usize::try_from(end).ok().and_then(|e| self.data.get(..e)) {
             Some(window) => {
                 self.window = window;
@@ -72,12 +72,12 @@ impl<'a> Reader<'a> {
     }
 
     #[inline]
-    pub fn has_data(&self) -> bool {
+    pub(super) fn has_data(&self) -> bool {
         self.pos < self.end()
     }
 
     #[inline]
-    pub fn is_valid(&self) -> bool {
+    pub(super) fn is_valid(&self) -> bool {
         self.pos <= self.end()
     }
 
@@ -100,7 +100,7 @@ impl<'a> Reader<'a> {
     /// takes its position back: the reader itself never has its address
     /// taken, so the hot loops keep it in registers.
     #[inline(always)]
-    pub fn detached<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+    pub(super) fn detached<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
         let mut copy = *self;
         let value = f(&mut copy);
         self.pos = copy.pos;
@@ -110,7 +110,7 @@ impl<'a> Reader<'a> {
     /// The next byte, or `None` (with the position moved past the end) at
     /// the end.
     #[inline(always)]
-    pub fn next(&mut self) -> Option<u8> {
+    pub(super) fn next(&mut self) -> Option<u8> {
         match usize::try_from(self.pos)
             .ok()
             .and_then(|p| self.window.get(p))
@@ -128,7 +128,7 @@ impl<'a> Reader<'a> {
 
     /// The next byte if there is one; at the end the position stays.
     #[inline(always)]
-    pub fn next_if_any(&mut self) -> Option<u8> {
+    pub(super) fn next_if_any(&mut self) -> Option<u8> {
         let b = usize::try_from(self.pos)
             .ok()
             .and_then(|p| self.window.get(p))
@@ -138,28 +138,28 @@ impl<'a> Reader<'a> {
     }
 
     #[inline(always)]
-    pub fn u8(&mut self) -> u8 {
+    pub(super) fn u8(&mut self) -> u8 {
         self.next().unwrap_or(0)
     }
 
     #[inline]
-    pub fn u16(&mut self) -> u16 {
+    pub(super) fn u16(&mut self) -> u16 {
         u16::from_le_bytes(self.take())
     }
 
     #[inline]
-    pub fn u32(&mut self) -> u32 {
+    pub(super) fn u32(&mut self) -> u32 {
         u32::from_le_bytes(self.take())
     }
 
     #[inline]
-    pub fn u64(&mut self) -> u64 {
+    pub(super) fn u64(&mut self) -> u64 {
         u64::from_le_bytes(self.take())
     }
 
     /// Unsigned LEB128; bits beyond 64 are dropped.
     #[inline(always)]
-    pub fn uleb(&mut self) -> u64 {
+    pub(super) fn uleb(&mut self) -> u64 {
         match self.next() {
             Some(b) if b < 0x80 => u64::from(b),
             Some(b) => self.detached(|r| r.uleb_rest(u64::from(b & 0x7f))),
@@ -184,7 +184,7 @@ impl<'a> Reader<'a> {
 
     /// Skips an unsigned LEB128.
     #[inline(always)]
-    pub fn skip_uleb(&mut self) {
+    pub(super) fn skip_uleb(&mut self) {
         while let Some(b) = self.next() {
             if b < 0x80 {
                 return;
@@ -194,7 +194,7 @@ impl<'a> Reader<'a> {
 
     /// Signed LEB128; bits beyond 64 are dropped.
     #[inline(always)]
-    pub fn sleb(&mut self) -> i64 {
+    pub(super) fn sleb(&mut self) -> i64 {
         match self.next() {
             // One byte: bit 6 is the sign.
             Some(b) if b < 0x80 => (i64::from(b) << 57) >> 57,
@@ -223,13 +223,13 @@ impl<'a> Reader<'a> {
 
     /// Moves the position forward by `n` (an operand length).
     #[inline]
-    pub fn skip(&mut self, n: u64) {
+    pub(super) fn skip(&mut self, n: u64) {
         self.pos = self.pos.saturating_add(n);
     }
 
     /// The next `n` bytes, or `None` (with the position past the end) if
     /// they run past the end.
-    pub fn bytes(&mut self, n: u64) -> Option<&'a [u8]> {
+    pub(super) fn bytes(&mut self, n: u64) -> Option<&'a [u8]> {
         let start = self.pos;
         self.skip(n);
         if !self.is_valid() {
@@ -241,7 +241,7 @@ impl<'a> Reader<'a> {
     /// A NUL-terminated string. Like upstream, the terminator is searched
     /// in the whole data, not only up to `end`; unlike upstream (which
     /// indexes out of range), a missing terminator is `None`.
-    pub fn cstr(&mut self) -> Option<&'a [u8]> {
+    pub(super) fn cstr(&mut self) -> Option<&'a [u8]> {
         let rest = self.data.get(usize::try_from(self.pos).ok()?..)?;
         let len = rest.iter().position(|&b| b == 0)?;
         self.pos += len as u64 + 1;
@@ -251,7 +251,7 @@ impl<'a> Reader<'a> {
     /// A pointer in encoding `enc` (`DW_EH_PE_omit` reads nothing and
     /// gives 0).
     #[inline(always)]
-    pub fn ptr(&mut self, enc: u8) -> Result<u64, EntryError> {
+    pub(super) fn ptr(&mut self, enc: u8) -> Result<u64, EntryError> {
         // The encodings real files use, inline.
         const PCREL_SDATA4: u8 = pe::PCREL | pe::SDATA4;
         const DATAREL_SDATA4: u8 = pe::DATAREL | pe::SDATA4;

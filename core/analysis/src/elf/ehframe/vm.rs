@@ -29,19 +29,19 @@ pub(super) const REG_EXPR_REG_REG_DEREF: u64 = 258;
 pub(super) const REG_EXPR_REG: u64 = 259;
 
 pub(super) mod x86 {
-    pub const RAX: u64 = 0;
-    pub const RBP: u64 = 6;
-    pub const RSP: u64 = 7;
-    pub const R9: u64 = 9;
-    pub const R11: u64 = 11;
-    pub const R15: u64 = 15;
-    pub const RIP: u64 = 16;
+    pub(crate) const RAX: u64 = 0;
+    pub(crate) const RBP: u64 = 6;
+    pub(crate) const RSP: u64 = 7;
+    pub(crate) const R9: u64 = 9;
+    pub(crate) const R11: u64 = 11;
+    pub(crate) const R15: u64 = 15;
+    pub(crate) const RIP: u64 = 16;
 }
 
 pub(super) mod arm {
-    pub const FP: u64 = 29;
-    pub const LR: u64 = 30;
-    pub const SP: u64 = 31;
+    pub(crate) const FP: u64 = 29;
+    pub(crate) const LR: u64 = 30;
+    pub(crate) const SP: u64 = 31;
 }
 
 /// One register's recovery rule.
@@ -52,7 +52,7 @@ pub(super) struct Rule {
 }
 
 impl Rule {
-    pub const fn new(reg: u64, off: i64) -> Self {
+    pub(super) const fn new(reg: u64, off: i64) -> Self {
         Self { reg, off }
     }
 }
@@ -68,7 +68,7 @@ pub(super) struct Regs {
 impl Regs {
     /// The state before any CIE instruction: on x86-64 everything is
     /// undefined; on arm64 FP and LR keep their values.
-    pub fn initial(arch: Arch) -> Self {
+    pub(super) fn initial(arch: Arch) -> Self {
         let keep = match arch {
             Arch::X86_64 => REG_UNDEFINED,
             Arch::Aarch64 => REG_SAME,
@@ -130,21 +130,21 @@ pub(super) struct Cie {
 
 /// DWARF expression opcodes the parser knows.
 mod op {
-    pub const DEREF: u8 = 0x06;
-    pub const CONST_U: u8 = 0x10;
-    pub const CONST_S: u8 = 0x11;
-    pub const ROT: u8 = 0x17;
-    pub const AND: u8 = 0x1a;
-    pub const MUL: u8 = 0x1e;
-    pub const PLUS: u8 = 0x22;
-    pub const PLUS_UCONST: u8 = 0x23;
-    pub const SHL: u8 = 0x24;
-    pub const GE: u8 = 0x2a;
-    pub const NE: u8 = 0x2e;
-    pub const LIT0: u8 = 0x30;
-    pub const LIT31: u8 = 0x4f;
-    pub const BREG0: u8 = 0x70;
-    pub const BREG31: u8 = 0x8f;
+    pub(super) const DEREF: u8 = 0x06;
+    pub(super) const CONST_U: u8 = 0x10;
+    pub(super) const CONST_S: u8 = 0x11;
+    pub(super) const ROT: u8 = 0x17;
+    pub(super) const AND: u8 = 0x1a;
+    pub(super) const MUL: u8 = 0x1e;
+    pub(super) const PLUS: u8 = 0x22;
+    pub(super) const PLUS_UCONST: u8 = 0x23;
+    pub(super) const SHL: u8 = 0x24;
+    pub(super) const GE: u8 = 0x2a;
+    pub(super) const NE: u8 = 0x2e;
+    pub(super) const LIT0: u8 = 0x30;
+    pub(super) const LIT31: u8 = 0x4f;
+    pub(super) const BREG0: u8 = 0x70;
+    pub(super) const BREG31: u8 = 0x8f;
 }
 
 /// One normalised expression operation: `lit`/`breg` carry their number
@@ -267,36 +267,36 @@ fn read_expression(r: &mut Reader<'_>) -> Option<Rule> {
 
 /// CFA instruction opcodes.
 mod cfa {
-    pub const NOP: u8 = 0x00;
-    pub const SET_LOC: u8 = 0x01;
-    pub const ADVANCE_LOC1: u8 = 0x02;
-    pub const ADVANCE_LOC2: u8 = 0x03;
-    pub const ADVANCE_LOC4: u8 = 0x04;
-    pub const OFFSET_EXTENDED: u8 = 0x05;
-    pub const RESTORE_EXTENDED: u8 = 0x06;
-    pub const UNDEFINED: u8 = 0x07;
-    pub const SAME_VALUE: u8 = 0x08;
-    pub const REGISTER: u8 = 0x09;
-    pub const REMEMBER_STATE: u8 = 0x0a;
-    pub const RESTORE_STATE: u8 = 0x0b;
-    pub const DEF_CFA: u8 = 0x0c;
-    pub const DEF_CFA_REGISTER: u8 = 0x0d;
-    pub const DEF_CFA_OFFSET: u8 = 0x0e;
-    pub const DEF_CFA_EXPRESSION: u8 = 0x0f;
-    pub const EXPRESSION: u8 = 0x10;
-    pub const OFFSET_EXTENDED_SF: u8 = 0x11;
-    pub const DEF_CFA_SF: u8 = 0x12;
-    pub const DEF_CFA_OFFSET_SF: u8 = 0x13;
-    pub const VAL_OFFSET: u8 = 0x14;
-    pub const VAL_OFFSET_SF: u8 = 0x15;
-    pub const VAL_EXPRESSION: u8 = 0x16;
-    pub const GNU_WINDOW_SAVE: u8 = 0x2d;
-    pub const GNU_ARGS_SIZE: u8 = 0x2e;
-    pub const GNU_NEGATIVE_OFFSET_EXTENDED: u8 = 0x2f;
-    pub const ADVANCE_LOC: u8 = 0x40;
-    pub const OFFSET: u8 = 0x80;
-    pub const RESTORE: u8 = 0xc0;
-    pub const HIGH_MASK: u8 = 0xc0;
+    pub(super) const NOP: u8 = 0x00;
+    pub(super) const SET_LOC: u8 = 0x01;
+    pub(super) const ADVANCE_LOC1: u8 = 0x02;
+    pub(super) const ADVANCE_LOC2: u8 = 0x03;
+    pub(super) const ADVANCE_LOC4: u8 = 0x04;
+    pub(super) const OFFSET_EXTENDED: u8 = 0x05;
+    pub(super) const RESTORE_EXTENDED: u8 = 0x06;
+    pub(super) const UNDEFINED: u8 = 0x07;
+    pub(super) const SAME_VALUE: u8 = 0x08;
+    pub(super) const REGISTER: u8 = 0x09;
+    pub(super) const REMEMBER_STATE: u8 = 0x0a;
+    pub(super) const RESTORE_STATE: u8 = 0x0b;
+    pub(super) const DEF_CFA: u8 = 0x0c;
+    pub(super) const DEF_CFA_REGISTER: u8 = 0x0d;
+    pub(super) const DEF_CFA_OFFSET: u8 = 0x0e;
+    pub(super) const DEF_CFA_EXPRESSION: u8 = 0x0f;
+    pub(super) const EXPRESSION: u8 = 0x10;
+    pub(super) const OFFSET_EXTENDED_SF: u8 = 0x11;
+    pub(super) const DEF_CFA_SF: u8 = 0x12;
+    pub(super) const DEF_CFA_OFFSET_SF: u8 = 0x13;
+    pub(super) const VAL_OFFSET: u8 = 0x14;
+    pub(super) const VAL_OFFSET_SF: u8 = 0x15;
+    pub(super) const VAL_EXPRESSION: u8 = 0x16;
+    pub(super) const GNU_WINDOW_SAVE: u8 = 0x2d;
+    pub(super) const GNU_ARGS_SIZE: u8 = 0x2e;
+    pub(super) const GNU_NEGATIVE_OFFSET_EXTENDED: u8 = 0x2f;
+    pub(super) const ADVANCE_LOC: u8 = 0x40;
+    pub(super) const OFFSET: u8 = 0x80;
+    pub(super) const RESTORE: u8 = 0xc0;
+    pub(super) const HIGH_MASK: u8 = 0xc0;
 }
 
 /// Depth of the remember/restore stack.
@@ -319,7 +319,7 @@ pub(super) struct Vm<'c> {
 }
 
 impl<'c> Vm<'c> {
-    pub fn new(arch: Arch, cie: &'c Cie, loc: u64, cur: Regs) -> Self {
+    pub(super) fn new(arch: Arch, cie: &'c Cie, loc: u64, cur: Regs) -> Self {
         let (fp_reg, ra_reg) = tracked_registers(arch);
         Self {
             fp_reg,
@@ -375,7 +375,7 @@ impl<'c> Vm<'c> {
     /// Runs instructions up to and including the next one that moves the
     /// location, or to the end of the instructions.
     #[inline(always)]
-    pub fn step(&mut self, r: &mut Reader<'_>) -> Result<(), EntryError> {
+    pub(super) fn step(&mut self, r: &mut Reader<'_>) -> Result<(), EntryError> {
         while let Some(opcode) = r.next_if_any() {
             // The three "high" opcodes carry their operand in the low bits.
             // Compared in turn rather than through a jump table: these

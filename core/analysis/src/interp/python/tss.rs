@@ -71,7 +71,7 @@ fn key_address(arg: Option<Value>) -> Option<u64> {
 
 /// The address of the TSS key `stub` (`PyGILState_GetThisThreadState`)
 /// reads, or `None` when its code does not show it.
-pub fn key_of(elf: &Elf<'_>, stub: Symbol) -> Option<u64> {
+pub(super) fn key_of(elf: &Elf<'_>, stub: Symbol) -> Option<u64> {
     let len = usize::try_from(stub.size).ok()?.clamp(1, MAX_STUB_BYTES);
     let code = elf.virtual_memory(stub.address, len)?;
     let relocations = OnceCell::new();

@@ -17,7 +17,7 @@ use super::super::LoaderError;
 use crate::elf::Elf;
 
 /// The type objects read, in upstream's order.
-pub const TYPES: [&str; 3] = ["PyCode_Type", "PyFrame_Type", "PyBytes_Type"];
+pub(crate) const TYPES: [&str; 3] = ["PyCode_Type", "PyFrame_Type", "PyBytes_Type"];
 
 /// `PyTypeObject.tp_basicsize` and `.tp_members` (64-bit builds, the same
 /// from 3.6 to 3.13).
@@ -39,7 +39,7 @@ pub struct TypeLayout {
 }
 
 /// The layout of type object `name`, which must exist.
-pub fn layout(
+pub(crate) fn layout(
     elf: &Elf<'_>,
     syms: &Symbols<'_>,
     relocations: &Relocations,
