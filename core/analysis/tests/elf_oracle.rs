@@ -289,7 +289,7 @@ fn gimli_rows(elf: &Elf<'_>) -> usize {
 }
 
 #[test]
-#[ignore = "timing; run with: cargo test --release -p eim-core --test elf_oracle -- --ignored --nocapture"]
+#[ignore = "timing; run with: cargo test --release -p eim-analysis --test elf_oracle -- --ignored --nocapture"]
 fn extraction_timing() {
     let mut files = vec![PathBuf::from("/usr/lib/x86_64-linux-gnu/libc.so.6")];
     if let Some(home) = std::env::var_os("HOME") {

@@ -1,5 +1,5 @@
 //! Small hand-written inputs for the tests that drive the manager over sim
-//! maps (`sim/tests`, `tests/tests`): delta tables written as rows, and an
+//! maps (`sim/harness/tests`, `tests/cross-crate/tests`): delta tables written as rows, and an
 //! interpreter match with offsets, so each test does not grow its own.
 
 use eim_analysis::interp::{InterpreterOffsets, Loaded};
