@@ -26,13 +26,13 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
+use eim_analysis::LibcInfo;
+use eim_core::manager::ManualClock;
+use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider};
+use eim_core::{Config, Error, ExecutableInfoManager};
 use eim_machine::deltas::info::sp;
 use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
-use eim_core::manager::ManualClock;
 use eim_machine::ops::Errno;
-use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider};
-use eim_analysis::LibcInfo;
-use eim_core::{Config, Error, ExecutableInfoManager};
 use eim_machine::FileId;
 use eim_sim::{SimConfig, SimMaps};
 use eim_sim_harness::{Observed, Sources};
