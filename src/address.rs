@@ -14,9 +14,9 @@ use std::sync::atomic::AtomicBool;
 
 use serde::Serialize;
 
-use eim_core::elf::fileid::FileId128;
-use eim_core::elf::Elf;
-use eim_core::FileId;
+use eim_analysis::elf::fileid::FileId128;
+use eim_analysis::elf::Elf;
+use eim_machine::FileId;
 
 use eim_bpf::PinnedReader;
 
@@ -348,7 +348,7 @@ pub fn render_line(a: &AddressAnswer) -> String {
             Outcome::Stop => line.push_str(": STOP"),
             Outcome::Command { command } => line.push_str(&format!(
                 ": {}",
-                eim_core::abi::command::name(i32::from(command))
+                eim_machine::abi::command::name(i32::from(command))
             )),
             Outcome::Rule {
                 slot,
@@ -358,8 +358,8 @@ pub fn render_line(a: &AddressAnswer) -> String {
                 fp_param,
             } => line.push_str(&format!(
                 ": unwind info {slot} (cfa {} {param}, fp {} {fp_param})",
-                eim_core::abi::opcode::name(opcode),
-                eim_core::abi::opcode::name(fp_opcode)
+                eim_machine::abi::opcode::name(opcode),
+                eim_machine::abi::opcode::name(fp_opcode)
             )),
             Outcome::Error { code } => line.push_str(&format!(": {code}")),
         }

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use eim_core::tracking::{coalesce, HostEvent, Stamped};
+use eim_machine::tracking::{coalesce, HostEvent, Stamped};
 
 use crate::findings::EventStats;
 use crate::host::events::{cpu_time, monotonic_now, EventSource};

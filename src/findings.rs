@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use eim_core::elf::fileid::FileId128;
+use eim_analysis::elf::fileid::FileId128;
 use eim_core::provider::ExtractErrorKind;
 use eim_core::{Error, ExecutableInfo};
 

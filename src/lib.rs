@@ -11,11 +11,12 @@
 //! writes. `examples/profiler.rs` is such a profiler, on aya, over pinned
 //! maps; the `eim` binary (`eim watch`) is one for a whole host.
 //!
-//! This crate is a facade over three crates that users should not have to
+//! This crate is a facade over five crates that users should not have to
 //! know about:
 //!
-//! * [`eim_core`], re-exported here at the top level: the kernel map ABI,
-//!   stack deltas, the encoder, the pure state machine and the thread-safe
+//! * [`eim_machine`], [`eim_analysis`] and [`eim_core`], re-exported here
+//!   at the top level: the kernel map ABI, stack deltas, the encoder and
+//!   the pure state machine; the analysis of ELF files; the thread-safe
 //!   [`ExecutableInfoManager`];
 //! * [`eim_bpf`], re-exported as [`bpf`]: the real kernel maps
 //!   ([`bpf::KernelMaps`]), pinned by name if asked, and the aya it uses;
@@ -60,8 +61,13 @@
 //! assert!(manager.with_backend(|maps| maps.holds_no_file_data()));
 //! ```
 
+pub use eim_analysis::{elf, interp, tsd, DtvInfo, InterpreterData, LibcInfo, TsdInfo};
 pub use eim_bpf as bpf;
 pub use eim_core::*;
+pub use eim_machine::{
+    abi, deltas, driver, encode, fallible, machine, ops, process_maps, text, text_input, tracking,
+    unwind, FileId,
+};
 pub use eim_sim as sim;
 
 pub mod address;

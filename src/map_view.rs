@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use eim_core::abi::{self, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
-use eim_core::ops::Backend;
-use eim_core::FileId;
+use eim_machine::abi::{self, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
+use eim_machine::ops::Backend;
+use eim_machine::FileId;
 use eim_sim::{LookupError, Resolved, SimMaps, SimReader};
 
 use eim_bpf::lookup_record::{self as klookup, KernelResolved};

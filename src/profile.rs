@@ -13,7 +13,7 @@ pub mod pprof;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use eim_core::unwind::{frame_flag, Frame, Stack, StopReason};
+use eim_machine::unwind::{frame_flag, Frame, Stack, StopReason};
 
 use crate::host::procs::{self, ExecMapping};
 use crate::stack::symbols::{FileSymbols, Symbolizer};

@@ -3,7 +3,7 @@
 //! the files' symbol tables.
 //!
 //! A [`StackSource`] produces the raw [`Stack`]s: [`SimStacks`] runs the
-//! user-space twin (`eim_core::unwind::unwind`) over a simulated kernel's
+//! user-space twin (`eim_machine::unwind::unwind`) over a simulated kernel's
 //! tables and the process's real memory while its threads are stopped
 //! ([`freeze`]); the kernel source (the BPF task iterator) plugs in here
 //! too. [`stacks`] adds what a reader needs: thread names, files, symbols.
@@ -16,7 +16,7 @@ pub mod refusal;
 pub mod regs;
 pub mod symbols;
 
-use eim_core::unwind::{unwind, Mappings, Rules, Stack, StopReason};
+use eim_machine::unwind::{unwind, Mappings, Rules, Stack, StopReason};
 
 use crate::host::procs::{self, ProcessError};
 

@@ -22,9 +22,10 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use eim_bpf::{sys, KernelConfig, KernelMaps, WriteMode};
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::provider::MemoryProvider;
-use eim_core::{ExecutableInfoManager, FileId, Tracers};
+use eim_core::{ExecutableInfoManager, Tracers};
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::FileId;
 
 // The kernel tests' corpus (every test-data ELF with its extracted deltas).
 #[path = "../tests/common/mod.rs"]

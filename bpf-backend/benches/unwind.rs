@@ -1,5 +1,5 @@
 //! Cost of the native unwinder (issue 19): the user-space twin
-//! (`eim_core::unwind::unwind` over `eim_sim::SimMaps`) and the BPF
+//! (`eim_machine::unwind::unwind` over `eim_sim::SimMaps`) and the BPF
 //! capture program (`KernelMaps::unwind_capture`, `BPF_PROG_TEST_RUN`),
 //! over the same synthetic tables and captured stacks.
 //!
@@ -32,8 +32,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use eim_bpf::KernelMaps;
-use eim_core::ops::Backend;
-use eim_core::unwind::{unwind, Stack};
+use eim_machine::ops::Backend;
+use eim_machine::unwind::{unwind, Stack};
 use eim_sim::{SimConfig, SimMaps, SimReader};
 
 /// Stack depths measured, in frames.
@@ -43,12 +43,12 @@ const DEPTHS: [usize; 4] = [1, 8, 32, 127];
 mod synth {
     use std::ops::Range;
 
-    use eim_core::abi::{opcode, ProcessMapping, ProcessMappings, UnwindInfo};
-    use eim_core::deltas::{hint, info, IntervalData, StackDelta};
-    use eim_core::machine::{Capacities, KernelBook};
-    use eim_core::ops::MapOp;
-    use eim_core::unwind::{frame_flag, Arch, Capture, Frame, Regs, Stack, StopReason};
-    use eim_core::FileId;
+    use eim_machine::abi::{opcode, ProcessMapping, ProcessMappings, UnwindInfo};
+    use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+    use eim_machine::machine::{Capacities, KernelBook};
+    use eim_machine::ops::MapOp;
+    use eim_machine::unwind::{frame_flag, Arch, Capture, Frame, Regs, Stack, StopReason};
+    use eim_machine::FileId;
 
     pub const PID: u32 = 31_337;
     pub const X86_FILE: FileId = FileId(0x8664_f11e);
@@ -405,7 +405,7 @@ mod synth {
             };
         }
         let len = (sp[depth] - base) as usize + 64;
-        assert!(len <= eim_core::unwind::CAPTURE_STACK, "{len} bytes");
+        assert!(len <= eim_machine::unwind::CAPTURE_STACK, "{len} bytes");
         // Junk everywhere the frames do not say otherwise.
         let mut stack: Vec<u8> = (0..len / 8)
             .flat_map(|_| (0x0dd0_0000_0000 | rng.below(1 << 32)).to_le_bytes())
@@ -579,10 +579,10 @@ mod kernel {
 struct Prepared {
     name: &'static str,
     depth: usize,
-    capture: eim_core::unwind::Capture,
+    capture: eim_machine::unwind::Capture,
 }
 
-fn twin(sim: &SimMaps, c: &eim_core::unwind::Capture) -> Stack {
+fn twin(sim: &SimMaps, c: &eim_machine::unwind::Capture) -> Stack {
     unwind(c.pid, c.tid, c.regs, &SimReader::new(sim), c, sim)
 }
 
@@ -646,7 +646,7 @@ fn bench(c: &mut Criterion) {
 /// (a disagreement with the twin is a panic, not a skip).
 fn kernel_part(
     c: &mut Criterion,
-    ops: &[eim_core::ops::MapOp],
+    ops: &[eim_machine::ops::MapOp],
     inputs: &[(Prepared, Stack)],
 ) -> Result<(), String> {
     for (name, count) in kernel::verified_instructions() {

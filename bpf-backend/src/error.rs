@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use eim_core::error::Causes;
-use eim_core::unwind::{CAPTURE_STACK, MAX_FRAMES};
-use eim_core::FileId;
+use eim_machine::unwind::{CAPTURE_STACK, MAX_FRAMES};
+use eim_machine::FileId;
 
 use crate::bpffs::MountError;
 use crate::lock::LockError;

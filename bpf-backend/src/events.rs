@@ -38,7 +38,7 @@ pub const DEFAULT_RING_BYTES: u32 = 1 << 20;
 /// The size of one record.
 pub const EVENT_SIZE: usize = 40;
 
-pub use eim_core::tracking::{HostEvent, Stamped};
+pub use eim_machine::tracking::{HostEvent, Stamped};
 
 /// Decodes one record; `None` for a record of another size or kind, or a
 /// pid that is no pid (the kernel wrote it, but eim trusts no input).

@@ -51,7 +51,7 @@ use crate::pin::{MapShape, PinState};
 use crate::sys::{self, SysError};
 
 /// The pin's name.
-pub const NAME: &str = eim_core::abi::map_name::GENERATION;
+pub const NAME: &str = eim_machine::abi::map_name::GENERATION;
 
 /// The counter's map: a one-element ARRAY of one u64, mappable.
 pub fn shape() -> MapShape {

@@ -12,9 +12,10 @@
 //!
 //! ```no_run
 //! use eim_bpf::{pinned, KernelConfig, KernelMaps};
-//! use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+//! use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
 //! use eim_core::provider::MemoryProvider;
-//! use eim_core::{ExecutableInfoManager, FileId, Tracers};
+//! use eim_core::{ExecutableInfoManager, Tracers};
+//! use eim_machine::FileId;
 //!
 //! let mut deltas = IntervalData::new();
 //! deltas.add(StackDelta::new(0x1000, hint::KEEP, info::sp(8)));
@@ -40,7 +41,7 @@
 //! * [`sys`]: the raw `bpf()` calls aya 0.14 lacks (batch update, delete
 //!   and lookup; outer-map creation with `inner_map_fd`), each counted.
 //! * [`KernelMaps`]: the maps and the lookup program of the committed
-//!   `bpf/lookup.bpf.o`, and the [`eim_core::ops::Backend`] that applies map
+//!   `bpf/lookup.bpf.o`, and the [`eim_machine::ops::Backend`] that applies map
 //!   ops to them with batch syscalls, exactly as `eim_sim::SimMaps` models.
 //! * [`elements`]: a run of elements written with one batch call, or
 //!   with one call per element (the measured baseline).

@@ -235,7 +235,7 @@ fn one_line(line: &str) -> String {
 /// after that write and never later. A warm restart that knows when the
 /// dead owner last zeroed a slot may hand zero slots out at once once the
 /// grace is over, instead of making every new rule wait a grace
-/// (`eim_core::machine::Observed::zeroed_ago`). The record is written
+/// (`eim_machine::machine::Observed::zeroed_ago`). The record is written
 /// before the zeroing write, so a crash in between leaves it conservative,
 /// and a lock file without a readable record is `Unknown`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

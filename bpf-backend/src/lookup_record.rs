@@ -4,10 +4,10 @@
 //! The numbers are repeated here (Rust cannot include the C header); a unit
 //! test parses `bpf/lookup.h` and fails if any of them disagree.
 
-use eim_core::abi::{OffsetRange, StackDelta, StackDeltaPageInfo, UnwindInfo, Wire};
+use eim_machine::abi::{OffsetRange, StackDelta, StackDeltaPageInfo, UnwindInfo, Wire};
 
-/// `EIM_LOOKUP_*` return codes (defined once, in `eim_core::unwind`).
-pub use eim_core::unwind::lookup_code as code;
+/// `EIM_LOOKUP_*` return codes (defined once, in `eim_machine::unwind`).
+pub use eim_machine::unwind::lookup_code as code;
 
 /// `EIM_LOOKUP_KIND_*`.
 pub mod kind {
@@ -30,7 +30,7 @@ pub const RESULT_SIZE: usize = 112;
 
 /// The upstream name of a return code (as `eim_sim::LookupError::code`
 /// spells it); `None` for OK and unknown codes.
-pub use eim_core::unwind::lookup_code::name as error_name;
+pub use eim_machine::unwind::lookup_code::name as error_name;
 
 /// What the kernel resolved, in the shape of `eim_sim::Resolved`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -154,13 +154,13 @@ use std::path::PathBuf;
 use aya::maps::{Map, MapData};
 use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun};
 use aya::{Ebpf, EbpfLoader};
-use eim_core::abi::flatten;
-use eim_core::abi::{
+use eim_machine::abi::flatten;
+use eim_machine::abi::{
     self, capacity, OffsetRange, ProcessMappings, StackDelta, StackDeltaPageInfo,
     StackDeltaPageKey, UnwindInfo, Wire, SIZE_CLASS_COUNT, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
 };
-use eim_core::ops::{self, Backend, Errno, MapOp, OpFailure, OpTarget};
-use eim_core::FileId;
+use eim_machine::ops::{self, Backend, Errno, MapOp, OpFailure, OpTarget};
+use eim_machine::FileId;
 
 use crate::bpffs;
 use crate::elements::{self, WriteMode};
@@ -329,8 +329,8 @@ impl Dump {
     /// capacity, which their size class says). A dump has no record of
     /// when a slot was last zeroed: [`KernelMaps::observed`] adds the pin
     /// directory's.
-    pub fn observed(&self) -> eim_core::machine::Observed {
-        eim_core::machine::Observed {
+    pub fn observed(&self) -> eim_machine::machine::Observed {
+        eim_machine::machine::Observed {
             pages: self.pages.clone(),
             delta_tables: self
                 .delta_tables
@@ -747,7 +747,7 @@ impl KernelMaps {
     /// Each table is read only as far as its file's page entries reach:
     /// entries past that no reader can reach (so a reconcile need not know
     /// them), and reading whole arrays took 1.2 s for 1,000 libraries.
-    pub fn observed(&self) -> Result<eim_core::machine::Observed, KernelError> {
+    pub fn observed(&self) -> Result<eim_machine::machine::Observed, KernelError> {
         let source = self.dump_source();
         let dump = dump_reaching(&source, |class, file_id, id, reached| {
             let inner = self.published_inner(class, file_id, id)?;

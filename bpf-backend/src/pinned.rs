@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use aya::maps::MapData;
 use aya::{Ebpf, EbpfLoader};
-use eim_core::FileId;
+use eim_machine::FileId;
 
-use eim_core::abi::StackDelta;
+use eim_machine::abi::StackDelta;
 
 use crate::error::KernelError;
 use crate::generation::{self, Attempt, Patience, ReadError, Snapshot};
@@ -419,14 +419,17 @@ impl PinnedReader {
     /// ([`KernelMaps::unwind_capture`](crate::KernelMaps::unwind_capture)).
     pub fn unwind_capture(
         &mut self,
-        capture: &eim_core::unwind::Capture,
-    ) -> Result<eim_core::unwind::Stack, KernelError> {
+        capture: &eim_machine::unwind::Capture,
+    ) -> Result<eim_machine::unwind::Stack, KernelError> {
         crate::unwind::run_capture(&mut self.ebpf, capture)
     }
 
     /// The stack of every thread of `pid`, walked over the pins
     /// ([`KernelMaps::task_stacks`](crate::KernelMaps::task_stacks)).
-    pub fn task_stacks(&mut self, pid: u32) -> Result<Vec<eim_core::unwind::Stack>, KernelError> {
+    pub fn task_stacks(
+        &mut self,
+        pid: u32,
+    ) -> Result<Vec<eim_machine::unwind::Stack>, KernelError> {
         crate::unwind::task_stacks(&mut self.ebpf, pid)
     }
 }

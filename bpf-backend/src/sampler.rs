@@ -21,7 +21,7 @@ use aya::programs::PerfEvent;
 use aya::util::online_cpus;
 use aya::Ebpf;
 use eim_core::error::Causes;
-use eim_core::unwind::Stack;
+use eim_machine::unwind::Stack;
 
 use crate::error::KernelError;
 use crate::maps::KernelMaps;

@@ -1,10 +1,10 @@
 //! The native unwinder's programs in the kernel (`bpf/unwinder.h`, interface
-//! `bpf/unwind.h`): their records decoded into [`eim_core::unwind`] types,
+//! `bpf/unwind.h`): their records decoded into [`eim_machine::unwind`] types,
 //! and the unwinder run over captured memory ([`KernelMaps::unwind_capture`]).
 //!
 //! The numbers are repeated here (Rust cannot include the C header); a unit
 //! test parses `bpf/unwind.h` and fails if any of them disagree with this
-//! module or with `eim_core::unwind`.
+//! module or with `eim_machine::unwind`.
 
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -13,7 +13,7 @@ use aya::maps::Map;
 use aya::programs::{Iter, RawTracePoint, RawTracePointRunOptions, TestRun};
 use aya::{Btf, Ebpf};
 use eim_core::error::Causes;
-use eim_core::unwind::{Capture, Frame, Regs, Stack, StopReason, CAPTURE_STACK, MAX_FRAMES};
+use eim_machine::unwind::{Capture, Frame, Regs, Stack, StopReason, CAPTURE_STACK, MAX_FRAMES};
 
 use crate::error::{KernelError, RecordError};
 use crate::maps::KernelMaps;
@@ -65,7 +65,7 @@ pub fn encode_regs(regs: &Regs) -> [u8; REGS_SIZE] {
         slot.copy_from_slice(&v.to_le_bytes());
     }
     let flags = if regs.return_address {
-        eim_core::unwind::regs_flag::RETURN_ADDRESS
+        eim_machine::unwind::regs_flag::RETURN_ADDRESS
     } else {
         0
     };
@@ -274,7 +274,7 @@ impl KernelMaps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eim_core::unwind::{frame_flag, regs_flag, Arch};
+    use eim_machine::unwind::{frame_flag, regs_flag, Arch};
 
     const HEADER: &str = include_str!("../../bpf/unwind.h");
 

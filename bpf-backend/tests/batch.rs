@@ -14,11 +14,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use eim_bpf::{sys, KernelConfig, KernelMaps};
-use eim_core::deltas::IntervalData;
 use eim_core::manager::MonotonicClock;
-use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::provider::MemoryProvider;
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
+use eim_core::{Config, Error, ExecutableInfoManager, Tracers};
+use eim_machine::deltas::IntervalData;
+use eim_machine::ops::{Backend, Errno, MapOp, OpFailure};
+use eim_machine::FileId;
 use eim_sim::{SimConfig, SimMaps};
 
 mod common;
@@ -257,7 +258,7 @@ fn an_outer_map_too_small_for_the_batch_loads_what_fits_alike_in_kernel_and_sim(
             matches!(
                 e,
                 Error::Kernel {
-                    map: eim_core::ops::MapKind::DeltaTables(_),
+                    map: eim_machine::ops::MapKind::DeltaTables(_),
                     errno: Errno::E2BIG,
                     len: 1,
                     rolled_back: true,

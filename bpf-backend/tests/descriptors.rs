@@ -20,10 +20,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use eim_bpf::{KernelConfig, KernelMaps};
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
-use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::provider::MemoryProvider;
-use eim_core::{ExecutableInfoManager, FileId, Tracers};
+use eim_core::{ExecutableInfoManager, Tracers};
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::ops::{Backend, Errno, MapOp, OpFailure};
+use eim_machine::FileId;
 use eim_sim::{SimConfig, SimMaps};
 
 type Manager = ExecutableInfoManager<Arc<MemoryProvider>, KernelMaps>;
@@ -287,8 +288,8 @@ fn a_batch_of_1000_tables_loads_under_a_descriptor_limit_far_below_it() {
 /// An op of `n` tables of class 8 for file ids `ids`, all with the same
 /// deltas.
 fn tables_op(ids: impl Iterator<Item = u64>) -> MapOp {
-    let deltas: Arc<[eim_core::abi::StackDelta]> = (0..100u32)
-        .map(|i| eim_core::abi::StackDelta {
+    let deltas: Arc<[eim_machine::abi::StackDelta]> = (0..100u32)
+        .map(|i| eim_machine::abi::StackDelta {
             addr_low: i as u16 * 8,
             unwind_info: 1,
         })

@@ -13,7 +13,7 @@ use eim_bpf::bpffs::MountError;
 use eim_bpf::lock::LockError;
 use eim_bpf::sys::{Cmd, SysError};
 use eim_bpf::{KernelError, ShapeMismatch};
-use eim_core::FileId;
+use eim_machine::FileId;
 use eim_test_support::errors::{assert_eims_convention, cli_text};
 
 /// eim's convention ([`assert_eims_convention`]).

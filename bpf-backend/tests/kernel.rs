@@ -27,14 +27,15 @@ use eim_bpf::lookup_record::{code, error_name, have, kind};
 use eim_bpf::{
     sys, KernelConfig, KernelMaps, KernelResolved, LookupResult, MapStats, PinState, WriteMode,
 };
-use eim_core::abi::{
+use eim_core::provider::MemoryProvider;
+use eim_core::{ExecutableInfoManager, Tracers};
+use eim_machine::abi::{
     OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo, Wire, PAGE_MASK,
 };
-use eim_core::deltas::IntervalData;
-use eim_core::machine::{Capacities, KernelBook};
-use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
-use eim_core::provider::MemoryProvider;
-use eim_core::{ExecutableInfoManager, FileId, Tracers};
+use eim_machine::deltas::IntervalData;
+use eim_machine::machine::{Capacities, KernelBook};
+use eim_machine::ops::{Backend, Errno, MapOp, OpFailure};
+use eim_machine::FileId;
 use eim_sim::{expected, Answer, Resolved, SimConfig, SimMaps, SimReader};
 
 mod common;
@@ -74,7 +75,7 @@ fn a_table_of_several_mapped_windows_is_written_whole() {
             unwind_info: (i >> 16) as u16 + 1,
         })
         .collect();
-    let map_id = eim_core::abi::size_class(count as u32).expect("a size class");
+    let map_id = eim_machine::abi::size_class(count as u32).expect("a size class");
     let op = MapOp::PutDeltaTable {
         file_id: FileId(0x77),
         map_id,
@@ -129,7 +130,7 @@ fn abi_agreement_values_written_from_rust_are_read_by_the_program() {
         return;
     }
     let mut k = KernelMaps::new().expect("maps");
-    let last = (eim_core::abi::capacity::UNWIND_INFO - 1) as u16;
+    let last = (eim_machine::abi::capacity::UNWIND_INFO - 1) as u16;
     // Every byte distinct and non-zero, the pad byte included, so that a
     // shifted field cannot go unnoticed.
     let slot0 = UnwindInfo {
@@ -702,7 +703,7 @@ fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs(
     }
     // A second instance, even in this process, is refused: it names this
     // process as the owner and leaves the pins alone.
-    let pages_id = map_id(&dir.path, eim_core::abi::map_name::PAGES);
+    let pages_id = map_id(&dir.path, eim_machine::abi::map_name::PAGES);
     match KernelMaps::with_config(dir.config()) {
         Err(e) => assert_eq!(
             e.to_string(),
@@ -715,7 +716,10 @@ fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs(
         ),
         Ok(_) => panic!("a second owner of {}", dir.path.display()),
     }
-    assert_eq!(map_id(&dir.path, eim_core::abi::map_name::PAGES), pages_id);
+    assert_eq!(
+        map_id(&dir.path, eim_machine::abi::map_name::PAGES),
+        pages_id
+    );
     // What is loaded through the owner is in the pins (read without
     // owning them), so the lookup program, relocated to the pinned maps,
     // reads it.
@@ -758,7 +762,9 @@ fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs(
 
     // Wrong shapes: a page map of another size (the config asks for 96
     // entries) and an ARRAY pinned where the interpreter offsets belong.
-    let offsets = dir.path.join(eim_core::abi::map_name::INTERPRETER_OFFSETS);
+    let offsets = dir
+        .path
+        .join(eim_machine::abi::map_name::INTERPRETER_OFFSETS);
     std::fs::remove_file(&offsets).expect("unpin");
     let array = sys::map_create(&sys::MapSpec {
         map_type: sys::map_type::ARRAY,
@@ -774,15 +780,15 @@ fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs(
         .expect("map data")
         .pin(&offsets)
         .expect("pin");
-    let offsets_id = map_id(&dir.path, eim_core::abi::map_name::INTERPRETER_OFFSETS);
+    let offsets_id = map_id(&dir.path, eim_machine::abi::map_name::INTERPRETER_OFFSETS);
     let page_why = format!(
         "max_entries is {}, expected 96",
-        eim_core::abi::capacity::PAGES
+        eim_machine::abi::capacity::PAGES
     );
     let offsets_why = format!(
         "map_type is 2, expected 1, key_size is 4, expected 8, value_size is 4, expected {}, max_entries is 1, expected {}",
         OffsetRange::SIZE,
-        eim_core::abi::capacity::INTERPRETER_OFFSETS
+        eim_machine::abi::capacity::INTERPRETER_OFFSETS
     );
     // Refused, naming both, and neither pin touched.
     let small = KernelConfig {
@@ -794,9 +800,12 @@ fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs(
             assert_eq!(
                 e.maps,
                 vec![
-                    (eim_core::abi::map_name::PAGES.to_string(), page_why.clone()),
                     (
-                        eim_core::abi::map_name::INTERPRETER_OFFSETS.to_string(),
+                        eim_machine::abi::map_name::PAGES.to_string(),
+                        page_why.clone()
+                    ),
+                    (
+                        eim_machine::abi::map_name::INTERPRETER_OFFSETS.to_string(),
                         offsets_why.clone()
                     ),
                 ]
@@ -810,9 +819,12 @@ fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs(
         Err(e) => panic!("not a shape mismatch: {e}"),
         Ok(_) => panic!("pins of another shape were used"),
     }
-    assert_eq!(map_id(&dir.path, eim_core::abi::map_name::PAGES), pages_id);
     assert_eq!(
-        map_id(&dir.path, eim_core::abi::map_name::INTERPRETER_OFFSETS),
+        map_id(&dir.path, eim_machine::abi::map_name::PAGES),
+        pages_id
+    );
+    assert_eq!(
+        map_id(&dir.path, eim_machine::abi::map_name::INTERPRETER_OFFSETS),
         offsets_id
     );
     // Replaced when asked, with the reasons.
@@ -826,9 +838,9 @@ fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs(
         PinState::Recreated { why } => why.clone(),
         other => panic!("{name}: {other:?}"),
     };
-    assert_eq!(why(eim_core::abi::map_name::PAGES), page_why);
+    assert_eq!(why(eim_machine::abi::map_name::PAGES), page_why);
     assert_eq!(
-        why(eim_core::abi::map_name::INTERPRETER_OFFSETS),
+        why(eim_machine::abi::map_name::INTERPRETER_OFFSETS),
         offsets_why
     );
     assert_eq!(
@@ -837,10 +849,13 @@ fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs(
         "every other map is reopened"
     );
     assert_eq!(
-        pinned_max_entries(&dir.path, eim_core::abi::map_name::PAGES),
+        pinned_max_entries(&dir.path, eim_machine::abi::map_name::PAGES),
         96
     );
-    assert_ne!(map_id(&dir.path, eim_core::abi::map_name::PAGES), pages_id);
+    assert_ne!(
+        map_id(&dir.path, eim_machine::abi::map_name::PAGES),
+        pages_id
+    );
     drop(small);
     // Back to the default size: refused, then replaced when asked.
     assert!(KernelMaps::with_config(dir.config()).is_err());
@@ -850,12 +865,12 @@ fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs(
     })
     .expect("maps");
     assert!(matches!(
-        states(&again)[eim_core::abi::map_name::PAGES],
+        states(&again)[eim_machine::abi::map_name::PAGES],
         PinState::Recreated { .. }
     ));
     assert_eq!(
-        pinned_max_entries(&dir.path, eim_core::abi::map_name::PAGES),
-        eim_core::abi::capacity::PAGES
+        pinned_max_entries(&dir.path, eim_machine::abi::map_name::PAGES),
+        eim_machine::abi::capacity::PAGES
     );
 }
 
@@ -864,8 +879,8 @@ fn pinned_maps_have_one_owner_are_reopened_and_refused_when_their_shape_differs(
 /// place of the pin of that class under `dir`, holding one inner array if
 /// `holding`.
 fn pin_unmappable_outer(dir: &Path, class: u16, holding: bool) {
-    let name = eim_core::abi::map_name::outer(class);
-    let entries = eim_core::abi::class_entries(class).expect("a class");
+    let name = eim_machine::abi::map_name::outer(class);
+    let entries = eim_machine::abi::class_entries(class).expect("a class");
     let array = || {
         sys::map_create(&sys::MapSpec {
             map_type: sys::map_type::ARRAY,
@@ -883,7 +898,7 @@ fn pin_unmappable_outer(dir: &Path, class: u16, holding: bool) {
         map_type: sys::map_type::HASH_OF_MAPS,
         key_size: 8,
         value_size: 4,
-        max_entries: eim_core::abi::capacity::OUTER,
+        max_entries: eim_machine::abi::capacity::OUTER,
         map_flags: 0,
         inner_map: Some(std::os::fd::AsFd::as_fd(&template)),
         name: "eim_old_outer",
@@ -919,7 +934,7 @@ fn outer_pins_whose_inner_arrays_are_not_mappable_are_refused_and_replaced_when_
     // (read off it); the other classes are eim's own and pass.
     pin_unmappable_outer(&dir.path, 8, false);
     pin_unmappable_outer(&dir.path, 9, true);
-    let names = [8u16, 9].map(eim_core::abi::map_name::outer);
+    let names = [8u16, 9].map(eim_machine::abi::map_name::outer);
     let ids = names.clone().map(|n| map_id(&dir.path, &n));
     match KernelMaps::with_config(dir.config()) {
         Err(eim_bpf::KernelError::Shape(e)) => {
@@ -1000,7 +1015,7 @@ fn a_pin_directory_off_bpffs_gets_a_bpffs_mounted_on_it_only_when_asked() {
     let report = k.pin_report().expect("pinned");
     assert_eq!(report.mounted.as_deref(), Some(dir.path.as_path()));
     assert!(eim_bpf::bpffs::is_bpffs(&dir.path).expect("statfs"));
-    assert!(dir.path.join(eim_core::abi::map_name::PAGES).exists());
+    assert!(dir.path.join(eim_machine::abi::map_name::PAGES).exists());
     drop(k);
     let k = KernelMaps::with_config(asked).expect("maps");
     let report = k.pin_report().expect("pinned");
@@ -1153,7 +1168,7 @@ fn a_restart_over_pins_adopts_what_is_right_and_ends_as_the_sim_does() {
     fn restart<B: Backend>(
         provider: &Arc<MemoryProvider>,
         backend: B,
-        observed: &eim_core::machine::Observed,
+        observed: &eim_machine::machine::Observed,
         ids: &[FileId; 4],
     ) -> (
         ExecutableInfoManager<Arc<MemoryProvider>, B>,

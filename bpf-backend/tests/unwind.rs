@@ -12,13 +12,13 @@
 //! * the profiler on a busy child.
 
 use eim_bpf::KernelMaps;
-use eim_core::abi::{
+use eim_machine::abi::{
     encoded_command, opcode, ProcessMapping, ProcessMappings, StackDelta, StackDeltaPageInfo,
     StackDeltaPageKey, UnwindInfo,
 };
-use eim_core::ops::{Backend, MapOp};
-use eim_core::unwind::{frame_flag, Arch, Capture, Regs, Stack, StopReason, MAX_FRAMES};
-use eim_core::FileId;
+use eim_machine::ops::{Backend, MapOp};
+use eim_machine::unwind::{frame_flag, Arch, Capture, Regs, Stack, StopReason, MAX_FRAMES};
+use eim_machine::FileId;
 
 fn require_bpf(test: &str) -> bool {
     eim_bpf::probe::require_bpf(test)

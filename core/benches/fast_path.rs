@@ -6,11 +6,12 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use eim_core::abi::{opcode, UnwindInfo};
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
-use eim_core::ops::{Backend, MapOp, OpFailure};
 use eim_core::provider::MemoryProvider;
-use eim_core::{ExecutableInfoManager, FileId, Tracers};
+use eim_core::{ExecutableInfoManager, Tracers};
+use eim_machine::abi::{opcode, UnwindInfo};
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::ops::{Backend, MapOp, OpFailure};
+use eim_machine::FileId;
 
 /// The kernel is not on the fast path; a backend that accepts everything.
 struct Accept;

@@ -29,6 +29,8 @@
 //! included, so the untimed extraction keeps the number of iterations (and
 //! the bench's run time) bounded however fast the loaders are.
 
+// Reading a file as `eim` does: shared with eim-analysis's benches.
+#[path = "../analysis/benches/common.rs"]
 mod common;
 use eim_test_support::files;
 
@@ -37,12 +39,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
-use eim_core::deltas::IntervalData;
-use eim_core::elf::ehframe::Parallelism;
-use eim_core::elf::{extract_with, Elf, LazyFile};
-use eim_core::interp::LoaderInfo;
+use eim_analysis::elf::ehframe::Parallelism;
+use eim_analysis::elf::{extract_with, Elf, LazyFile};
+use eim_analysis::interp::LoaderInfo;
 use eim_core::tracers::{self, LoaderMatch, LOADERS};
-use eim_core::{FileId, Tracers};
+use eim_core::Tracers;
+use eim_machine::deltas::IntervalData;
+use eim_machine::FileId;
 
 const ALL_TRACERS: Tracers = Tracers(u32::MAX);
 

@@ -9,10 +9,10 @@
 //! another crate, whose own message may leave its cause to `source()` (an
 //! aya error, a syscall error), is printed with [`Causes`].
 
-use crate::encode::EncodeError;
-use crate::ops::{Errno, MapKind};
 use crate::provider::ExtractError;
-use crate::FileId;
+use eim_machine::encode::EncodeError;
+use eim_machine::ops::{Errno, MapKind};
+use eim_machine::FileId;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Error {

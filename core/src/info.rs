@@ -1,13 +1,13 @@
 //! What the manager hands back for a file: the C-library layouts (TSD and
-//! DTV, found by [`crate::tsd`]) and what every interpreter loader that
+//! DTV, found by [`eim_analysis::tsd`]) and what every interpreter loader that
 //! recognised it found (its data, or its error: all matches are kept,
 //! upstream weakness 11). The machine stores it as an opaque payload.
 
 use std::sync::Arc;
 
-use crate::interp::InterpreterData;
 use crate::tracers::LoaderMatch;
-use crate::tsd::LibcInfo;
+use eim_analysis::interp::InterpreterData;
+use eim_analysis::tsd::LibcInfo;
 
 /// A copy of what the manager knows about a file.
 #[derive(Clone, Debug, Default)]

@@ -1,40 +1,38 @@
-//! eim-core: the pure heart of eim.
+//! eim-core: the thread-safe manager of eim.
 //!
 //! What a profiler needs to keep the unwind tables of a host's executables
 //! in the kernel maps its eBPF unwinder reads, byte-compatible with the
-//! OpenTelemetry eBPF profiler's: the maps' ABI, the tables, and the
-//! [`ExecutableInfoManager`], which counts references per file and turns
-//! each first reference and each last release into map operations
-//! ([`ops::MapOp`]) that a backend applies: real BPF maps (`eim-bpf`'s
-//! `KernelMaps`) or simulated ones (`eim-sim`'s `SimMaps`). Most users
-//! depend on the `eim` crate, which re-exports this one with both backends
-//! and reads ELF files.
+//! OpenTelemetry eBPF profiler's: the [`ExecutableInfoManager`], which
+//! counts references per file and turns each first reference and each last
+//! release into map operations ([`eim_machine::ops::MapOp`]) that a
+//! backend applies: real BPF maps (`eim-bpf`'s `KernelMaps`) or simulated
+//! ones (`eim-sim`'s `SimMaps`). Most users depend on the `eim` crate,
+//! which re-exports this one with both backends and reads ELF files.
 //!
-//! * [`abi`]: the kernel structs and constants, byte for byte.
-//! * [`deltas`]: stack deltas and upstream's de-duplicating append rules.
-//! * [`encode`]: deltas to a kernel table (pages, merges, size class, gaps).
-//! * [`ops`]: the map mutation commands and the [`ops::Backend`] trait.
-//! * [`machine`]: the pure state machine (files, reference counts, unwind-info
-//!   slots, page accounting, deferral, leftovers) that turns calls into plans.
-//! * [`manager`]: [`ExecutableInfoManager`], the thread-safe facade.
-//! * [`tsd`]: C-library introspection (TSD and DTV layouts from machine code).
-//! * [`interp`]: the interpreter loaders (pure functions of a parsed ELF).
-//! * [`tracking`]: host events (exec, fork, exit, new executable mappings)
-//!   and the work a batch of them asks of the host side.
+//! It sits on two crates: `eim-machine`, the pure state machine that plans
+//! every write (no thread, clock, file or socket), and `eim-analysis`, the
+//! analysis of a file's bytes (stack deltas, C-library layouts, the
+//! interpreter loaders). This crate adds what they leave out: locks and
+//! sharding, single-flight extraction on its own thread, the kernel side
+//! lock, and a [`manager::Clock`] (the real one reads the monotonic clock).
 //!
-//! Nothing in this crate performs I/O, reads a clock or spawns a thread;
-//! the facade takes a [`manager::Clock`] and a backend from its caller.
+//! * [`manager`]: [`ExecutableInfoManager`], [`Config`], the clocks.
+//! * [`provider`]: where a file's deltas come from ([`provider::Provider`]).
+//! * [`tracers`]: the tracer set and the loader registry.
+//! * [`info`]: what the manager keeps per file ([`ExecutableInfo`]).
+//! * [`error`], [`metrics`]: its errors and upstream's metric ids.
 //!
-//! A backend is one method, [`ops::Backend::apply`]. This one records what
+//! A backend is one method, [`Backend::apply`](eim_machine::ops::Backend::apply). This one records what
 //! the manager asks of the kernel, which shows the order a reader relies
 //! on: a new file's unwind rules and table exist before the pages that
 //! lead to them, and go after them.
 //!
 //! ```
-//! use eim_core::deltas::{hint, info, IntervalData, StackDelta};
-//! use eim_core::ops::{Backend, MapOp, OpFailure};
 //! use eim_core::provider::MemoryProvider;
-//! use eim_core::{ExecutableInfoManager, FileId, Tracers};
+//! use eim_core::{ExecutableInfoManager, Tracers};
+//! use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+//! use eim_machine::ops::{Backend, MapOp, OpFailure};
+//! use eim_machine::FileId;
 //!
 //! #[derive(Default)]
 //! struct Recorder(Vec<&'static str>);
@@ -73,50 +71,18 @@
 //! # Ok::<(), eim_core::Error>(())
 //! ```
 
-pub mod abi;
-pub mod deltas;
-pub mod driver;
-pub mod elf;
-pub mod encode;
+// What other crates may use is `pub` and reachable; the rest is `pub(crate)`.
+#![warn(unreachable_pub)]
+
 pub mod error;
-pub mod fallible;
 pub mod info;
-pub mod interp;
-pub mod machine;
 pub mod manager;
 pub mod metrics;
-pub mod ops;
-pub mod process_maps;
 pub mod provider;
 mod sync;
-pub mod text;
-pub mod text_input;
 pub mod tracers;
-pub mod tracking;
-pub mod tsd;
-pub mod unwind;
 
 pub use error::Error;
 pub use info::ExecutableInfo;
-pub use interp::InterpreterData;
 pub use manager::{Config, ExecutableInfoManager};
 pub use tracers::Tracers;
-pub use tsd::{DtvInfo, LibcInfo, TsdInfo};
-
-use std::fmt;
-
-/// The 64-bit host file id of an executable, as the BPF maps key it.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct FileId(pub u64);
-
-impl fmt::Display for FileId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
-impl fmt::Debug for FileId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "FileId({:016x})", self.0)
-    }
-}

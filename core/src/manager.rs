@@ -17,21 +17,21 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::abi::OffsetRange;
-use crate::deltas::IntervalData;
-use crate::driver::execute;
 use crate::error::Error;
 use crate::info::ExecutableInfo;
-use crate::machine::{
-    deferred, reconcile, Capacities, Deferred, FileEntry, FileTable, KernelBook, MapRef, Observed,
-    PlanError, ReconcileError, Release, ReleaseError, Timestamp, Wanted,
-};
 use crate::metrics::{self, Summary};
-use crate::ops::{Backend, MapKind};
 use crate::provider::{ExtractError, Extraction, Provider};
 use crate::sync::{lock, Arc, Condvar, Mutex};
 use crate::tracers::{self, Tracers};
-use crate::FileId;
+use eim_machine::abi::OffsetRange;
+use eim_machine::deltas::IntervalData;
+use eim_machine::driver::execute;
+use eim_machine::machine::{
+    deferred, reconcile, Capacities, Deferred, FileEntry, FileTable, KernelBook, MapRef, Observed,
+    PlanError, ReconcileError, Release, ReleaseError, Timestamp, Wanted,
+};
+use eim_machine::ops::{Backend, MapKind};
+use eim_machine::FileId;
 
 /// The source of "now" for deferral and delayed unloading.
 pub trait Clock: Send + Sync {
@@ -91,7 +91,7 @@ pub struct Config {
     pub shards: usize,
     /// How long an `unwind_info_array` slot no table references any more
     /// keeps its rule before another rule may be written to it (see
-    /// [`crate::machine::slots::DEFAULT_SLOT_GRACE`] for why this is safe).
+    /// [`eim_machine::machine::slots::DEFAULT_SLOT_GRACE`] for why this is safe).
     pub slot_grace: Duration,
     /// How many bytes of extracted stack deltas a [`ExecutableInfoManager::load_many`]
     /// holds before it publishes them: the batch is written to the kernel
@@ -125,7 +125,7 @@ impl Default for Config {
             deferred_capacity: deferred::DEFAULT_CAPACITY,
             deferred_ttl: deferred::DEFAULT_TTL,
             shards: 64,
-            slot_grace: crate::machine::slots::DEFAULT_SLOT_GRACE,
+            slot_grace: eim_machine::machine::slots::DEFAULT_SLOT_GRACE,
             batch_bytes: DEFAULT_BATCH_BYTES,
         }
     }
@@ -257,7 +257,8 @@ impl<B: Backend> KernelSide<B> {
             let mut op = Some(op);
             // Each completed op pops one from the file's queue, so this ends.
             while let Some(current) = op.take() {
-                let result = self.writing(|k| crate::driver::apply_one(&mut k.backend, &current));
+                let result =
+                    self.writing(|k| eim_machine::driver::apply_one(&mut k.backend, &current));
                 self.tick(clock);
                 if self.book.leftover_result(file_id, result) {
                     op = self

@@ -5,14 +5,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::deltas::IntervalData;
 use crate::tracers::{LoaderMatch, Tracers};
-use crate::tsd::LibcInfo;
-use crate::FileId;
+use eim_analysis::tsd::LibcInfo;
+use eim_machine::deltas::IntervalData;
+use eim_machine::FileId;
 
 // The kind belongs to extraction (the ELF side sets it); a provider's
 // error carries it, so it is reachable from here too.
-pub use crate::elf::extract::ExtractErrorKind;
+pub use eim_analysis::elf::extract::ExtractErrorKind;
 
 /// What extraction yields for one file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -1,17 +1,17 @@
 //! The tracer set and the interpreter loaders it enables: which loaders a
 //! profiler's tracers turn on, asking them about a file, and what each one
-//! that recognised it said. The loaders themselves ([`crate::interp`]) are
+//! that recognised it said. The loaders themselves ([`eim_analysis::interp`]) are
 //! pure analysis and hand back plain data; this is where the facade wraps it
 //! into the [`LoaderMatch`]es an [`crate::ExecutableInfo`] carries.
 
 use std::fmt;
 use std::sync::Arc;
 
-use crate::abi::OffsetRange;
-use crate::interp::{
+use eim_analysis::interp::{
     apm, dotnet, go, hotspot, perl, php, python, ruby, v8, InterpreterOffsets, LoadFn, Loaded,
     LoaderError, LoaderInfo,
 };
+use eim_machine::abi::OffsetRange;
 
 /// The interpreter tracers a profiler enables (upstream's `includeTracers`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

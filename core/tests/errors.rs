@@ -7,19 +7,19 @@
 use std::error::Error as StdError;
 use std::io::{self, Read};
 
-use eim_core::abi::UnwindInfo;
-use eim_core::deltas::StackDelta;
-use eim_core::elf::extract::Cause;
-use eim_core::elf::fileid::FileId128;
-use eim_core::elf::{DebugFileError, Elf, ExtractError as StageError, SourceError, Stage};
+use eim_analysis::elf::extract::Cause;
+use eim_analysis::elf::fileid::FileId128;
+use eim_analysis::elf::{DebugFileError, Elf, ExtractError as StageError, SourceError, Stage};
+use eim_analysis::tsd::error::{AnalysisError, DtvError, SymbolError, TsdError};
 use eim_core::error::{Causes, Error};
-use eim_core::machine::{Capacities, KernelBook, ReconcileError};
-use eim_core::ops::{Errno, MapKind};
 use eim_core::provider::ExtractError;
-use eim_core::text::parse_deltas;
-use eim_core::text_input::read_deltas;
-use eim_core::tsd::error::{AnalysisError, DtvError, SymbolError, TsdError};
-use eim_core::FileId;
+use eim_machine::abi::UnwindInfo;
+use eim_machine::deltas::StackDelta;
+use eim_machine::machine::{Capacities, KernelBook, ReconcileError};
+use eim_machine::ops::{Errno, MapKind};
+use eim_machine::text::parse_deltas;
+use eim_machine::text_input::read_deltas;
+use eim_machine::FileId;
 use eim_test_support::errors::{assert_eims_convention, chain_texts, cli_text};
 
 /// The convention, and the line a user reads.
@@ -47,7 +47,7 @@ fn every_core_error_says_its_cause_once() {
     let stage_error = StageError {
         stage: Stage::Debug,
         cause: Cause::DebugFile(DebugFileError::new(
-            eim_core::elf::extract::ExtractErrorKind::NotFound,
+            eim_analysis::elf::extract::ExtractErrorKind::NotFound,
             "open /usr/lib/debug/x.debug: No such file or directory (os error 2)",
         )),
     };
@@ -64,7 +64,7 @@ fn every_core_error_says_its_cause_once() {
     });
     // An encoding refusal as the book makes it: deltas out of order.
     let mut book = KernelBook::new(Capacities::default());
-    let unsorted = eim_core::deltas::IntervalData::from_deltas(vec![
+    let unsorted = eim_machine::deltas::IntervalData::from_deltas(vec![
         StackDelta::new(0x2000, 0, UnwindInfo::default()),
         StackDelta::new(0x1000, 0, UnwindInfo::default()),
     ]);
@@ -72,7 +72,7 @@ fn every_core_error_says_its_cause_once() {
         .plan_load(file_id, &unsorted)
         .expect_err("unsorted deltas");
     check(&plan_error);
-    let eim_core::machine::PlanError::Encode(cause) = plan_error else {
+    let eim_machine::machine::PlanError::Encode(cause) = plan_error else {
         panic!("not an encoding error: {plan_error}");
     };
     check(&Error::Encode { file_id, cause });

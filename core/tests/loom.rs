@@ -19,14 +19,14 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-use eim_core::deltas::info::sp;
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+use eim_analysis::{LibcInfo, TsdInfo};
 use eim_core::manager::ManualClock;
-use eim_core::ops::{Backend, MapOp, OpFailure};
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
-use eim_core::{
-    Config, Error, ExecutableInfo, ExecutableInfoManager, FileId, LibcInfo, Tracers, TsdInfo,
-};
+use eim_core::{Config, Error, ExecutableInfo, ExecutableInfoManager, Tracers};
+use eim_machine::deltas::info::sp;
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::ops::{Backend, MapOp, OpFailure};
+use eim_machine::FileId;
 
 const FILE: FileId = FileId(0x10ad);
 const AGE: Duration = Duration::from_secs(5);

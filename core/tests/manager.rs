@@ -1,17 +1,19 @@
 //! The facade's contract: reference counting, single-flight extraction,
 //! deferral, synthetic data, delayed unloading, metrics and error messages.
 
-use eim_core::deltas::info::sp;
+use eim_machine::deltas::info::sp;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+use eim_analysis::LibcInfo;
 use eim_core::manager::{Clock, ManualClock};
 use eim_core::metrics;
-use eim_core::ops::{Backend, Errno, MapOp, OpFailure};
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider, Provider};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo, Tracers};
+use eim_core::{Config, Error, ExecutableInfoManager, Tracers};
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::ops::{Backend, Errno, MapOp, OpFailure};
+use eim_machine::FileId;
 
 /// Records ops; fails the op with the given number (counted from 0) once.
 #[derive(Default, Clone)]

@@ -7,10 +7,10 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use eim_core::elf::Arch;
-use eim_core::interp::go::{load_g, stackcheck};
-use eim_core::interp::php_code::{jit_buffer_pointers, jit_return_address, vm_kind};
-use eim_core::tsd::{analyse_dtv, analyse_tsd};
+use eim_analysis::elf::Arch;
+use eim_analysis::interp::go::{load_g, stackcheck};
+use eim_analysis::interp::php_code::{jit_buffer_pointers, jit_return_address, vm_kind};
+use eim_analysis::tsd::{analyse_dtv, analyse_tsd};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]

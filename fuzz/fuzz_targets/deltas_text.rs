@@ -1,4 +1,4 @@
-//! Fuzzes the oracle's deltas text format (`eim_core::text`).
+//! Fuzzes the oracle's deltas text format (`eim_machine::text`).
 //!
 //! Property 1: `parse_deltas` never panics on any UTF-8 text.
 //! Property 2: what it accepts round-trips: rendering the parsed file and
@@ -13,7 +13,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-use eim_core::text::{parse_deltas, render_deltas};
+use eim_machine::text::{parse_deltas, render_deltas};
 
 fuzz_target!(|bytes: &[u8]| {
     // The format is text; invalid UTF-8 never reaches the parser (callers

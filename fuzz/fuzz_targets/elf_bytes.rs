@@ -5,8 +5,8 @@
 //! the same answer (`common/on_demand.rs`).
 #![no_main]
 
-use eim_core::elf::extract::extract;
-use eim_core::elf::{fileid, vdso, Elf};
+use eim_analysis::elf::extract::extract;
+use eim_analysis::elf::{fileid, vdso, Elf};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common/on_demand.rs"]

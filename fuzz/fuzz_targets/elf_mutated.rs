@@ -6,8 +6,8 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use eim_core::elf::extract::extract;
-use eim_core::elf::Elf;
+use eim_analysis::elf::extract::extract;
+use eim_analysis::elf::Elf;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common/on_demand.rs"]

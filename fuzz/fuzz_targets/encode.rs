@@ -23,12 +23,12 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
-use eim_core::abi::{command, opcode, UnwindInfo, PAGE_BITS, PAGE_SIZE};
-use eim_core::deltas::{IntervalData, StackDelta};
-use eim_core::driver;
-use eim_core::encode::{self, Draft, EncodeError};
-use eim_core::machine::{Capacities, KernelBook};
-use eim_core::FileId;
+use eim_machine::abi::{command, opcode, UnwindInfo, PAGE_BITS, PAGE_SIZE};
+use eim_machine::deltas::{IntervalData, StackDelta};
+use eim_machine::driver;
+use eim_machine::encode::{self, Draft, EncodeError};
+use eim_machine::machine::{Capacities, KernelBook};
+use eim_machine::FileId;
 use eim_sim::{expected, SimConfig, SimMaps, SimReader};
 
 /// At most this many deltas: a few thousand keep one run in the

@@ -5,7 +5,7 @@
 //! elements, rollbacks failing in turn) over the simulated kernel.
 //!
 //! Properties, after every call:
-//! * `eim_sim::check_all`: projection, lookup equivalence, accounting;
+//! * `eim_sim_harness::check_all`: projection, lookup equivalence, accounting;
 //! * reader safety after every single op, also inside a plan (the
 //!   `Observed` backend);
 //! * reference counts equal a small model kept from the calls' results, and
@@ -26,13 +26,16 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
-use eim_core::deltas::info::sp;
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+use eim_analysis::LibcInfo;
 use eim_core::manager::ManualClock;
-use eim_core::ops::Errno;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo};
-use eim_sim::{Observed, SimConfig, SimMaps, Sources};
+use eim_core::{Config, Error, ExecutableInfoManager};
+use eim_machine::deltas::info::sp;
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::ops::Errno;
+use eim_machine::FileId;
+use eim_sim::{SimConfig, SimMaps};
+use eim_sim_harness::{Observed, Sources};
 use eim_tests::refcount::RefCounts;
 
 const FILES: usize = 4;
@@ -75,7 +78,7 @@ enum RuleIn {
 }
 
 impl RuleIn {
-    fn info(self) -> eim_core::abi::UnwindInfo {
+    fn info(self) -> eim_machine::abi::UnwindInfo {
         match self {
             RuleIn::Sp(k) => sp(8 * i32::from(k % 6 + 1)),
             RuleIn::Invalid => info::INVALID,

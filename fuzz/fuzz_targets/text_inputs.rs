@@ -1,5 +1,5 @@
 //! Fuzzes the text inputs `eim tables` reads, through the same entry point:
-//! `eim_core::text_input::read_deltas` on arbitrary bytes, which are a
+//! `eim_machine::text_input::read_deltas` on arbitrary bytes, which are a
 //! `.deltas` file plain or xz-compressed (recognised by their first bytes),
 //! under a size budget counted after decompression; then the `.encoded`
 //! tables a fresh manager writes for what it accepts (what `eim tables`
@@ -18,10 +18,10 @@
 
 use libfuzzer_sys::fuzz_target;
 
-use eim_core::machine::{Capacities, KernelBook};
-use eim_core::text::{render_deltas, Tables};
-use eim_core::text_input::read_deltas;
-use eim_core::FileId;
+use eim_machine::machine::{Capacities, KernelBook};
+use eim_machine::text::{render_deltas, Tables};
+use eim_machine::text_input::read_deltas;
+use eim_machine::FileId;
 
 /// The size budget: the bytes read, after decompression.
 const BUDGET: u64 = 1 << 20;

@@ -3,7 +3,7 @@
 //!
 //! The machine's recovery code only runs when the kernel fails, and a real
 //! kernel fails rarely and never on demand. So the simulator counts every
-//! [`Backend::apply`](eim_core::ops::Backend::apply) call and lets a test
+//! [`Backend::apply`](eim_machine::ops::Backend::apply) call and lets a test
 //! schedule a failure at the k-th call from now: either the whole op fails
 //! with no effect, or a batch stops after a given number of elements. An
 //! injected failure obeys the backend contract exactly: the first `done`
@@ -20,8 +20,8 @@
 
 use std::collections::BTreeMap;
 
-use eim_core::ops::{Errno, MapOp};
-use eim_core::FileId;
+use eim_machine::ops::{Errno, MapOp};
+use eim_machine::FileId;
 
 /// A scheduled failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub struct FaultPlan {
 /// The file element `i` of a write `op` belongs to (tables, pages,
 /// interpreter offsets). Deletes and slot writes belong to no file here (a
 /// rollback must be able to remove what went in).
-pub(crate) fn element_file(op: &MapOp, i: usize) -> Option<FileId> {
+pub fn element_file(op: &MapOp, i: usize) -> Option<FileId> {
     match op {
         MapOp::PutDeltaTable { file_id, .. } | MapOp::PutInterpreterOffsets { file_id, .. } => {
             (i == 0).then_some(*file_id)

@@ -8,13 +8,13 @@
 
 use std::collections::BTreeMap;
 
-use eim_core::abi::flatten;
-use eim_core::abi::{
+use eim_machine::abi::flatten;
+use eim_machine::abi::{
     self, capacity, OffsetRange, ProcessMappings, StackDelta, StackDeltaPageInfo,
     StackDeltaPageKey, UnwindInfo, Wire, SIZE_CLASS_COUNT, SIZE_CLASS_MAX, SIZE_CLASS_MIN,
 };
-use eim_core::ops::{self, Backend, Errno, MapOp, OpFailure, OpTarget};
-use eim_core::FileId;
+use eim_machine::ops::{self, Backend, Errno, MapOp, OpFailure, OpTarget};
+use eim_machine::FileId;
 
 use crate::faults::{Fault, FaultPlan};
 use crate::maps::{BatchError, BpfMap, MapId, MapRegistry, MapSpec, BPF_ANY, BPF_NOEXIST};
@@ -147,7 +147,7 @@ impl SimMaps {
     }
 
     /// The outer map of a size class; `None` outside 8..=23.
-    pub(crate) fn outer(&self, class: u16) -> Option<MapId> {
+    pub fn outer(&self, class: u16) -> Option<MapId> {
         let at = usize::from(class.checked_sub(SIZE_CLASS_MIN)?);
         self.outers.get(at).copied()
     }
@@ -229,9 +229,9 @@ impl SimMaps {
     /// What the maps hold, as a warm restart's reconcile reads it (the
     /// same dump `KernelMaps::dump` gives of real maps). The maps keep no
     /// record of when a slot was last zeroed (`zeroed_ago` unknown; the
-    /// simulator's `Watch` keeps one).
-    pub fn observed(&self) -> eim_core::machine::Observed {
-        eim_core::machine::Observed {
+    /// simulator's `FaultyBackend` keeps one).
+    pub fn observed(&self) -> eim_machine::machine::Observed {
+        eim_machine::machine::Observed {
             pages: self.pages(),
             delta_tables: self
                 .delta_tables()
@@ -494,7 +494,7 @@ impl OpTarget for SimMaps {
 }
 
 /// The unwinder's PC-to-mapping step, over the simulated map.
-impl eim_core::unwind::Mappings for SimMaps {
+impl eim_machine::unwind::Mappings for SimMaps {
     fn find(&self, pid: u32, pc: u64) -> Option<abi::ProcessMapping> {
         self.process(pid)?.find(pc).copied()
     }
@@ -683,7 +683,7 @@ impl SimMaps {
 
 #[cfg(test)]
 mod tests {
-    use eim_core::deltas::info::sp;
+    use eim_machine::deltas::info::sp;
     use std::sync::Arc;
 
     use super::*;

@@ -6,9 +6,10 @@
 //! unwinder does.
 //!
 //! ```
-//! use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+//! use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
 //! use eim_core::provider::MemoryProvider;
-//! use eim_core::{ExecutableInfoManager, FileId, Tracers};
+//! use eim_core::{ExecutableInfoManager, Tracers};
+//! use eim_machine::FileId;
 //! use eim_sim::reader::Answer;
 //! use eim_sim::{SimConfig, SimMaps, SimReader};
 //!
@@ -34,8 +35,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The machine in eim-core talks to the kernel only through
-//! [`eim_core::ops::Backend`]. This crate provides a backend that needs no
+//! The machine in eim-machine talks to the kernel only through
+//! [`eim_machine::ops::Backend`]. This crate provides a backend that needs no
 //! privileges and fails on demand, so that every plan, every partial failure
 //! and every reader-visible intermediate state can be tested:
 //!
@@ -43,69 +44,30 @@
 //!   level, with the syscall's errnos, batch semantics and map-in-map
 //!   reference counting.
 //! * [`kernel`]: [`SimMaps`], eim's map set built from a [`SimConfig`], the
-//!   [`Backend`](eim_core::ops::Backend) implementation, and typed views of
+//!   [`Backend`](eim_machine::ops::Backend) implementation, and typed views of
 //!   the contents for tests and the invariant checker.
 //! * [`faults`]: deterministic fault injection by op number.
 //! * [`reader`]: [`SimReader`], SEED's BPF stack-delta lookup against the
 //!   simulated maps, and [`expected`], the direct search it must agree with.
-//! * [`checker`]: design invariants 1-4 (projection, reader safety, lookup
-//!   equivalence, accounting) against a manager's state and the maps.
-//! * [`observed`]: a backend that checks reader safety after every op.
-//! * [`slot_watch`]: reader safety across time for `unwind_info_array`: no
-//!   slot gets a different rule while a reader may still reach it.
-//! * [`host_events`]: the event path of host tracking as a workload
-//!   (reordered, duplicated and dropped events, resyncs).
-//! * [`world`]: the manager over checked maps that the fault, property and
-//!   checker tests drive; [`fixtures`]: small hand-written inputs for them.
+//! * [`unwind`]: the simulated maps as the native unwinder's world.
 //!
-//! The seeded simulator (binary `eim-sim`, `docs/SIMULATOR.md`):
-//!
-//! * [`rng`]: the platform-independent seeded generator;
-//! * [`synth`], [`corpus`], [`pool`]: synthetic files of every shape, the
-//!   real ELF files of the test data, the pool of a run and its provider;
-//! * [`workload`], [`profile`]: steps (actions with their fault seeds),
-//!   their text form and generator; the four profiles;
-//! * [`watch`]: the backend with seeded faults and per-op checks;
-//! * [`sampled`]: invariants 2 and 3 on chosen pages, with bounded lookups;
-//! * [`run`], [`shrink`], [`trace`]: the run loop and its API model,
-//!   delta debugging of a failing trace, the replayable trace file.
+//! The checker, the checked worlds the tests drive and the seeded
+//! simulator (binary `eim-sim`) are in `eim-sim-harness`, which the `eim`
+//! package does not depend on.
 
-pub mod checker;
-pub mod corpus;
 pub mod faults;
-pub mod fixtures;
-pub mod host_events;
 pub mod kernel;
 pub mod maps;
-pub mod observed;
-pub mod pool;
-pub mod profile;
 pub mod reader;
-pub mod rng;
-pub mod run;
-pub mod sampled;
-pub mod shrink;
-pub mod slot_watch;
-pub mod synth;
-pub mod trace;
 pub mod unwind;
-pub mod watch;
-pub mod workload;
-pub mod world;
 
-pub use checker::{
-    check_accounting, check_all, check_lookup_equivalence, check_projection, check_reader_safety,
-    check_rolled_back, Sources, Violation,
-};
 pub use faults::{Fault, FaultPlan};
 pub use kernel::{inner_spec, InnerTable, SimConfig, SimError, SimMaps};
 pub use maps::{
     BatchError, BpfMap, MapId, MapRegistry, MapSpec, MapType, BPF_ANY, BPF_EXIST, BPF_F_LOCK,
     BPF_NOEXIST,
 };
-pub use observed::Observed;
 pub use reader::{
     answer_for, answer_of, expected, in_dead_page, Answer, DeltaHit, LookupError, Resolved,
     SimReader, MAX_SEARCH_STEPS,
 };
-pub use slot_watch::SlotWatch;

@@ -31,7 +31,7 @@
 
 use std::collections::BTreeMap;
 
-use eim_core::ops::Errno;
+use eim_machine::ops::Errno;
 
 /// Update flag: create or replace.
 pub const BPF_ANY: u64 = 0;

@@ -15,12 +15,12 @@
 //! Tests compare `SimReader::answer` with [`expected`] address by address:
 //! this is the lookup-equivalence invariant (DESIGN §5.3).
 
-use eim_core::abi::{
+use eim_machine::abi::{
     self, encoded_command, opcode, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo, Wire,
     DELTA_COMMAND_FLAG, MERGE_OPCODE_NEGATIVE, PAGE_BITS, PAGE_MASK,
 };
-use eim_core::deltas::{hint, IntervalData};
-use eim_core::FileId;
+use eim_machine::deltas::{hint, IntervalData};
+use eim_machine::FileId;
 
 use crate::kernel::SimMaps;
 
@@ -375,13 +375,13 @@ pub fn answer_for(info: &UnwindInfo) -> Answer {
 
 #[cfg(test)]
 mod tests {
-    use eim_core::deltas::info::sp;
+    use eim_machine::deltas::info::sp;
     use std::ops::Range;
 
-    use eim_core::abi::{command, StackDelta as KernelDelta};
-    use eim_core::deltas::{hint, info, StackDelta};
-    use eim_core::encode::{self, KernelTable};
-    use eim_core::ops::{Backend, MapOp};
+    use eim_machine::abi::{command, StackDelta as KernelDelta};
+    use eim_machine::deltas::{hint, info, StackDelta};
+    use eim_machine::encode::{self, KernelTable};
+    use eim_machine::ops::{Backend, MapOp};
 
     use super::*;
     use crate::kernel::SimConfig;

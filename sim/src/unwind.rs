@@ -1,19 +1,19 @@
 //! The simulated kernel as the native unwinder's world: [`SimReader`] as
 //! its [`Rules`] (the same `get_stack_delta` the BPF side runs, answering
 //! with `lookup.h`'s codes); `SimMaps` is its `Mappings` (its copy of
-//! `eim_process_mappings`) and a core [`Capture`](eim_core::unwind::Capture)
+//! `eim_process_mappings`) and a core [`Capture`](eim_machine::unwind::Capture)
 //! of a thread's registers and stack its memory.
 //!
-//! With these, `eim_core::unwind::unwind` walks a stack over the simulated
+//! With these, `eim_machine::unwind::unwind` walks a stack over the simulated
 //! maps exactly as the BPF unwinder walks it over the kernel's.
 
-use eim_core::unwind::{Rule, Rules};
-use eim_core::FileId;
+use eim_machine::unwind::{Rule, Rules};
+use eim_machine::FileId;
 
 use crate::reader::{LookupError, Resolved, SimReader};
 
 /// `EIM_LOOKUP_ERR_*` (`bpf/lookup.h`), as the core defines them.
-pub use eim_core::unwind::lookup_code;
+pub use eim_machine::unwind::lookup_code;
 
 impl LookupError {
     /// The `EIM_LOOKUP_ERR_*` number of this error.
@@ -45,13 +45,13 @@ impl Rules for SimReader<'_> {
 mod tests {
     use std::sync::Arc;
 
-    use eim_core::abi::{opcode, ProcessMapping, ProcessMappings, UnwindInfo};
-    use eim_core::deltas::{hint, info, IntervalData, StackDelta};
-    use eim_core::ops::{Backend, MapOp};
     use eim_core::provider::MemoryProvider;
-    use eim_core::unwind::Mappings;
-    use eim_core::unwind::{frame_flag, unwind, Arch, Capture, Frame, Memory, Regs, StopReason};
     use eim_core::{ExecutableInfoManager, Tracers};
+    use eim_machine::abi::{opcode, ProcessMapping, ProcessMappings, UnwindInfo};
+    use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+    use eim_machine::ops::{Backend, MapOp};
+    use eim_machine::unwind::Mappings;
+    use eim_machine::unwind::{frame_flag, unwind, Arch, Capture, Frame, Memory, Regs, StopReason};
 
     use super::*;
     use crate::kernel::{SimConfig, SimMaps};

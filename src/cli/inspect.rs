@@ -193,7 +193,7 @@ pub fn loaders(
     if matches.is_empty() {
         // Neither name is an interpreter's: what the file defines may say
         // it is one (a renamed copy).
-        if let Some(identity) = eim_core::interp::identity::by_evidence(elf) {
+        if let Some(identity) = eim_analysis::interp::identity::by_evidence(elf) {
             matches = detect(&identity.name);
             as_name = identity.name;
             evidence = Some(identity.evidence);
@@ -225,7 +225,7 @@ pub fn loaders(
                 error,
                 program: offsets
                     .as_ref()
-                    .map(|o| eim_core::abi::program::name(o.program)),
+                    .map(|o| eim_machine::abi::program::name(o.program)),
                 interpreter_offsets: offsets
                     .iter()
                     .flat_map(|o| std::iter::once(o.first.clone()).chain(o.second.clone()))

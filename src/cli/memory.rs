@@ -15,7 +15,7 @@
 //!   bytes failed" with a backtrace and aborts (SIGABRT, a core dump);
 //!   replacing it (`std::alloc::set_alloc_error_hook`) is unstable. So the
 //!   global allocator ([`ExitOnFailure`]) wraps the system's and, when an
-//!   allocation fails outside [`eim_core::fallible::fallibly`] (where the
+//!   allocation fails outside [`eim_machine::fallible::fallibly`] (where the
 //!   caller handles the failure), writes one line and exits 1 at once
 //!   (`_exit`: nothing may allocate any more, not even to flush or run
 //!   destructors). Pinned maps stay consistent: every map update is a
@@ -82,7 +82,7 @@ unsafe impl GlobalAlloc for ExitOnFailure {
 }
 
 fn checked(ptr: *mut u8, size: usize) -> *mut u8 {
-    if ptr.is_null() && !eim_core::fallible::active() {
+    if ptr.is_null() && !eim_machine::fallible::active() {
         out_of_memory(size);
     }
     ptr

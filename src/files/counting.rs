@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use eim_core::elf::digest::SourceDigest;
-use eim_core::elf::fileid::FileId128;
-use eim_core::ops::{Backend, MapOp, OpFailure};
+use eim_analysis::elf::digest::SourceDigest;
+use eim_analysis::elf::fileid::FileId128;
 use eim_core::provider::{ExtractError, Extraction, Provider};
-use eim_core::{FileId, Tracers};
+use eim_core::Tracers;
+use eim_machine::ops::{Backend, MapOp, OpFailure};
+use eim_machine::FileId;
 
 use crate::{ElfFileRef, ElfProvider};
 

@@ -21,7 +21,7 @@
 //! `SIGBUS` on the next read past the new end, and kills eim (upstream
 //! weakness 24). Instead the file is read with `pread`, range by range as
 //! the analysis asks for them, into memory eim owns
-//! ([`eim_core::elf::LazyFile`]): a truncated file gives a failed read, never
+//! ([`eim_analysis::elf::LazyFile`]): a truncated file gives a failed read, never
 //! a signal, and only the parts the analysis touches are read (the headers,
 //! `.eh_frame`, the symbol tables: a few percent of a large library).
 //!
@@ -37,7 +37,7 @@
 //! # Debug links
 //!
 //! [`ElfFileRef::find_debug_file`] reads `.gnu_debuglink` with core's one
-//! parser ([`eim_core::elf::debuglink`]: a plain UTF-8 file name, NUL,
+//! parser ([`eim_analysis::elf::debuglink`]: a plain UTF-8 file name, NUL,
 //! padding to a multiple of 4, then the CRC-32 of the debug file) and looks
 //! for the debug file, in this order, in the file's directory, its `.debug/`
 //! subdirectory, `/usr/lib/debug/<directory>/`, and
@@ -60,8 +60,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use eim_core::elf::fileid::{self, FileId128};
-use eim_core::elf::{ByteSource, DebugLink, Elf, ElfError, FileView, LazyFile, SourceError};
+use eim_analysis::elf::fileid::{self, FileId128};
+use eim_analysis::elf::{ByteSource, DebugLink, Elf, ElfError, FileView, LazyFile, SourceError};
 use eim_core::provider::{ExtractError, ExtractErrorKind};
 use object::Object;
 
@@ -280,9 +280,9 @@ impl OpenElf {
     }
 
     /// The digest of every byte read so far (`None` if a range could not
-    /// be read): see [`eim_core::elf::digest`].
-    pub fn source_digest(&self) -> Option<eim_core::elf::digest::SourceDigest> {
-        eim_core::elf::digest::SourceDigest::of(&self.parsed.borrow_owner().lazy)
+    /// be read): see [`eim_analysis::elf::digest`].
+    pub fn source_digest(&self) -> Option<eim_analysis::elf::digest::SourceDigest> {
+        eim_analysis::elf::digest::SourceDigest::of(&self.parsed.borrow_owner().lazy)
     }
 
     /// The file's 128-bit id (its host id is `.host()`), from the same
@@ -322,7 +322,7 @@ pub struct DebugFile {
     crc: u32,
 }
 
-impl eim_core::elf::extract::DebugFileBytes for DebugFile {
+impl eim_analysis::elf::extract::DebugFileBytes for DebugFile {
     fn view(&self) -> FileView<'_> {
         self.opened.lazy.view()
     }

@@ -11,17 +11,18 @@ use std::sync::Arc;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
-use eim_core::deltas::IntervalData;
-use eim_core::elf::digest::SourceDigest;
-use eim_core::elf::Elf;
-use eim_core::interp::LoaderInfo;
+use eim_analysis::elf::digest::SourceDigest;
+use eim_analysis::elf::Elf;
+use eim_analysis::interp::LoaderInfo;
+use eim_analysis::tsd::{DtvInfo, LibcInfo, TsdInfo};
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
 use eim_core::tracers::LoaderMatch;
-use eim_core::tsd::{DtvInfo, LibcInfo, TsdInfo};
+use eim_machine::deltas::IntervalData;
 
 use crate::files::elf_file::{DebugFile, ElfFileRef, OpenElf, Unreliable, DEFAULT_MAX_SIZE};
-use eim_core::elf::extract::{DebugBytes, DebugFileError};
-use eim_core::{FileId, Tracers};
+use eim_analysis::elf::extract::{DebugBytes, DebugFileError};
+use eim_core::Tracers;
+use eim_machine::FileId;
 
 /// The debug-file callback the extraction calls (at most when it needs
 /// one): the bytes of the file's separate debug file, or `None`.
@@ -32,8 +33,8 @@ pub type DebugLinkFn<'a> = dyn FnMut() -> Option<SharedDebugFile> + 'a;
 #[derive(Clone, Debug)]
 pub struct SharedDebugFile(pub Arc<DebugFile>);
 
-impl eim_core::elf::extract::DebugFileBytes for SharedDebugFile {
-    fn view(&self) -> eim_core::elf::FileView<'_> {
+impl eim_analysis::elf::extract::DebugFileBytes for SharedDebugFile {
+    fn view(&self) -> eim_analysis::elf::FileView<'_> {
         self.0.view()
     }
 
@@ -47,7 +48,7 @@ impl eim_core::elf::extract::DebugFileBytes for SharedDebugFile {
 pub type ExtractFn =
     dyn Fn(&Elf<'_>, &mut DebugLinkFn<'_>) -> Result<IntervalData, String> + Send + Sync;
 
-/// The extraction eim uses: `eim_core::elf::extract`, in upstream's stage
+/// The extraction eim uses: `eim_analysis::elf::extract`, in upstream's stage
 /// order. The one place it is wired in.
 pub fn extract(elf: &Elf<'_>, debuglink: &mut DebugLinkFn<'_>) -> Result<IntervalData, String> {
     // The debug file is found (and its CRC checked) by `ElfFileRef`; core
@@ -55,7 +56,7 @@ pub fn extract(elf: &Elf<'_>, debuglink: &mut DebugLinkFn<'_>) -> Result<Interva
     let mut open = |_name: &str, _crc: u32| -> Result<Option<DebugBytes>, DebugFileError> {
         Ok(debuglink().map(|file| Box::new(file) as DebugBytes))
     };
-    eim_core::elf::extract::extract(elf, Some(&mut open)).map_err(|e| e.to_string())
+    eim_analysis::elf::extract::extract(elf, Some(&mut open)).map_err(|e| e.to_string())
 }
 
 /// Upstream's TSD step of `AddOrIncRef`: for a file whose path (as
@@ -63,10 +64,10 @@ pub fn extract(elf: &Elf<'_>, debuglink: &mut DebugLinkFn<'_>) -> Result<Interva
 /// `pthread_getspecific` reads. A failed analysis is not an error
 /// upstream: the file simply has no TSD layout.
 pub fn tsd_of(path: &Path, elf: &Elf<'_>) -> Option<TsdInfo> {
-    if !eim_core::tsd::is_potential_tsd_dso(path.as_os_str().as_bytes()) {
+    if !eim_analysis::tsd::is_potential_tsd_dso(path.as_os_str().as_bytes()) {
         return None;
     }
-    match eim_core::tsd::extract_tsd(elf) {
+    match eim_analysis::tsd::extract_tsd(elf) {
         Ok(info) => Some(info),
         Err(e) => {
             tracing::debug!("{}: no TSD layout: {e}", path.display());
@@ -81,10 +82,10 @@ pub fn tsd_of(path: &Path, elf: &Elf<'_>) -> Option<TsdInfo> {
 /// without that symbol has no DTV and no error; a failed analysis is
 /// reported like the TSD's (logged, not an extraction failure).
 pub fn dtv_of(path: &Path, elf: &Elf<'_>) -> Option<DtvInfo> {
-    if !eim_core::tsd::is_potential_libc_dso(path.as_os_str().as_bytes()) {
+    if !eim_analysis::tsd::is_potential_libc_dso(path.as_os_str().as_bytes()) {
         return None;
     }
-    match eim_core::tsd::extract_dtv(elf) {
+    match eim_analysis::tsd::extract_dtv(elf) {
         Ok(info) => info,
         Err(e) => {
             tracing::debug!("{}: no DTV layout: {e}", path.display());
@@ -412,7 +413,7 @@ pub fn detect(
 mod tests {
     use super::*;
     use crate::files::elf_file::tests::{tempdir, testdata, tiny_elf, X86_64};
-    use eim_core::deltas::{hint, info, StackDelta};
+    use eim_machine::deltas::{hint, info, StackDelta};
 
     fn one_delta(elf: &Elf<'_>) -> IntervalData {
         let mut data = IntervalData::new();
@@ -601,11 +602,11 @@ mod tests {
         // A file that has gone: an error, neither counted nor deferred.
         let gone = ElfFileRef::new("/nonexistent/eim/exe");
         let e = manager
-            .add_or_inc_ref(eim_core::FileId(1), &gone)
+            .add_or_inc_ref(eim_machine::FileId(1), &gone)
             .expect_err("gone");
         assert!(e.to_string().contains("/nonexistent/eim/exe"), "{e}");
         let e = manager
-            .add_or_inc_ref(eim_core::FileId(1), &gone)
+            .add_or_inc_ref(eim_machine::FileId(1), &gone)
             .expect_err("retried");
         assert!(!matches!(e, eim_core::Error::Deferred { .. }), "{e}");
     }

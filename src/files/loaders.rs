@@ -1,5 +1,5 @@
 //! The interpreter loaders over real files: the glue between an opened ELF
-//! file and `eim_core::interp` (which does the work and no I/O), and
+//! file and `eim_analysis::interp` (which does the work and no I/O), and
 //! [`inspect`] for `eim inspect` / `eim loaders`.
 
 use std::path::Path;
@@ -12,7 +12,7 @@ use eim_core::Tracers;
 pub use crate::files::elf_provider::detect;
 use crate::{ElfFileRef, ElfProvider};
 
-pub use eim_core::interp::{InterpreterOffsets, Loaded, LoaderError};
+pub use eim_analysis::interp::{InterpreterOffsets, Loaded, LoaderError};
 
 /// Every tracer: what [`inspect`] asks.
 pub const ALL_TRACERS: Tracers = Tracers(u32::MAX);

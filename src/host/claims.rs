@@ -31,8 +31,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use eim_core::elf::digest::SourceDigest;
-use eim_core::FileId;
+use eim_analysis::elf::digest::SourceDigest;
+use eim_machine::FileId;
 
 /// Verdicts a claim keeps before it starts over (a bound on memory: each
 /// distinct file stamp presenting one id is one entry).
@@ -273,7 +273,7 @@ impl Claim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eim_core::elf::source::LazyFile;
+    use eim_analysis::elf::source::LazyFile;
 
     const ID: FileId = FileId(7);
 

@@ -14,8 +14,8 @@ use std::fs::{File, Metadata};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Component, Path};
 
-use eim_core::elf::digest::SourceDigest;
-use eim_core::elf::{ByteSource, SourceError};
+use eim_analysis::elf::digest::SourceDigest;
+use eim_analysis::elf::{ByteSource, SourceError};
 
 use super::claims::{FileKey, Stamp};
 use super::open::{root_of, under_root};

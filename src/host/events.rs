@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use eim_core::tracking::Stamped;
+use eim_machine::tracking::Stamped;
 
 /// A stream of host events.
 pub trait EventSource {

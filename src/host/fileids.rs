@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use eim_core::elf::fileid::{self, FileId128};
+use eim_analysis::elf::fileid::{self, FileId128};
 
 use super::open::Identity;
 

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use eim_core::FileId;
+use eim_machine::FileId;
 
 use super::procs::ExecMapping;
 

@@ -13,8 +13,9 @@ use std::time::Duration;
 use eim_core::manager::Config;
 use eim_core::manager::MonotonicClock;
 use eim_core::metrics::{self, MetricId};
-use eim_core::process_maps::ProcessMapTable;
-use eim_core::{ExecutableInfoManager, FileId, Tracers};
+use eim_core::{ExecutableInfoManager, Tracers};
+use eim_machine::process_maps::ProcessMapTable;
+use eim_machine::FileId;
 
 use crate::files::counting::{CountingProvider, ExtractionStats, Timed};
 use crate::findings::{Counters, FileRecord, Phases, Problem, Reconciled, NOT_READABLE_KEPT};

@@ -31,12 +31,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use eim_core::abi::ProcessMapping;
-use eim_core::elf::fileid::FileId128;
-use eim_core::ops::{Backend, MapOp};
-use eim_core::process_maps::ProcessMapTable;
-use eim_core::tracking::Work;
-use eim_core::{Error, FileId};
+use eim_analysis::elf::fileid::FileId128;
+use eim_core::Error;
+use eim_machine::abi::ProcessMapping;
+use eim_machine::ops::{Backend, MapOp};
+use eim_machine::process_maps::ProcessMapTable;
+use eim_machine::tracking::Work;
+use eim_machine::FileId;
 
 use crate::files::counting::HostFile;
 use crate::files::segments;

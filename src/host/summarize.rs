@@ -3,7 +3,7 @@
 //! manager and its backend's maps. It lives with the host so that the
 //! reports know nothing of it.
 
-use eim_core::abi;
+use eim_machine::abi;
 
 use crate::findings::{Problem, ProblemKind};
 use crate::host::scan::Host;

@@ -1,6 +1,6 @@
 //! `eim status`: what live pinned maps hold, per file and in all, and
 //! whether they are consistent, read from the maps alone
-//! ([`eim_core::machine::audit`]) without ever owning them
+//! ([`eim_machine::machine::audit`]) without ever owning them
 //! ([`eim_bpf::PinnedReader`]).
 //!
 //! Maps read while their owner writes could be caught between two ops of a
@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use eim_core::abi::{self, OffsetRange};
-use eim_core::machine::audit::{self, MapViolation, MapsAudit};
-use eim_core::machine::Observed;
+use eim_machine::abi::{self, OffsetRange};
+use eim_machine::machine::audit::{self, MapViolation, MapsAudit};
+use eim_machine::machine::Observed;
 
 use crate::report::summary::{DELTA_ELEMENT_BYTES, PAGE_ENTRY_BYTES, UNWIND_INFO_BYTES};
 
@@ -319,7 +319,7 @@ pub fn render_text(s: &Status) -> String {
             o.ranges
                 .iter()
                 .filter(|r| **r != (0, 0))
-                .map(|r| eim_core::abi::interpreter_range(r.0, r.1, o.program))
+                .map(|r| eim_machine::abi::interpreter_range(r.0, r.1, o.program))
                 .collect::<Vec<_>>()
                 .join(" ")
         });

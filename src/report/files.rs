@@ -11,9 +11,10 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use eim_analysis::tsd::LibcInfo;
 use eim_core::manager::StateView;
-use eim_core::tsd::LibcInfo;
-use eim_core::{ExecutableInfo, FileId};
+use eim_core::ExecutableInfo;
+use eim_machine::FileId;
 
 use crate::files::counting::ExtractionStats;
 use crate::findings::FileRecord;

@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use eim_bpf::{PinReport, PinState};
 
-use eim_core::tsd::LibcInfo;
+use eim_analysis::tsd::LibcInfo;
 
 use crate::findings::{Counters, FileRecord, Problem};
 use crate::report;
@@ -607,7 +607,7 @@ pub(crate) fn found<'a>(files: impl Iterator<Item = &'a FileRecord>) -> Vec<Foun
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eim_core::tsd::{DtvInfo, TsdInfo};
+    use eim_analysis::tsd::{DtvInfo, TsdInfo};
 
     #[test]
     fn a_c_library_shows_each_layout_it_has() {

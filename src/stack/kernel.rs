@@ -2,7 +2,7 @@
 //! kernel by the task iterator over real maps that a host step filled for
 //! that process (its files' tables and its `eim_process_mappings` entry).
 
-use eim_core::unwind::Stack;
+use eim_machine::unwind::Stack;
 
 use crate::bpf::KernelMaps;
 use crate::host::scan::HostManager;

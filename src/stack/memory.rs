@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use eim_core::unwind::Memory;
+use eim_machine::unwind::Memory;
 
 /// `/proc/PID/mem` could not be opened.
 #[derive(Debug, thiserror::Error)]

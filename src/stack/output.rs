@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use eim_core::unwind::{frame_flag, lookup_code, Frame, Stack, StopReason};
+use eim_machine::unwind::{frame_flag, lookup_code, Frame, Stack, StopReason};
 use serde::Serialize;
 
 use super::symbols::Symbolizer;

@@ -1,7 +1,7 @@
 //! A stopped thread's registers as the unwinder's [`Regs`]
 //! (`PTRACE_GETREGS`; x86-64 only for now).
 
-use eim_core::unwind::Regs;
+use eim_machine::unwind::Regs;
 use nix::errno::Errno;
 
 /// Why a thread's registers could not be read.
@@ -17,7 +17,7 @@ pub enum RegsError {
 /// ([`super::freeze::Frozen`]).
 #[cfg(target_arch = "x86_64")]
 pub fn thread_regs(tid: i32) -> Result<Regs, RegsError> {
-    use eim_core::unwind::Arch;
+    use eim_machine::unwind::Arch;
     use nix::sys::ptrace;
     use nix::unistd::Pid;
 

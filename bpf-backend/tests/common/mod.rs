@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
+use eim_analysis::elf::{extract::extract, Elf};
 use eim_bpf::Dump;
-use eim_core::deltas::IntervalData;
-use eim_core::elf::{extract::extract, Elf};
+use eim_machine::deltas::IntervalData;
 use eim_sim::SimMaps;
 
 pub use eim_test_support::testdata;

@@ -3,9 +3,9 @@
 //! must give exactly what they give as a slice. The lazy reader may change
 //! how bytes are fetched, never an answer.
 
-use eim_core::deltas::IntervalData;
-use eim_core::elf::extract::{extract, ExtractError};
-use eim_core::elf::{Elf, LazyFile, SourceError};
+use eim_analysis::elf::extract::{extract, ExtractError};
+use eim_analysis::elf::{Elf, LazyFile, SourceError};
+use eim_machine::deltas::IntervalData;
 
 /// Checks `bytes` read on demand against `sliced`, the slice's outcome
 /// (`None` when the slice did not parse).

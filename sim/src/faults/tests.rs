@@ -2,9 +2,11 @@
 
 use std::sync::Arc;
 
-use eim_core::abi::{OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
-use eim_core::ops::{Backend, OpFailure};
-use eim_core::FileId;
+use eim_machine::abi::{
+    OffsetRange, StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo,
+};
+use eim_machine::ops::{Backend, OpFailure};
+use eim_machine::FileId;
 
 use super::*;
 use crate::kernel::{SimConfig, SimMaps};

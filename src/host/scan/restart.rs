@@ -29,12 +29,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use eim_core::elf::digest::SourceDigest;
-use eim_core::machine::{Observed, ReconcileError};
+use eim_analysis::elf::digest::SourceDigest;
 use eim_core::manager::{MonotonicClock, RestartRefused};
-use eim_core::ops::MapKind;
-use eim_core::process_maps::ProcessMapTable;
-use eim_core::{ExecutableInfoManager, FileId};
+use eim_core::ExecutableInfoManager;
+use eim_machine::machine::{Observed, ReconcileError};
+use eim_machine::ops::MapKind;
+use eim_machine::process_maps::ProcessMapTable;
+use eim_machine::FileId;
 
 use super::{host_elf_ref, Host, Identified, StepReport};
 use crate::files::counting::HostFile;

@@ -1,8 +1,8 @@
 use std::collections::VecDeque;
 
 use super::*;
-use eim_core::abi::{StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
-use eim_core::FileId;
+use eim_machine::abi::{StackDelta, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
+use eim_machine::FileId;
 
 /// One file: a page over a class-8 table whose one delta names slot 1.
 fn loaded() -> Observed {

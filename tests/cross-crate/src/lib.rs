@@ -8,8 +8,8 @@ pub mod gen {
     //! (so merge opcodes occur), frame-pointer rules, commands, end markers,
     //! and gaps that leave whole 64 KiB pages empty.
 
-    use eim_core::abi::{opcode, UnwindInfo};
-    use eim_core::deltas::{hint, info, IntervalData, StackDelta};
+    use eim_machine::abi::{opcode, UnwindInfo};
+    use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
     use proptest::prelude::*;
 
     pub fn arb_info() -> impl Strategy<Value = UnwindInfo> {

@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use eim_core::manager::CleanupReport;
 use eim_core::provider::Provider;
-use eim_core::{Error, ExecutableInfoManager, FileId};
-use eim_sim::{check_all, Observed, Sources};
+use eim_core::{Error, ExecutableInfoManager};
+use eim_machine::FileId;
+use eim_sim_harness::{check_all, Observed, Sources};
 
 /// Known files: references and, at zero references under delayed
 /// unloading, since when the file is unused; and the model's clock.

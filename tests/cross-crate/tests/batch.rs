@@ -13,13 +13,15 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::deltas::IntervalData;
 use eim_core::manager::ManualClock;
-use eim_core::ops::{Errno, MapOp};
 use eim_core::provider::MemoryProvider;
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
-use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
-use eim_sim::{check_all, SimConfig, SimMaps, Sources};
+use eim_core::{Config, Error, ExecutableInfoManager, Tracers};
+use eim_machine::deltas::IntervalData;
+use eim_machine::ops::{Errno, MapOp};
+use eim_machine::FileId;
+use eim_sim::{SimConfig, SimMaps};
+use eim_sim_harness::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim_harness::{check_all, Sources};
 use eim_tests::gen::arb_interval_data;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
@@ -369,8 +371,8 @@ struct PartsSeen {
     parts: Vec<BTreeSet<FileId>>,
 }
 
-impl eim_core::ops::Backend for PartsSeen {
-    fn apply(&mut self, op: &MapOp) -> Result<(), eim_core::ops::OpFailure> {
+impl eim_machine::ops::Backend for PartsSeen {
+    fn apply(&mut self, op: &MapOp) -> Result<(), eim_machine::ops::OpFailure> {
         if let MapOp::PutPages(pages) = op {
             self.parts
                 .push(pages.iter().map(|(key, _)| FileId(key.file_id)).collect());

@@ -21,15 +21,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::deltas::{hint, IntervalData};
+use eim_analysis::LibcInfo;
 use eim_core::manager::ManualClock;
-use eim_core::ops::Errno;
 use eim_core::provider::Extraction;
 use eim_core::tracers::LoaderMatch;
-use eim_core::{Error, FileId, LibcInfo};
-use eim_sim::fixtures::{deltas, python, three_pages};
-use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
-use eim_sim::{check_all, check_rolled_back, SimConfig, Sources};
+use eim_core::Error;
+use eim_machine::deltas::{hint, IntervalData};
+use eim_machine::ops::Errno;
+use eim_machine::FileId;
+use eim_sim::SimConfig;
+use eim_sim_harness::fixtures::{deltas, python, three_pages};
+use eim_sim_harness::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim_harness::{check_all, check_rolled_back, Sources};
 
 const FILE: FileId = FileId(0xf11e);
 const OTHER: FileId = FileId(0x07e7);

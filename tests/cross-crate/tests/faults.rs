@@ -3,17 +3,18 @@
 //! element count. The maps must end exactly as before the call, the manager
 //! state unchanged, and the next attempt (after the deferral) must succeed.
 
-use eim_core::deltas::info::sp;
+use eim_machine::deltas::info::sp;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
 use eim_core::manager::ManualClock;
-use eim_core::ops::Errno;
-use eim_core::{Error, FileId};
-use eim_sim::fixtures::three_pages;
-use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
-use eim_sim::{check_all, Sources};
+use eim_core::Error;
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::ops::Errno;
+use eim_machine::FileId;
+use eim_sim_harness::fixtures::three_pages;
+use eim_sim_harness::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim_harness::{check_all, Sources};
 
 const FILE: FileId = FileId(0xf11e);
 const OTHER: FileId = FileId(0x07e7);
@@ -41,7 +42,7 @@ fn manager_over(
     files: impl IntoIterator<Item = (FileId, IntervalData)>,
 ) -> (Manager, Arc<ManualClock>, Arc<Sources>) {
     let spec = WorldSpec {
-        watch_slots: Some(eim_core::machine::slots::DEFAULT_SLOT_GRACE),
+        watch_slots: Some(eim_machine::machine::slots::DEFAULT_SLOT_GRACE),
         ..WorldSpec::default()
     };
     let w = CheckedWorld::new(files, &spec);

@@ -11,8 +11,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use eim_core::elf::extract::extract;
-use eim_core::elf::Elf;
+use eim_analysis::elf::extract::extract;
+use eim_analysis::elf::Elf;
 use eim_test_support::rng::XorShift;
 use eim_test_support::testdata;
 use object::{Object, ObjectSection};

@@ -7,17 +7,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::abi::{program, OffsetRange};
-use eim_core::deltas::info::sp;
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
-use eim_core::interp::{InterpreterOffsets, Loaded, LoaderError};
+use eim_analysis::interp::{InterpreterOffsets, Loaded, LoaderError};
+use eim_analysis::{InterpreterData, LibcInfo};
 use eim_core::manager::ManualClock;
-use eim_core::ops::{Errno, MapKind};
 use eim_core::provider::{Extraction, MemoryProvider};
 use eim_core::tracers::LoaderMatch;
-use eim_core::{Error, FileId, InterpreterData, LibcInfo};
-use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
-use eim_sim::{check_all, Sources};
+use eim_core::Error;
+use eim_machine::abi::{program, OffsetRange};
+use eim_machine::deltas::info::sp;
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::ops::{Errno, MapKind};
+use eim_machine::FileId;
+use eim_sim_harness::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim_harness::{check_all, Sources};
 
 const FILE: FileId = FileId(0x9e7);
 const OTHER: FileId = FileId(0x07e7);

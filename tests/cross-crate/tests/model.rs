@@ -13,13 +13,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::deltas::IntervalData;
+use eim_analysis::LibcInfo;
 use eim_core::manager::ManualClock;
 use eim_core::metrics;
-use eim_core::ops::Errno;
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, MemoryProvider};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, LibcInfo, Tracers};
-use eim_sim::{check_rolled_back, Fault, Observed, SimConfig, SimMaps, Sources};
+use eim_core::{Config, Error, ExecutableInfoManager, Tracers};
+use eim_machine::deltas::IntervalData;
+use eim_machine::ops::Errno;
+use eim_machine::FileId;
+use eim_sim::{Fault, SimConfig, SimMaps};
+use eim_sim_harness::{check_rolled_back, Observed, Sources};
 use eim_tests::gen::arb_interval_data;
 use eim_tests::refcount::RefCounts;
 use proptest::prelude::*;
@@ -345,8 +348,10 @@ impl StateMachineTest for ManagerTest {
         let clock = Arc::new(ManualClock::new());
         let manager = ExecutableInfoManager::with_config(
             provider.clone(),
-            Observed::new(maps, sources.clone(), 4)
-                .watch_slots(clock.clone(), eim_core::machine::slots::DEFAULT_SLOT_GRACE),
+            Observed::new(maps, sources.clone(), 4).watch_slots(
+                clock.clone(),
+                eim_machine::machine::slots::DEFAULT_SLOT_GRACE,
+            ),
             Tracers::none(),
             Config::default(),
             Box::new(clock.clone()),

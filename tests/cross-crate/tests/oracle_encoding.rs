@@ -1,9 +1,9 @@
 //! Upstream's deltas, loaded into a fresh machine, give upstream's kernel
 //! tables, line for line (`<name>.deltas.xz` -> `<name>.encoded.xz`).
 
-use eim_core::machine::{Capacities, KernelBook};
-use eim_core::text::{parse_deltas, Tables};
-use eim_core::FileId;
+use eim_machine::machine::{Capacities, KernelBook};
+use eim_machine::text::{parse_deltas, Tables};
+use eim_machine::FileId;
 use eim_test_support::oracle::delta_files;
 use eim_test_support::read_xz;
 

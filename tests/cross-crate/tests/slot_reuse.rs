@@ -10,15 +10,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eim_core::abi::UnwindInfo;
-use eim_core::deltas::info::sp;
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
-use eim_core::machine::Capacities;
 use eim_core::manager::ManualClock;
-use eim_core::ops::{Errno, MapKind};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
-use eim_sim::world::{CheckedManager, CheckedWorld, WorldSpec};
-use eim_sim::{check_all, Sources, Violation};
+use eim_core::{Config, Error, ExecutableInfoManager, Tracers};
+use eim_machine::abi::UnwindInfo;
+use eim_machine::deltas::info::sp;
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::machine::Capacities;
+use eim_machine::ops::{Errno, MapKind};
+use eim_machine::FileId;
+use eim_sim_harness::world::{CheckedManager, CheckedWorld, WorldSpec};
+use eim_sim_harness::{check_all, Sources, Violation};
 
 const GRACE: Duration = Duration::from_secs(5);
 

@@ -2,20 +2,22 @@
 //! eim must not have, one named test each. Each test drives eim into the
 //! situation that breaks upstream and shows that eim stays consistent.
 
-use eim_core::deltas::info::sp;
+use eim_machine::deltas::info::sp;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eim_core::deltas::{hint, info, IntervalData, StackDelta};
-use eim_core::encode::EncodeError;
 use eim_core::manager::ManualClock;
 use eim_core::metrics;
-use eim_core::ops::Errno;
 use eim_core::provider::{ExtractError, Extraction, MemoryProvider, Provider};
-use eim_core::{Config, Error, ExecutableInfoManager, FileId, Tracers};
-use eim_sim::world::{CheckedWorld, WorldSpec};
-use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+use eim_core::{Config, Error, ExecutableInfoManager, Tracers};
+use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
+use eim_machine::encode::EncodeError;
+use eim_machine::ops::Errno;
+use eim_machine::FileId;
+use eim_sim::{SimConfig, SimMaps};
+use eim_sim_harness::world::{CheckedWorld, WorldSpec};
+use eim_sim_harness::{check_all, Observed, Sources};
 
 /// `pages` pages, one function each.
 fn file(pages: u64, seed: i32) -> IntervalData {
@@ -126,16 +128,16 @@ fn weakness_03_a_present_page_is_never_overwritten() {
     // The backend itself refuses a present key with EEXIST, leaving it as is.
     let mut maps = SimMaps::new(SimConfig::default()).unwrap();
     let key = *leftover_pages.keys().next().unwrap();
-    let first = eim_core::abi::StackDeltaPageInfo {
+    let first = eim_machine::abi::StackDeltaPageInfo {
         first_delta: 1,
         num_deltas: 2,
         map_id: 8,
     };
-    let second = eim_core::abi::StackDeltaPageInfo {
+    let second = eim_machine::abi::StackDeltaPageInfo {
         first_delta: 9,
         ..first
     };
-    use eim_core::ops::{Backend, MapOp};
+    use eim_machine::ops::{Backend, MapOp};
     maps.apply(&MapOp::PutPages(vec![(key, first)])).unwrap();
     let err = maps
         .apply(&MapOp::PutPages(vec![(key, second)]))
@@ -188,7 +190,7 @@ fn weakness_06_unwind_slots_of_unloaded_files_are_reused() {
         assert_eq!(s[&metrics::UNWIND_INFO_ARRAY_SIZE], 2, "binary {k}");
         w.m.remove_or_dec_ref(*id).unwrap();
         w.clock
-            .advance(eim_core::machine::slots::DEFAULT_SLOT_GRACE / 2);
+            .advance(eim_machine::machine::slots::DEFAULT_SLOT_GRACE / 2);
         w.check();
     }
     w.m.update_metric_summary(&mut s);

@@ -5,12 +5,14 @@
 
 use std::sync::Arc;
 
-use eim_core::abi::encoded_command;
-use eim_core::deltas::info;
-use eim_core::elf::{extract::extract, vdso, Elf};
+use eim_analysis::elf::{extract::extract, vdso, Elf};
 use eim_core::provider::MemoryProvider;
-use eim_core::{ExecutableInfoManager, FileId, Tracers};
-use eim_sim::{check_all, Observed, SimConfig, SimMaps, Sources};
+use eim_core::{ExecutableInfoManager, Tracers};
+use eim_machine::abi::encoded_command;
+use eim_machine::deltas::info;
+use eim_machine::FileId;
+use eim_sim::{SimConfig, SimMaps};
+use eim_sim_harness::{check_all, Observed, Sources};
 use eim_test_support::testdata;
 
 #[test]
@@ -22,7 +24,7 @@ fn the_vdso_is_loaded_through_synthetic_data() {
         "no unwind sections"
     );
     let data = vdso::synthesize(&elf).expect("an arm64 vDSO");
-    let f16 = eim_core::abi::UnwindInfo::new(3, 16, 3, 8);
+    let f16 = eim_machine::abi::UnwindInfo::new(3, 16, 3, 8);
     let want: Vec<(u64, _)> = vec![
         (0, info::LR),
         (0x7d8, f16),

@@ -145,7 +145,7 @@ fn the_rule_on_the_recursion_budget() {
         return;
     };
     let t = thread(&threads, "recurse");
-    let budget = eim_core::unwind::MAX_FRAMES;
+    let budget = eim_machine::unwind::MAX_FRAMES;
     assert!(t.physical().len() > budget, "deeper than the budget");
     accepts(t, &stand_in(t, budget, "budget"), &maps);
     refuses(

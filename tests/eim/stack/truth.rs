@@ -38,7 +38,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use eim_core::unwind::MAX_FRAMES;
+use eim_machine::unwind::MAX_FRAMES;
 
 use crate::cfi;
 use crate::eim_stack::{EimStacks, EimThread};

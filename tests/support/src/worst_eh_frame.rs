@@ -12,7 +12,7 @@
 //! eim-core's test that the walk of such a file gives exactly the
 //! sequential walk's deltas.
 
-/// eim's cap on a CFI section (`eim_core::elf::ehframe::MAX_SECTION_BYTES`,
+/// eim's cap on a CFI section (`eim_analysis::elf::ehframe::MAX_SECTION_BYTES`,
 /// restated: this crate depends on no eim crate).
 pub const MAX_SECTION_BYTES: usize = 64 << 20;
 
