@@ -1,5 +1,5 @@
 //! The interpreter loaders on a host's files, beside extraction
-//! (`docs/BENCHMARKS.md`, "Loaders on files they do not claim (issue 14)").
+//! (`docs/BENCHMARKS.md`, "Interpreter loaders").
 //!
 //! Every file is handled as `eim` handles a new file: read on demand
 //! through a `LazyFile` (`pread`), parsed, its stack deltas extracted

@@ -1,5 +1,5 @@
 //! Printing deltas and tables against extracting them
-//! (`docs/BENCHMARKS.md`, "Printing deltas and tables (issue 17)").
+//! (`docs/BENCHMARKS.md`, "Printing deltas and tables").
 //!
 //! One big library (`$EIM_BENCH_PRINT_FILE`, else LLVM's shared library
 //! under `/usr/lib/llvm-*/lib`, else the stable toolchain's
