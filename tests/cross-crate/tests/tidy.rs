@@ -1566,3 +1566,337 @@ fn modules_are_files_beside_their_folders() {
         "mod.rs where a module is foo.rs beside foo/: {bad:?}"
     );
 }
+
+// --- docs: the paths they name exist, the code map covers the tree ----------
+
+// A doc that names a file that moved sends its reader nowhere. Two checks:
+// every repository path a doc names exists, and ARCHITECTURE's code map
+// names every crate and every top-level module of each.
+
+/// The documents whose paths are checked, besides every `docs/*.md`.
+const DOCS: &[&str] = &["README.md", "tests/README.md", "bpf/README.md"];
+
+/// What the docs write like a relative path that is no path of the
+/// repository: examples (`foo/mod.rs`) and places outside it (the build
+/// directory, a debug-file folder, system headers).
+const NOT_REPOSITORY_PATHS: &[&str] = &[
+    "foo/",
+    "foo/mod.rs",
+    "target/",
+    ".debug/",
+    "asm/types.h",
+    "linux/types.h",
+];
+
+/// The endings of what the path check reads as a path.
+const PATH_ENDINGS: &[&str] = &[".rs", ".md", ".c", ".h", ".sh", "/"];
+
+/// The repository's paths, relative to its root: files as `a/b.rs`,
+/// folders as `a/b/` (`.git` and `target` left out).
+type Tree = BTreeSet<String>;
+
+fn repository_tree(repo: &Path) -> Tree {
+    let mut out = Tree::new();
+    let mut stack = vec![repo.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            let rel = path
+                .strip_prefix(repo)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            if path.is_dir() {
+                if name != ".git" && name != "target" {
+                    out.insert(format!("{rel}/"));
+                    stack.push(path);
+                }
+            } else {
+                out.insert(rel);
+            }
+        }
+    }
+    out
+}
+
+/// The code spans of a markdown text (`` `x` ``, which may wrap a line),
+/// outside fenced blocks, with the line each starts on.
+fn code_spans(text: &str) -> Vec<(usize, String)> {
+    let mut prose = String::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            prose.push('\n');
+            continue;
+        }
+        if !fenced {
+            prose.push_str(line);
+        }
+        prose.push('\n');
+    }
+    let mut out = Vec::new();
+    let mut rest = prose.as_str();
+    let mut line = 1;
+    while let Some(open) = rest.find('`') {
+        line += rest[..open].matches('\n').count();
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('`') else {
+            break;
+        };
+        let span = &after[..close];
+        out.push((line, span.replace('\n', " ")));
+        line += span.matches('\n').count();
+        rest = &after[close + 1..];
+    }
+    out
+}
+
+/// The repository path a code span names, if it names one: no space, a
+/// `/` in it, one of [`PATH_ENDINGS`] (after a `:LINE` or `:FROM-TO`
+/// suffix is dropped), neither absolute (`/`, `~`), a URL, nor a glob or
+/// placeholder (`*`, `{`, `<`, `?`, `$`).
+fn doc_path(span: &str) -> Option<&str> {
+    let mut path = span.trim();
+    if let Some((head, tail)) = path.rsplit_once(':') {
+        if !tail.is_empty() && tail.chars().all(|c| c.is_ascii_digit() || c == '-') {
+            path = head;
+        }
+    }
+    let looks_like_path = !path.contains(char::is_whitespace)
+        && path.contains('/')
+        && PATH_ENDINGS.iter().any(|e| path.ends_with(e))
+        && !path.starts_with('/')
+        && !path.starts_with('~')
+        && !path.contains("://")
+        && !path.contains(['*', '{', '<', '?', '$']);
+    looks_like_path.then_some(path)
+}
+
+/// Every path `doc` names that `tree` does not have, as "doc:line: path".
+/// A path whose first component is an entry of the repository's root must
+/// exist from there; any other is relative to a folder the text names, and
+/// some path of the repository must end with it (`host/scan.rs`), unless
+/// [`NOT_REPOSITORY_PATHS`] lists it.
+fn stale_doc_paths(tree: &Tree, doc: &str, text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (line, span) in code_spans(text) {
+        let Some(path) = doc_path(&span) else {
+            continue;
+        };
+        let first = path.split('/').next().unwrap_or("");
+        let at_root = tree.contains(first) || tree.contains(&format!("{first}/"));
+        let found = if at_root {
+            tree.contains(path)
+        } else {
+            NOT_REPOSITORY_PATHS.contains(&path)
+                || tree.iter().any(|p| p.ends_with(&format!("/{path}")))
+        };
+        if !found {
+            out.push(format!("{doc}:{line}: `{path}`"));
+        }
+    }
+    out
+}
+
+/// The documents [`stale_doc_paths`] reads: every `docs/*.md` and [`DOCS`].
+fn checked_docs(tree: &Tree) -> Vec<String> {
+    let mut docs: Vec<String> = tree
+        .iter()
+        .filter(|p| p.starts_with("docs/") && p.ends_with(".md") && p[5..].find('/').is_none())
+        .cloned()
+        .collect();
+    docs.extend(DOCS.iter().map(|d| d.to_string()));
+    docs
+}
+
+/// The workspace members of the root manifest (`members = [..]`).
+fn workspace_members(root_manifest: &str) -> Vec<String> {
+    let Some(at) = root_manifest.find("members") else {
+        return Vec::new();
+    };
+    let rest = &root_manifest[at..];
+    let list = rest
+        .find('[')
+        .and_then(|open| Some(&rest[open + 1..open + rest[open..].find(']')?]))
+        .unwrap_or("");
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"').to_string())
+        .filter(|m| !m.is_empty())
+        .collect()
+}
+
+/// The section "Code map" of `docs/ARCHITECTURE.md`: up to the next
+/// `## ` heading.
+fn code_map(architecture: &str) -> &str {
+    let Some(start) = architecture.find("\n## Code map\n") else {
+        return "";
+    };
+    let body = &architecture[start + 1..];
+    let end = body[3..].find("\n## ").map_or(body.len(), |e| e + 3);
+    &body[..end]
+}
+
+/// What the code map must name: each crate's folder (`core/machine/`;
+/// the root package's is `src/`) and each file or folder directly under
+/// the crate's `src/`, by full path. A named folder covers what is in it,
+/// except a crate's folder and its `src/`, which would cover everything.
+fn code_map_gaps(tree: &Tree, members: &[String], map: &str) -> Vec<String> {
+    let named: BTreeSet<String> = code_spans(map).into_iter().map(|(_, s)| s).collect();
+    let mut crates: Vec<String> = members.iter().map(|m| format!("{m}/")).collect();
+    crates.push(String::new());
+    let too_wide: BTreeSet<String> = crates
+        .iter()
+        .flat_map(|c| [c.clone(), format!("{c}src/")])
+        .collect();
+    let covered = |path: &str| {
+        named.contains(path)
+            || named
+                .iter()
+                .any(|n| n.ends_with('/') && !too_wide.contains(n) && path.starts_with(n.as_str()))
+    };
+    let mut out = Vec::new();
+    for krate in &crates {
+        let folder = if krate.is_empty() { "src/" } else { krate };
+        if !named.contains(folder) {
+            out.push(format!("crate folder `{folder}`"));
+        }
+        let src = format!("{krate}src/");
+        for path in tree {
+            let Some(entry) = path.strip_prefix(&src) else {
+                continue;
+            };
+            let direct = entry.trim_end_matches('/');
+            if direct.is_empty() || direct.contains('/') {
+                continue;
+            }
+            if !covered(path) {
+                out.push(format!("module `{path}`"));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_paths_docs_name_exist() {
+    let repo = repo();
+    let tree = repository_tree(&repo);
+    assert!(
+        tree.contains("core/machine/src/lib.rs"),
+        "the tree was read"
+    );
+    let docs = checked_docs(&tree);
+    assert!(docs.len() > 10, "the docs were found: {docs:?}");
+    let mut bad = Vec::new();
+    for doc in &docs {
+        let text = std::fs::read_to_string(repo.join(doc)).unwrap_or_default();
+        assert!(!text.is_empty(), "{doc} was read");
+        bad.extend(stale_doc_paths(&tree, doc, &text));
+    }
+    assert!(
+        bad.is_empty(),
+        "paths the docs name that the repository does not have:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_code_map_covers_the_tree() {
+    let repo = repo();
+    let tree = repository_tree(&repo);
+    let manifest = std::fs::read_to_string(repo.join("Cargo.toml")).unwrap_or_default();
+    let members = workspace_members(&manifest);
+    assert!(members.len() > 5, "the workspace members were read");
+    let architecture =
+        std::fs::read_to_string(repo.join("docs/ARCHITECTURE.md")).unwrap_or_default();
+    let map = code_map(&architecture);
+    assert!(map.len() > 1000, "the code map was found");
+    let gaps = code_map_gaps(&tree, &members, map);
+    assert!(
+        gaps.is_empty(),
+        "docs/ARCHITECTURE.md's code map does not name:\n{}",
+        gaps.join("\n")
+    );
+}
+
+fn made_up_tree(paths: &[&str]) -> Tree {
+    let mut tree = Tree::new();
+    for path in paths {
+        let mut at = 0;
+        while let Some(slash) = path[at..].find('/') {
+            at += slash + 1;
+            tree.insert(path[..at].to_string());
+        }
+        tree.insert(path.to_string());
+    }
+    tree
+}
+
+#[test]
+fn a_doc_naming_a_moved_file_is_found() {
+    let tree = made_up_tree(&[
+        "core/machine/src/book.rs",
+        "src/files/segments.rs",
+        "docs/A.md",
+    ]);
+    let doc = "\
+Plans are `core/machine/src/book.rs`'s, load biases in `src/host/segments.rs:12`,
+and the bias is `files/segments.rs`'s, which `host/segments.rs` no longer is.
+A wrapped span `scan
+-v`, a glob `core/*/src/`, `/usr/lib/debug/`, `foo/mod.rs` and `docs/A.md`.
+```
+`core/src/gone.rs` in a fenced block is an example
+```
+But `core/src/gone.rs` is not.
+";
+    let bad = stale_doc_paths(&tree, "docs/A.md", doc);
+    assert_eq!(
+        bad,
+        [
+            "docs/A.md:1: `src/host/segments.rs`",
+            "docs/A.md:2: `host/segments.rs`",
+            "docs/A.md:8: `core/src/gone.rs`",
+        ]
+    );
+    assert_eq!(checked_docs(&tree)[0], "docs/A.md");
+}
+
+#[test]
+fn a_code_map_missing_a_crate_or_module_is_found() {
+    let tree = made_up_tree(&[
+        "core/machine/src/lib.rs",
+        "core/machine/src/deltas.rs",
+        "core/machine/src/deltas/packed.rs",
+        "core/machine/src/new.rs",
+        "sim/src/lib.rs",
+        "src/lib.rs",
+        "src/host/scan.rs",
+        "src/cli/main.rs",
+    ]);
+    let members = workspace_members(r#"members = ["core/machine", "sim"]"#);
+    let architecture = "\
+# eim
+## Code map
+* `core/machine/`: the machine; `core/machine/src/lib.rs`,
+  `core/machine/src/deltas.rs`, `core/machine/src/deltas/`.
+* `sim/src/`: which does not cover its modules.
+* `src/`, `src/lib.rs`, `src/cli/`.
+## Invariants
+* `sim/src/lib.rs` is not in the code map.
+";
+    let gaps = code_map_gaps(&tree, &members, code_map(architecture));
+    assert_eq!(
+        gaps,
+        [
+            "module `core/machine/src/new.rs`",
+            "crate folder `sim/`",
+            "module `sim/src/lib.rs`",
+            "module `src/host/`",
+        ]
+    );
+}
