@@ -16,6 +16,9 @@
 //! * No cycle between the child modules of any module of any crate
 //!   (test modules left out), and `src/`'s layers ([`SRC_LAYERS`]) only
 //!   point down.
+//! * Docs name only paths that exist, and the code map of
+//!   `docs/ARCHITECTURE.md` names every crate and each of its top-level
+//!   modules.
 //! * No file has more than [`MAX_FILE_LINES`] non-test lines
 //!   ([`OVERSIZE_PENDING`] lists the splits still to do), and no crate
 //!   has a `mod.rs` ([`MOD_RS_ALLOWED`]).
