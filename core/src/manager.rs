@@ -24,14 +24,14 @@ pub use config::{Config, DEFAULT_BATCH_BYTES};
 pub use restart::{RestartRefused, RestartReport};
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::error::Error;
 use crate::info::ExecutableInfo;
 use crate::metrics::{self, Summary};
 use crate::provider::Provider;
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{lock, Arc, AtomicU64, Mutex};
 use crate::tracers::{self, Tracers};
 use eim_machine::deltas::IntervalData;
 use eim_machine::machine::{Deferred, FileEntry, KernelBook, Release, ReleaseError, Timestamp};

@@ -8,7 +8,7 @@ use super::ExecutableInfoManager;
 use crate::error::Error;
 use crate::info::ExecutableInfo;
 use crate::provider::{ExtractError, Extraction, Provider};
-use crate::sync::{lock, Arc};
+use crate::sync::{beside, handoff, lock, Arc};
 use crate::tracers;
 use eim_machine::abi::OffsetRange;
 use eim_machine::deltas::IntervalData;
@@ -101,40 +101,35 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
             }
             self.publish_part(&mine, extracted, &mut outcomes);
         };
-        if cfg!(loom) || jobs.len() < 2 {
+        if jobs.len() < 2 {
             self.extract_parts(&jobs, |part| {
                 publish(part);
                 true
             });
         } else {
-            std::thread::scope(|scope| {
-                // One part queued while one is extracted and one published:
-                // at most three parts of deltas in memory.
-                let (ready, parts) = std::sync::mpsc::sync_channel::<Part>(1);
-                let jobs = &jobs;
-                let extractor = std::thread::Builder::new()
-                    .name("eim-extract".into())
-                    .stack_size(EXTRACTOR_STACK_BYTES)
-                    .spawn_scoped(scope, move || {
-                        self.extract_parts(jobs, |part| ready.send(part).is_ok())
-                    });
-                match extractor {
-                    Ok(_) => {
-                        for part in parts {
-                            publish(part);
-                        }
+            // One part queued while one is extracted and one published:
+            // at most three parts of deltas in memory.
+            let (ready, parts) = handoff::<Part>();
+            let jobs = &jobs;
+            let extractor = beside(
+                "eim-extract",
+                EXTRACTOR_STACK_BYTES,
+                move || self.extract_parts(jobs, |part| ready.send(part)),
+                || {
+                    for part in parts {
+                        publish(part);
                     }
-                    // No thread to be had (the host out of processes):
-                    // the same parts, one after the other.
-                    Err(e) => {
-                        tracing::warn!("extracting on this thread: no thread for it: {e}");
-                        self.extract_parts(jobs, |part| {
-                            publish(part);
-                            true
-                        });
-                    }
-                }
-            });
+                },
+            );
+            // No thread to be had (the host out of processes): the same
+            // parts, one after the other.
+            if let Err(e) = extractor {
+                tracing::warn!("extracting on this thread: no thread for it: {e}");
+                self.extract_parts(jobs, |part| {
+                    publish(part);
+                    true
+                });
+            }
         }
         // Land every flight of the batch, then wait for the others' (never
         // before: two batches waiting on each other's flights would hang).

@@ -26,7 +26,9 @@ impl Clock for MonotonicClock {
     }
 }
 
-/// A clock that moves only when told to (tests, simulation).
+/// A clock that moves only when told to (tests, simulation). Its atomic is
+/// std's under loom too: a test's clock is not the manager's concurrency,
+/// and modelling it would only multiply the interleavings to explore.
 #[derive(Debug, Default)]
 pub struct ManualClock(AtomicU64);
 
