@@ -1,7 +1,7 @@
 //! Finding the CFI sections, walking their FDEs and emitting the deltas.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::reader::{format_len, Reader};
 use super::record::{parse_cie, parse_fde_range, parse_header, FdeRange, HeaderError};
@@ -12,6 +12,7 @@ use super::{CfiError, EntryError, FdeFilter, ForkFilter, Parallelism, MAX_SECTIO
 mod parallel;
 
 use crate::elf::{Arch, Elf, Extent, FileView, Region};
+use crate::sync::AtomicBool;
 use eim_machine::deltas::{hint, info, CfiList, DeltaSink, IntervalData, StackDelta};
 #[cfg(test)]
 pub(crate) use parallel::PARTS_TAKEN_OVER;
@@ -862,6 +863,13 @@ mod tests {
             file: &'a LazyFile,
             hdr_vaddr: u64,
         },
+        /// The table walked in chunks with helper threads.
+        #[cfg_attr(not(loom), allow(dead_code))]
+        Parallel {
+            hdr: &'a [u8],
+            hdr_vaddr: u64,
+            parallelism: Parallelism,
+        },
     }
 
     /// The search-table walk of `data` through `hdr` (at `hdr_vaddr`).
@@ -942,6 +950,19 @@ mod tests {
                 };
                 walker.walk_table(&hdr, &section)?
             }
+            Mode::Parallel {
+                hdr,
+                hdr_vaddr,
+                parallelism,
+            } => walker.walk_table_parallel(
+                &Hdr::Held(Region {
+                    vaddr: hdr_vaddr,
+                    data: hdr,
+                }),
+                &section,
+                parallelism,
+                0,
+            )?,
         }
         Ok(deltas)
     }
@@ -1061,6 +1082,44 @@ mod tests {
                 assert_eq!(held, windowed, "{count} entries, {cut} bytes cut");
             }
         }
+    }
+
+    /// loom model of the parallel walk's split and merge: four chunks, this
+    /// thread from the front and one helper from the back, every
+    /// interleaving of their claims and of the mailbox up to a preemption
+    /// bound; the result is the sequential walk's. Run by `core/loom-ci`.
+    #[cfg(loom)]
+    #[test]
+    fn loom_a_parallel_walk_equals_the_sequential_one() {
+        let (eh, entries) = many_functions(8);
+        let (hdr, hdr_vaddr) = eh.hdr(&entries);
+        let sequential = walk_table(&eh.data, &hdr, hdr_vaddr);
+        assert_eq!(sequential.as_ref().map(IntervalData::len), Ok(3 * 8));
+        let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = runs.clone();
+        let mut builder = loom::model::Builder::new();
+        if builder.preemption_bound.is_none() {
+            builder.preemption_bound = Some(3);
+        }
+        builder.check(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let parallelism = Parallelism {
+                threads: 2,
+                min_fdes_per_part: 2,
+            };
+            let parallel = walk(
+                &eh.data,
+                Mode::Parallel {
+                    hdr: &hdr,
+                    hdr_vaddr,
+                    parallelism,
+                },
+            );
+            assert_eq!(parallel, sequential);
+        });
+        let runs = runs.load(std::sync::atomic::Ordering::Relaxed);
+        eprintln!("loom: parallel walk: {runs} executions");
+        assert!(runs > 1, "nothing to interleave");
     }
 
     /// A window of the table that cannot be read (the file was cut short

@@ -4,8 +4,7 @@
 //! the sequential walk gives.
 
 use std::collections::hash_map::Entry;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::super::record::FdeRange;
@@ -16,11 +15,10 @@ use super::{
     MAX_PARALLEL_SECTION_BYTES,
 };
 use crate::elf::{Arch, Region};
+use crate::sync::{
+    lock, on_helpers, wait_until, Arc, AtomicBool, AtomicU8, AtomicUsize, Condvar, Job, Mutex,
+};
 use eim_machine::deltas::Detached;
-
-/// The stack of a helper thread: the walk recurses nowhere, and its frames
-/// are small.
-const HELPER_STACK_BYTES: usize = 512 << 10;
 
 /// Parts walked again (`[0]`) and taken over (`[1]`), for the tests.
 #[cfg(test)]
@@ -64,7 +62,7 @@ struct Mailbox<F> {
 
 impl<F> Mailbox<F> {
     fn put(&self, chunk: usize, slot: Slot<F>) {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = lock(&self.slots);
         if let Some(at) = slots.get_mut(chunk) {
             *at = slot;
         }
@@ -75,7 +73,7 @@ impl<F> Mailbox<F> {
     /// leaves for it.
     fn take(&self, chunk: usize, patience: Duration) -> Option<PartResult<F>> {
         let deadline = Instant::now() + patience;
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = lock(&self.slots);
         loop {
             match slots
                 .get_mut(chunk)
@@ -85,12 +83,7 @@ impl<F> Mailbox<F> {
                 Some(Slot::Walked(part)) => return Some(*part),
                 Some(Slot::Pending) => {}
             }
-            let left = deadline.checked_duration_since(Instant::now())?;
-            slots = self
-                .stored
-                .wait_timeout(slots, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            slots = wait_until(&self.stored, slots, deadline)?;
         }
     }
 }
@@ -119,7 +112,7 @@ impl<F> Drop for Promise<'_, F> {
 }
 
 /// What the helpers of one parallel walk share with it. Helpers are
-/// long-lived threads ([`helpers`]), so they get owned copies of the two
+/// long-lived threads ([`on_helpers`]), so they get owned copies of the two
 /// sections, never a borrow: the walk can return without waiting for a
 /// helper that has not started (a busy machine).
 struct Shared<F> {
@@ -172,12 +165,7 @@ impl<F: ForkFilter> Shared<F> {
                 chunk,
                 kept: false,
             };
-            let start = self
-                .guesses
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_mut(chunk)
-                .and_then(Option::take);
+            let start = lock(&self.guesses).get_mut(chunk).and_then(Option::take);
             let (Some(start), Some(&from), Some(&to)) =
                 (start, self.bounds.get(chunk), self.bounds.get(chunk + 1))
             else {
@@ -222,52 +210,6 @@ impl<F: ForkFilter> Shared<F> {
             });
         }
     }
-}
-
-/// A queued piece of work for the helper threads.
-type Job = Box<dyn FnOnce() + Send>;
-
-/// The helper threads (the machine's cores less one, at most three),
-/// started at first use; they wait for jobs.
-struct Helpers {
-    jobs: Mutex<std::collections::VecDeque<Job>>,
-    ready: Condvar,
-}
-
-fn helpers() -> &'static Helpers {
-    static HELPERS: std::sync::OnceLock<Helpers> = std::sync::OnceLock::new();
-    static STARTED: std::sync::Once = std::sync::Once::new();
-    let helpers = HELPERS.get_or_init(|| Helpers {
-        jobs: Mutex::new(std::collections::VecDeque::new()),
-        ready: Condvar::new(),
-    });
-    STARTED.call_once(|| {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().clamp(2, 4) - 1);
-        for _ in 0..threads {
-            // A helper that cannot be started only means less help.
-            let _ = std::thread::Builder::new()
-                .name("eim-eh-frame".into())
-                .stack_size(HELPER_STACK_BYTES)
-                .spawn(move || loop {
-                    let job = {
-                        let mut jobs = helpers.jobs.lock().unwrap_or_else(|e| e.into_inner());
-                        loop {
-                            match jobs.pop_front() {
-                                Some(job) => break job,
-                                None => {
-                                    jobs =
-                                        helpers.ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
-                                }
-                            }
-                        }
-                    };
-                    // A job that panicked has marked its chunk abandoned
-                    // (`Promise`); the helper lives on.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                });
-        }
-    });
-    helpers
 }
 
 impl<F: ForkFilter> Walker<'_, '_, F> {
@@ -331,15 +273,10 @@ impl<F: ForkFilter> Walker<'_, '_, F> {
             },
             cancel: AtomicBool::new(false),
         });
-        let helpers = helpers();
-        {
-            let mut jobs = helpers.jobs.lock().unwrap_or_else(|e| e.into_inner());
-            for _ in 1..parallelism.threads {
-                let shared = Arc::clone(&shared);
-                jobs.push_back(Box::new(move || shared.help()));
-            }
-        }
-        helpers.ready.notify_all();
+        on_helpers((1..parallelism.threads).map(|_| {
+            let shared = Arc::clone(&shared);
+            Box::new(move || shared.help()) as Job
+        }));
         let walked = self.walk_chunks(&mut table, eh, &shared);
         // Whatever a helper still walks is not needed any more.
         shared.cancel.store(true, Ordering::Relaxed);
