@@ -10,6 +10,10 @@
 //! interleaving: the number of extractions (single flight), the reference
 //! count, the info every caller gets, deferral seen the same way by all
 //! callers, and a kernel that holds exactly the tables the book says.
+//!
+//! The manager's primitives come from its sync shim (loom's under `--cfg
+//! loom`), so these models run the production code: the batch load's
+//! extractor thread and its handoff of parts to the publisher included.
 #![cfg(loom)]
 
 use std::collections::BTreeSet;
@@ -126,12 +130,17 @@ struct Fixture {
 }
 
 fn fixture(answer: Answer) -> Fixture {
+    fixture_with(answer, Config::default().batch_bytes)
+}
+
+fn fixture_with(answer: Answer, batch_bytes: usize) -> Fixture {
     let provider = std::sync::Arc::new(Counting::new(answer));
     let clock = std::sync::Arc::new(ManualClock::new());
     let config = Config {
         // One shard keeps the model small; the shard is what the racing
         // callers share anyway.
         shards: 1,
+        batch_bytes,
         ..Config::default()
     };
     let manager = Arc::new(ExecutableInfoManager::with_config(
@@ -330,6 +339,52 @@ fn a_batch_load_racing_an_add() {
         }
         assert_eq!(f.extractions(), 1, "the file was extracted more than once");
         assert_eq!(f.rc(), Some(2));
+        f.check_quiescent();
+    });
+}
+
+/// The batch pipeline as it runs: two new files, each its own part (a part
+/// ends at every file here), extracted on the extractor thread while this
+/// thread publishes the part before; meanwhile a reader takes and drops a
+/// reference on the first file. Every file the batch returns is loaded and
+/// stays loaded while referenced (a reader holding a reference finds its
+/// table), the references add up, and at rest the kernel holds exactly
+/// the known files' tables. The reader's release may unload the first
+/// file before the batch takes it, which then extracts it again.
+#[test]
+fn a_batch_pipeline_racing_a_reader_and_a_remove() {
+    const OTHER: FileId = FileId(0x10ae);
+    model("pipeline vs reader", Some(4), || {
+        let f = fixture_with(Answer::Data, 1);
+        let m = f.manager.clone();
+        let reader = thread::spawn(move || {
+            let info = m.add_or_inc_ref(FILE, &FILE);
+            let loaded = m.with_backend(|b| b.0.contains(&FILE));
+            let released = m.remove_or_dec_ref(FILE);
+            (info, loaded, released)
+        });
+        let batched = f.manager.load_many(&[(FILE, &FILE), (OTHER, &OTHER)]);
+        let held: BTreeSet<FileId> = f.manager.with_backend(|b| b.0.clone());
+        let (info, loaded, released) = reader.join().expect("reader");
+        assert_eq!(batched.len(), 2);
+        for r in batched {
+            assert_eq!(r.expect("the batch succeeds"), extracted_info());
+        }
+        assert!(
+            held.contains(&FILE) && held.contains(&OTHER),
+            "a file the batch returned is not loaded: {held:?}"
+        );
+        assert_eq!(info.expect("the reader succeeds"), extracted_info());
+        assert!(loaded, "a referenced file's table is gone");
+        released.expect("the reader's release");
+        assert!(
+            (2..=3).contains(&f.extractions()),
+            "{} extractions",
+            f.extractions()
+        );
+        let state = f.manager.state();
+        assert_eq!(state.files.get(&FILE).map(|e| e.rc), Some(1));
+        assert_eq!(state.files.get(&OTHER).map(|e| e.rc), Some(1));
         f.check_quiescent();
     });
 }

@@ -18,6 +18,7 @@
 
 pub mod elf;
 pub mod interp;
+mod sync;
 pub mod tsd;
 
 pub use interp::InterpreterData;
