@@ -259,7 +259,7 @@ fuzz_target!(|input: Input| {
     let file_id = FileId(input.file_id);
     let mut book = KernelBook::new(Capacities::default());
     let plan = book
-        .plan_load(file_id, &data)
+        .plan_load(file_id, &data, None)
         .expect("a fresh book plans whatever draft accepted");
     assert_eq!(
         plan.map_ref.map_id, draft.map_id,

@@ -417,7 +417,7 @@ fn rolled_back_allows_only_unused_slots_to_change() {
 /// the accounting check is there to notice (a manager bug).
 fn book_and_plan() -> (
     eim_machine::machine::KernelBook,
-    eim_machine::machine::LoadPlan,
+    eim_machine::machine::LoadManyPlan,
 ) {
     let mut book = eim_machine::machine::KernelBook::new(Default::default());
     let data = deltas(&[
@@ -425,7 +425,7 @@ fn book_and_plan() -> (
         (0x8_0200, hint::KEEP, 24),
         (0x8_0240, hint::GAP, 0),
     ]);
-    let plan = book.plan_load(FILE, &data).expect("a plan");
+    let plan = book.plan_load(FILE, &data, None).expect("a plan");
     (book, plan)
 }
 
