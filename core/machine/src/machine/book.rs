@@ -395,6 +395,25 @@ impl KernelBook {
         self.leftovers.values().flatten()
     }
 
+    /// The gauges recounted from the loaded tables: O(files), so only in
+    /// this crate's tests (the simulator checks the same from outside).
+    fn debug_check_gauges(&self) {
+        #[cfg(test)]
+        {
+            let mut tables = [0; abi::SIZE_CLASS_COUNT];
+            let mut pages = 0;
+            for table in self.loaded.values() {
+                tables[class_index(table.map_ref.map_id)] += 1;
+                pages += u64::from(table.map_ref.page_entries);
+            }
+            assert_eq!(
+                (pages, tables),
+                (self.pages_in_use, self.tables),
+                "the book's gauges"
+            );
+        }
+    }
+
     /// Plans one file, counting `pending` (earlier files of the same batch,
     /// planned but not committed) against the capacities.
     fn plan_one(
@@ -404,6 +423,15 @@ impl KernelBook {
         offsets: Option<OffsetRange>,
         pending: &Pending,
     ) -> Result<LoadPlan, PlanError> {
+        debug_assert!(
+            self.pages_in_use <= u64::from(self.caps.pages)
+                && self.tables.iter().all(|&n| n <= self.caps.outer_entries),
+            "plan: the book holds more than the maps can ({} pages of {}, tables {:?} of {} each)",
+            self.pages_in_use,
+            self.caps.pages,
+            self.tables,
+            self.caps.outer_entries
+        );
         if self.is_loaded(file_id) || pending.files.contains(&file_id) {
             return Err(PlanError::AlreadyLoaded);
         }
@@ -511,6 +539,14 @@ impl KernelBook {
         // mapping names the file; like the table, they exist before any page.
         ops.extend(put_offsets);
         ops.push(MapOp::PutPages(table.pages));
+        debug_assert!(
+            page_entries <= draft.per_page.len() as u64
+                && reserved
+                    .slots
+                    .iter()
+                    .all(|&slot| u32::from(slot) < self.slots.capacity()),
+            "plan: file {file_id} reserves past the capacities"
+        );
         Ok(LoadPlan {
             file_id,
             ops,

@@ -125,14 +125,48 @@ impl KernelBook {
 
     /// Records a batch whose ops all took effect.
     pub fn commit_load(&mut self, plan: LoadManyPlan) -> Vec<(FileId, MapRef)> {
-        plan.files
+        let refs = plan
+            .files
             .into_iter()
             .map(|p| (p.file_id, self.commit_file(p)))
-            .collect()
+            .collect();
+        self.debug_check_gauges();
+        refs
     }
 
     /// Records one file of a batch whose ops all took effect.
     fn commit_file(&mut self, plan: LoadPlan) -> MapRef {
+        let before = (
+            self.pages_in_use,
+            self.tables.iter().sum::<u32>(),
+            self.loaded.len(),
+            self.offsets.len(),
+        );
+        let map_ref = self.record_commit(plan);
+        let table = usize::from(map_ref.map_id != 0);
+        debug_assert_eq!(
+            (
+                self.pages_in_use,
+                self.tables.iter().sum::<u32>() as usize,
+                self.loaded.len(),
+            ),
+            (
+                before.0
+                    + if table == 1 {
+                        u64::from(map_ref.page_entries)
+                    } else {
+                        0
+                    },
+                before.1 as usize + table,
+                before.2 + table,
+            ),
+            "commit: the book's accounting is not what it was plus the plan"
+        );
+        debug_assert!(self.offsets.len() - before.3 <= 1, "commit: offsets");
+        map_ref
+    }
+
+    fn record_commit(&mut self, plan: LoadPlan) -> MapRef {
         let map_ref = plan.map_ref;
         if let Some(range) = plan.reserved.offsets {
             self.offsets.insert(plan.file_id, range);
@@ -326,6 +360,21 @@ impl KernelBook {
             &zeroed,
             rollback.published,
         );
+        // Nothing of the batch stays loaded; what is owed is a leftover.
+        for file_id in &rollback.files {
+            debug_assert!(
+                !self.is_loaded(*file_id),
+                "rollback: file {file_id} is still loaded"
+            );
+        }
+        debug_assert!(
+            owed == rollback
+                .files
+                .iter()
+                .any(|f| self.leftovers.contains_key(f)),
+            "rollback: the leftovers do not say what is owed"
+        );
+        self.debug_check_gauges();
         !owed
     }
 

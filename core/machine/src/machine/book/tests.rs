@@ -674,3 +674,58 @@ fn an_empty_file_writes_nothing() {
     assert!(book.loaded().is_empty());
     assert!(book.plan_unload(FileId(1)).is_none());
 }
+
+/// A table for `file_id` that no plan wrote: the corruption the
+/// assertions below must catch.
+fn forged_table() -> LoadedTable {
+    LoadedTable {
+        map_ref: MapRef {
+            map_id: 8,
+            num_pages: 1,
+            page_entries: 1,
+            ..MapRef::default()
+        },
+        slots: Box::new([]),
+        dead_pages: Box::new([]),
+    }
+}
+
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "plan: the book holds more than the maps can")]
+fn a_plan_on_a_book_past_its_capacity_is_caught() {
+    let mut book = KernelBook::new(Capacities::default());
+    book.pages_in_use = u64::from(book.caps.pages) + 1;
+    let _ = book.plan_load(FileId(1), &three_pages(), None);
+}
+
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "commit: the book's accounting")]
+fn a_commit_over_a_table_the_book_already_has_is_caught() {
+    let mut book = KernelBook::new(Capacities::default());
+    let plan = book.plan_load(FileId(1), &three_pages(), None).unwrap();
+    book.loaded.insert(FileId(1), forged_table());
+    book.commit_load(plan);
+}
+
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "is still loaded")]
+fn a_rollback_that_leaves_its_file_loaded_is_caught() {
+    let mut book = KernelBook::new(Capacities::default());
+    let plan = book.plan_load(FileId(1), &three_pages(), None).unwrap();
+    let rollback = book.abort_load(&plan, stop(2, 1));
+    book.loaded.insert(FileId(1), forged_table());
+    book.finish_rollback(rollback, Ok(()));
+}
+
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "the book's gauges")]
+fn gauges_that_disagree_with_the_tables_are_caught() {
+    let mut book = KernelBook::new(Capacities::default());
+    load(&mut book, 1, &three_pages());
+    book.pages_in_use += 1;
+    load(&mut book, 2, &three_other_pages());
+}
