@@ -276,7 +276,7 @@ mod synth {
         let mut book = KernelBook::new(Capacities::default());
         let mut ops = Vec::new();
         for file in files {
-            let plan = book.plan_load(file.id, &file.deltas).expect("plan");
+            let plan = book.plan_load(file.id, &file.deltas, None).expect("plan");
             ops.extend(plan.ops.iter().cloned());
             book.commit_load(plan);
         }

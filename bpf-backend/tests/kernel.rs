@@ -1061,7 +1061,7 @@ fn a_restart_after_a_crash_at_any_op_of_a_load_cleans_the_pins_and_loads_afresh(
     let id = FileId(0x4242);
     for (name, data) in &picked {
         let mut book = KernelBook::new(Capacities::default());
-        let plan = book.plan_load(id, data).expect("plan");
+        let plan = book.plan_load(id, data, None).expect("plan");
         assert_eq!(plan.ops.len(), 3, "{name}: slots, table, pages");
         let mut crashes: Vec<Vec<MapOp>> = (0..=3).map(|k| plan.ops[..k].to_vec()).collect();
         if let MapOp::PutPages(pages) = &plan.ops[2] {
@@ -1155,7 +1155,7 @@ fn a_restart_over_pins_adopts_what_is_right_and_ends_as_the_sim_does() {
         let mut book = manager.state().book;
         let mut backend = manager.into_backend();
         let data = eim_core::provider::Provider::extract(&**provider, &ids[3]).expect("deltas");
-        let plan = book.plan_load(ids[3], &data.data).expect("plan");
+        let plan = book.plan_load(ids[3], &data.data, None).expect("plan");
         let published = plan
             .ops
             .iter()

@@ -35,7 +35,7 @@ use crate::sync::{lock, Arc, AtomicU64, Mutex};
 use crate::tracers::{self, Tracers};
 use eim_machine::deltas::IntervalData;
 use eim_machine::machine::{Deferred, FileEntry, KernelBook, Release, ReleaseError, Timestamp};
-use eim_machine::ops::{Backend, MapKind};
+use eim_machine::ops::{Backend, Errno, MapKind, MapOp, OpFailure};
 use eim_machine::FileId;
 use kernel::KernelSide;
 use shard::{shard_index, Flight, FlightGuard, Padded, Shard};
@@ -403,6 +403,21 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         }
         lock(&self.kernel).unload(&*self.clock, file_id)?;
         Ok(true)
+    }
+
+    /// Writes one `eim_process_mappings` op (the host's) through the
+    /// driver, under the kernel lock, so that the driver's rule holds for
+    /// it too: a delete that finds its entry gone is no failure. Any other
+    /// op is refused with `EINVAL` before the backend sees it: those maps
+    /// belong to the book, which must plan every write to them.
+    pub fn apply_process_op(&self, op: &MapOp) -> Result<(), OpFailure> {
+        if !matches!(
+            op,
+            MapOp::PutProcessMappings { .. } | MapOp::DeleteProcessMappings { .. }
+        ) {
+            return Err(OpFailure::new(Errno::EINVAL, 0));
+        }
+        eim_machine::driver::apply_one(&mut lock(&self.kernel).backend, op)
     }
 }
 

@@ -69,7 +69,7 @@ fn every_core_error_says_its_cause_once() {
         StackDelta::new(0x1000, 0, UnwindInfo::default()),
     ]);
     let plan_error = book
-        .plan_load(file_id, &unsorted)
+        .plan_load(file_id, &unsorted, None)
         .expect_err("unsorted deltas");
     check(&plan_error);
     let eim_machine::machine::PlanError::Encode(cause) = plan_error else {

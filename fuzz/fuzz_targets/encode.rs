@@ -259,19 +259,19 @@ fuzz_target!(|input: Input| {
     let file_id = FileId(input.file_id);
     let mut book = KernelBook::new(Capacities::default());
     let plan = book
-        .plan_load(file_id, &data)
+        .plan_load(file_id, &data, None)
         .expect("a fresh book plans whatever draft accepted");
     assert_eq!(
-        plan.map_ref.map_id, draft.map_id,
+        plan.files[0].map_ref.map_id, draft.map_id,
         "plan and draft agree on the class"
     );
     assert_eq!(
-        plan.map_ref.num_pages as usize,
+        plan.files[0].map_ref.num_pages as usize,
         draft.per_page.len(),
         "plan and draft agree on the page span"
     );
     assert_eq!(
-        u64::from(plan.map_ref.page_entries),
+        u64::from(plan.files[0].map_ref.page_entries),
         draft.page_entries(),
         "plan and draft agree on the page entries"
     );

@@ -51,7 +51,7 @@ fuzz_target!(|bytes: &[u8]| {
     assert_eq!(again.data, parsed.data, "deltas survive render + read");
     assert_eq!(again.path, parsed.path, "the path survives render + read");
     let mut book = KernelBook::new(Capacities::default());
-    if let Ok(plan) = book.plan_load(FileId(0x1234), &parsed.data) {
+    if let Ok(plan) = book.plan_load(FileId(0x1234), &parsed.data, None) {
         let encoded = Tables::of_plan(&plan).render(&parsed.path, parsed.data.len());
         assert!(encoded.starts_with("# file: "));
     }

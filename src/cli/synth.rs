@@ -358,9 +358,9 @@ mod tests {
                 .windows(2)
                 .all(|w| w[0].address < w[1].address));
             assert!(f.data.len() <= 61_000, "{} has {}", f.name, f.data.len());
-            let plan = book.plan_load(f.id, &f.data).expect("encodable");
+            let plan = book.plan_load(f.id, &f.data, None).expect("encodable");
             let tables = eim::text::Tables::of_plan(&plan);
-            classes.insert(plan.map_ref.map_id);
+            classes.insert(tables.map_id);
             merged += f.data.len().saturating_sub(tables.kernel_deltas.len());
             book.commit_load(plan);
         }

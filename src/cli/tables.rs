@@ -45,7 +45,7 @@ pub fn encode(path: &Path, max_size: u64) -> anyhow::Result<Encoded> {
     // A fresh book per file: the oracle records each file loaded alone. The
     // file id does not appear in the output (page keys print only the page).
     let mut book = KernelBook::new(Capacities::default());
-    let plan = book.plan_load(FileId(0x1234), &input.data)?;
+    let plan = book.plan_load(FileId(0x1234), &input.data, None)?;
     Ok(Encoded {
         tables: Tables::of_plan(&plan),
         path: input.path,

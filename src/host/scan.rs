@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use eim_analysis::elf::fileid::FileId128;
 use eim_core::Error;
 use eim_machine::abi::ProcessMapping;
-use eim_machine::ops::{Backend, MapOp};
+use eim_machine::ops::MapOp;
 use eim_machine::process_maps::ProcessMapTable;
 use eim_machine::tracking::Work;
 use eim_machine::FileId;
@@ -657,17 +657,17 @@ impl<B: Inspect> Host<B> {
 
     /// Applies an op of [`ProcessMapTable`]. A refused write is logged and
     /// counted, and the entry marked unknown: the process's next read
-    /// writes it again, a full pass deletes it if the process is gone. A
-    /// delete of an absent entry is no failure.
+    /// writes it again, a full pass deletes it if the process is gone. The
+    /// manager writes it through the driver (a delete of an absent entry
+    /// is no failure there).
     fn apply_process_op(&mut self, op: MapOp) {
         let pid = match &op {
             MapOp::PutProcessMappings { pid, .. } | MapOp::DeleteProcessMappings { pid } => *pid,
             _ => return,
         };
         self.counters.process_mappings_written += 1;
-        match self.manager.with_backend(|b| b.apply(&op)) {
+        match self.manager.apply_process_op(&op) {
             Ok(()) => {}
-            Err(f) if op.is_delete() && f.errno.0 == libc::ENOENT => {}
             Err(f) => {
                 tracing::warn!(pid, map = %op.map(), errno = %f.errno, "{} failed", op.name());
                 self.counters.process_mapping_errors += 1;

@@ -60,7 +60,7 @@ fn extract_path(path: &std::path::Path) -> Option<IntervalData> {
 
 fn plan(data: &IntervalData) -> Option<Tables> {
     let mut book = KernelBook::new(Capacities::default());
-    let plan = book.plan_load(FileId(0x1234), data).ok()?;
+    let plan = book.plan_load(FileId(0x1234), data, None).ok()?;
     Some(Tables::of_plan(&plan))
 }
 

@@ -231,6 +231,12 @@ pub fn draft(deltas: &IntervalData, max_pages: u64) -> Result<Option<Draft<'_>>,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    debug_assert!(
+        per_page.len() as u64 <= max_pages && entry_count <= deltas.len(),
+        "a draft spans {} pages (at most {max_pages}) with {entry_count} of {} deltas",
+        per_page.len(),
+        deltas.len()
+    );
     Ok(Some(Draft {
         deltas,
         first_page: first_page_no << PAGE_BITS,
@@ -272,6 +278,10 @@ impl Draft<'_> {
             .iter()
             .map(|r| (r.end - r.start) >> PAGE_BITS)
             .sum();
+        debug_assert!(
+            dead <= self.per_page.len() as u64,
+            "more dead pages than pages"
+        );
         self.per_page.len() as u64 - dead
     }
 

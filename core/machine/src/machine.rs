@@ -21,8 +21,8 @@ pub mod slots;
 use std::time::Duration;
 
 pub use book::{
-    Capacities, KernelBook, LoadManyPlan, LoadPlan, LoadedTable, ManyRollback, MapRef, PlanError,
-    Rollback, Stopped, UnloadPlan,
+    Capacities, KernelBook, LoadManyPlan, LoadPlan, LoadedTable, MapRef, PlanError, Rollback,
+    Stopped, UnloadPlan,
 };
 pub use deferred::Deferred;
 pub use files::{FileEntry, FileTable, Release, ReleaseError};

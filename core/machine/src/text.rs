@@ -7,7 +7,7 @@ use std::io::{self, Write};
 
 use crate::abi::{self, StackDeltaPageInfo, StackDeltaPageKey, UnwindInfo};
 use crate::deltas::{IntervalData, StackDelta};
-use crate::machine::LoadPlan;
+use crate::machine::LoadManyPlan;
 use crate::ops::MapOp;
 
 mod rows;
@@ -277,13 +277,14 @@ pub struct Tables {
 }
 
 impl Tables {
-    /// The tables a load plan writes.
-    pub fn of_plan(plan: &LoadPlan) -> Self {
-        let mut t = Tables {
-            map_id: plan.map_ref.map_id,
-            gaps: plan.gaps.clone(),
-            ..Tables::default()
-        };
+    /// The tables a plan of one file writes (what the oracle records for
+    /// a file loaded alone; [`crate::machine::KernelBook::plan_load`]).
+    pub fn of_plan(plan: &LoadManyPlan) -> Self {
+        let mut t = Tables::default();
+        if let Some(file) = plan.files.first() {
+            t.map_id = file.map_ref.map_id;
+            t.gaps = file.gaps.clone();
+        }
         for op in &plan.ops {
             match op {
                 MapOp::PutUnwindInfos(v) => t.unwind_infos.extend(v.iter().copied()),

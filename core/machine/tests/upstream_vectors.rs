@@ -57,7 +57,7 @@ fn volname() -> IntervalData {
 
 fn load_fresh(deltas: &IntervalData) -> Tables {
     let mut book = KernelBook::new(Capacities::default());
-    let plan = book.plan_load(FileId(1), deltas).expect("plan");
+    let plan = book.plan_load(FileId(1), deltas, None).expect("plan");
     Tables::of_plan(&plan)
 }
 
@@ -175,9 +175,9 @@ fn arm64_vdso_encodes_to_seven_kernel_deltas() {
 #[test]
 fn a_second_file_reuses_the_slots_of_the_first() {
     let mut book = KernelBook::new(Capacities::default());
-    let first = book.plan_load(FileId(1), &volname()).unwrap();
+    let first = book.plan_load(FileId(1), &volname(), None).unwrap();
     book.commit_load(first);
-    let second = book.plan_load(FileId(2), &volname()).unwrap();
+    let second = book.plan_load(FileId(2), &volname(), None).unwrap();
     let t = Tables::of_plan(&second);
     assert!(t.unwind_infos.is_empty(), "every rule already has a slot");
     assert_eq!(t.kernel_deltas.len(), 20);

@@ -68,12 +68,14 @@ impl<B: Backend> KernelSide<B> {
         self.retry_leftovers(clock);
         let plan = self
             .book
-            .plan_load_with(file_id, deltas, offsets)
+            .plan_load(file_id, deltas, offsets)
             .map_err(|e| plan_error(file_id, e))?;
         self.backend.begin_writes();
         let Err(stopped) = execute(&mut self.backend, &plan.ops) else {
             self.backend.end_writes();
-            return Ok(self.book.commit_load(plan));
+            // A batch of one: one outcome.
+            let committed = self.book.commit_load(plan).into_iter().next();
+            return Ok(committed.map(|(_, map_ref)| map_ref).unwrap_or_default());
         };
         let failed = &plan.ops[stopped.at];
         let (map, op, len) = (failed.map(), failed.name(), failed.len());
@@ -144,18 +146,18 @@ impl<B: Backend> KernelSide<B> {
         self.backend.begin_writes();
         let Some(stopped) = execute(&mut self.backend, &plan.ops).err() else {
             self.backend.end_writes();
-            for (file_id, map_ref) in self.book.commit_load_many(plan) {
+            for (file_id, map_ref) in self.book.commit_load(plan) {
                 out.insert(file_id, Ok(map_ref));
             }
             return Vec::new();
         };
         let failed = &plan.ops[stopped.at];
         let (map, op, len) = (failed.map(), failed.name(), failed.len());
-        let rollback = self.book.abort_load_many(&plan, stopped);
+        let rollback = self.book.abort_load(&plan, stopped);
         let result = execute(&mut self.backend, &rollback.ops);
         self.backend.end_writes();
         self.tick(clock);
-        self.book.finish_rollback_many(rollback, result);
+        self.book.finish_rollback(rollback, result);
         let errno = stopped.failure.errno;
         let split = plan.files.len() > 1 && errno.may_pass_in_part();
         let by_id: BTreeMap<FileId, usize> =

@@ -28,7 +28,7 @@ fn every_oracle_file_encodes_exactly_as_upstream() {
             .unwrap_or_else(|e| panic!("{}: {e}", deltas_path.display()));
         let mut book = KernelBook::new(Capacities::default());
         let plan = book
-            .plan_load(FileId(0x1234), &parsed.data)
+            .plan_load(FileId(0x1234), &parsed.data, None)
             .unwrap_or_else(|e| panic!("{}: {e}", deltas_path.display()));
         let ours = Tables::of_plan(&plan).render(&parsed.path, parsed.data.len());
         let theirs = read_xz(&encoded_path);

@@ -63,6 +63,7 @@ impl<P: Clone> FileTable<P> {
     /// Takes one more reference on a known file.
     pub fn inc_ref(&mut self, id: FileId) -> Option<P> {
         let entry = self.entries.get_mut(&id)?;
+        debug_assert!(entry.rc < u64::MAX, "file {id}: reference count overflow");
         entry.rc += 1;
         entry.unused_since = None;
         Some(entry.info.clone())
@@ -101,6 +102,7 @@ impl<P: Clone> FileTable<P> {
                 )),
             },
             _ => {
+                debug_assert!(entry.rc > 1, "file {id}: released past its last reference");
                 entry.rc -= 1;
                 Ok(Release::Held { rc: entry.rc })
             }

@@ -269,6 +269,7 @@ impl UnwindSlots {
         let content = self.contents[at].take();
         self.unindex(slot, content);
         self.free.insert(slot);
+        self.debug_check(slot);
     }
 
     /// Records that `slot` is zero again but may still be reached by a
@@ -311,6 +312,7 @@ impl UnwindSlots {
             .map_or(reusable_at, |t| t.max(reusable_at));
         self.reusable_at[at] = Some(until);
         self.cooling.insert((until, slot));
+        self.debug_check(slot);
     }
 
     fn uncool(&mut self, slot: u16) -> Option<Timestamp> {
@@ -325,6 +327,34 @@ impl UnwindSlots {
         if let Some(u) = self.users.get_mut(usize::from(slot)) {
             *u += 1;
         }
+        self.debug_check(slot);
+    }
+
+    /// The slot is in exactly one state (free, cooling, live or reserved),
+    /// as the sets say. O(1): the accounting boundary the simulator checks
+    /// from outside, asserted where it changes.
+    fn debug_check(&self, slot: u16) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let at = usize::from(slot);
+        let (Some(&users), Some(&until)) = (self.users.get(at), self.reusable_at.get(at)) else {
+            return;
+        };
+        let free = self.free.contains(&slot);
+        debug_assert!(
+            !(free && (users > 0 || until.is_some() || self.contents[at].is_some())),
+            "slot {slot}: free, yet {users} users, cooling {until:?} or holding a rule"
+        );
+        debug_assert!(
+            until.is_none() || users == 0,
+            "slot {slot}: cooling with {users} users"
+        );
+        debug_assert_eq!(
+            until.is_some_and(|t| self.cooling.contains(&(t, slot))),
+            until.is_some(),
+            "slot {slot}: its cooling time and the cooling set disagree"
+        );
     }
 
     /// A kernel table that referenced `slot` is unpublished; the last one
@@ -333,10 +363,15 @@ impl UnwindSlots {
         let Some(u) = self.users.get_mut(usize::from(slot)) else {
             return;
         };
+        debug_assert!(
+            *u > 0,
+            "slot {slot}: a user removed from a slot no table uses"
+        );
         *u = u.saturating_sub(1);
         if *u == 0 {
             self.cool(slot, reusable_at);
         }
+        self.debug_check(slot);
     }
 }
 
@@ -476,6 +511,29 @@ mod tests {
                 })
             ))
         );
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "a user removed from a slot no table uses")]
+    fn a_user_removed_twice_is_caught() {
+        let mut slots = UnwindSlots::new(4);
+        let (slot, _) = slots.allocate(rule(8), t(0)).unwrap();
+        slots.add_user(slot);
+        slots.remove_user(slot, t(1));
+        slots.remove_user(slot, t(1));
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "free, yet 2 users")]
+    fn a_live_slot_in_the_free_set_is_caught() {
+        let mut slots = UnwindSlots::new(4);
+        let (slot, _) = slots.allocate(rule(8), t(0)).unwrap();
+        slots.add_user(slot);
+        // Corrupt: a slot a table uses is also free.
+        slots.free.insert(slot);
+        slots.add_user(slot);
     }
 
     #[test]

@@ -305,7 +305,7 @@ impl Run {
     fn load(&mut self, id: u64, deltas: &IntervalData, offsets: Option<OffsetRange>) {
         let plan = self
             .book
-            .plan_load_with(FileId(id), deltas, offsets)
+            .plan_load(FileId(id), deltas, offsets)
             .expect("plan");
         for op in &plan.ops {
             self.model.apply(op);
@@ -464,7 +464,7 @@ fn settle(mut model: Model, reconciled: Reconciled, files: &Files) -> (Model, Ke
         }
         model.apply(op);
     }
-    book.commit_load_many(plan);
+    book.commit_load(plan);
     model.check_projection(&book).expect("projection");
     check_accounting(&book).expect("accounting");
     for (id, (pages, tables)) in adopted.iter().zip(before) {
@@ -520,7 +520,7 @@ fn a_restart_over_a_fresh_runs_maps_adopts_everything_and_removes_nothing() {
     // have numbered A's rules from 0, the adopted book keeps the old ones.
     let mut fresh = KernelBook::new(caps());
     let (deltas, _) = &files.0[&FileId(0xa)];
-    let plan = fresh.plan_load(FileId(0xa), deltas).unwrap();
+    let plan = fresh.plan_load(FileId(0xa), deltas, None).unwrap();
     fresh.commit_load(plan);
     assert_ne!(
         fresh.loaded()[&FileId(0xa)].slots,
@@ -657,7 +657,7 @@ fn a_restart_at_any_op_of_a_load_or_of_its_rollback_converges() {
     let mut restarts = 0;
     let base = ac.earlier_run();
     let mut book = base.book.clone();
-    let plan = book.plan_load(FileId(0xb), b).unwrap();
+    let plan = book.plan_load(FileId(0xb), b, None).unwrap();
     for (at, op) in plan.ops.iter().enumerate() {
         for done in 0..=op.len() {
             // The crash: the load got this far.
@@ -672,7 +672,7 @@ fn a_restart_at_any_op_of_a_load_or_of_its_rollback_converges() {
             // The load stopped here instead, and its rollback crashed at
             // every op.
             let mut book = base.book.clone();
-            let plan = book.plan_load(FileId(0xb), b).unwrap();
+            let plan = book.plan_load(FileId(0xb), b, None).unwrap();
             let rollback = book.abort_load(
                 &plan,
                 Stopped {
@@ -707,7 +707,7 @@ fn rolled_back_before_the_crash() -> (Files, Run, Model, u16) {
     let base = ac.earlier_run();
     let mut book = base.book.clone();
     let (b, _) = &files.0[&FileId(0xb)];
-    let plan = book.plan_load(FileId(0xb), b).unwrap();
+    let plan = book.plan_load(FileId(0xb), b, None).unwrap();
     let last = plan.ops.len() - 1;
     let rollback = book.abort_load(
         &plan,
@@ -748,7 +748,7 @@ fn zero_slots_past_every_used_one_cool_for_a_grace_after_a_restart() {
     );
     let (b, _) = &files.0[&FileId(0xb)];
     assert_eq!(
-        book.plan_load(FileId(0xb), b).err(),
+        book.plan_load(FileId(0xb), b, None).err(),
         Some(crate::machine::PlanError::MapFull {
             map: MapKind::UnwindInfo,
             capacity: caps().unwind_slots
@@ -756,7 +756,7 @@ fn zero_slots_past_every_used_one_cool_for_a_grace_after_a_restart() {
         "no slot for B's new rule within the grace"
     );
     book.advance_to(t(3).after(GRACE));
-    assert!(book.plan_load(FileId(0xb), b).is_ok());
+    assert!(book.plan_load(FileId(0xb), b, None).is_ok());
 }
 
 /// The same rollback right before the crash, with the backend's record of
@@ -811,7 +811,7 @@ fn a_recorded_zeroing_bounds_how_long_zero_slots_cool() {
     check_accounting(&never).expect("accounting");
     // B's new rule goes into a free zero slot at once.
     let (b, _) = &files.0[&FileId(0xb)];
-    assert!(long_ago.plan_load(FileId(0xb), b).is_ok());
+    assert!(long_ago.plan_load(FileId(0xb), b, None).is_ok());
 }
 
 #[test]
