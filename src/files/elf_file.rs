@@ -623,11 +623,19 @@ impl ElfFileRef {
     /// or no candidate matches; `Err` (kind `NotFound`) when the file's
     /// root or directory has gone.
     pub fn find_debug_file(&self, open: &OpenElf) -> Result<Option<DebugFile>, ExtractError> {
-        // The one parser (core's): the name extraction asks for is the one
-        // searched.
-        let Some(link) = open.elf().debug_link() else {
-            return Ok(None);
-        };
+        match open.elf().debug_link() {
+            Some(link) => self.find_debug_file_for(open, &link),
+            None => Ok(None),
+        }
+    }
+
+    /// Finds the debug file `link` names for `open` (this reference's
+    /// file): what the analysis asks for ([`eim_analysis::analyse::DebugFiles`]).
+    pub fn find_debug_file_for(
+        &self,
+        open: &OpenElf,
+        link: &DebugLink,
+    ) -> Result<Option<DebugFile>, ExtractError> {
         let gone = |anchor: &Path| {
             self.error(
                 ExtractErrorKind::NotFound,
@@ -651,9 +659,9 @@ impl ElfFileRef {
         };
         let owner = open.parsed.borrow_owner().owner;
         let build_id = open.elf().file.build_id().ok().flatten();
-        for candidate in self.debug_candidates(&link, build_id) {
+        for candidate in self.debug_candidates(link, build_id) {
             let shown = self.physical(&candidate);
-            match self.try_debug_candidate(&root, &candidate, &link, owner) {
+            match self.try_debug_candidate(&root, &candidate, link, owner) {
                 Ok(Some((opened, crc))) => {
                     tracing::debug!(path = %self.name(), debug = %shown.display(), "found the debug file");
                     return Ok(Some(DebugFile {

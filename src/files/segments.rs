@@ -41,7 +41,7 @@ mod tests {
         assert!(!segments.is_empty(), "{} has PT_LOADs", exe.display());
         // /proc/self/maps: this executable's text mapping, and the address
         // of a function in it.
-        let here = the_bias_puts_the_mapping_start_at_its_segment_address as *const () as u64;
+        let here = the_segments_of_a_real_file_give_its_own_addresses as *const () as u64;
         let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
         let line = maps
             .lines()
