@@ -27,7 +27,7 @@ pub enum ProblemKind {
     /// It could not be opened as the file the process maps.
     Unopenable,
     /// It is of a kind eim does not extract (not ELF, 32-bit or big-endian
-    /// ELF, another machine: [`crate::files::elf_file::HeaderError`]
+    /// ELF, another machine: [`eim_analysis::elf::header::HeaderError`]
     /// decides): not a failure, but not loaded either.
     Unsupported,
     /// It presents the id of another file with other bytes where that

@@ -289,8 +289,8 @@ pub fn inspect(path: &Path, force_libc: bool, max_size: u64) -> Result<Report, F
     let open = file.get().map_err(|e| Failure::message(e.message))?;
     let id = open.file_id().map_err(Failure::message)?;
     let elf = open.elf();
-    let mut debuglink = || {
-        let found = file.find_debug_file(&open).ok().flatten();
+    let mut debuglink = |link: &eim_analysis::elf::DebugLink| {
+        let found = file.find_debug_file_for(&open, link).ok().flatten();
         found.map(|d| eim::files::elf_provider::SharedDebugFile(std::sync::Arc::new(d)))
     };
     let (data, deltas_error) = match eim::files::elf_provider::extract(elf, &mut debuglink) {

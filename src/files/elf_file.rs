@@ -61,6 +61,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use eim_analysis::elf::fileid::{self, FileId128};
+use eim_analysis::elf::header::{check_header, check_sections, HeaderError, EHDR64_SIZE};
 use eim_analysis::elf::{ByteSource, DebugLink, Elf, ElfError, FileView, LazyFile, SourceError};
 use eim_core::provider::{ExtractError, ExtractErrorKind};
 use object::Object;
@@ -71,9 +72,6 @@ use crate::files::trust;
 
 /// The default size limit: 2 GiB.
 pub const DEFAULT_MAX_SIZE: u64 = 2 << 30;
-
-/// The size of an ELF64 file header.
-const EHDR64_SIZE: u64 = 64;
 
 /// Where distributions install separate debug files.
 const DEBUG_DIR: &str = "/usr/lib/debug";
@@ -373,43 +371,6 @@ fn is_not_found(e: &io::Error) -> bool {
     )
 }
 
-fn u16_at(b: &[u8], at: usize) -> u64 {
-    u16::from_le_bytes([b[at], b[at + 1]]) as u64
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
-/// Why a file's header makes it unusable. This is the one place that
-/// decides which files are *unsupported* (not ELF, 32-bit, big-endian,
-/// another machine: files eim does not extract by design, which reports
-/// list apart from failures) and which are *invalid* (an ELF file of a
-/// supported kind that is broken).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum HeaderError {
-    #[error("{0}")]
-    Unsupported(String),
-    #[error("{0}")]
-    Invalid(String),
-}
-
-impl HeaderError {
-    pub fn kind(&self) -> ExtractErrorKind {
-        match self {
-            Self::Unsupported(_) => ExtractErrorKind::Unsupported,
-            Self::Invalid(_) => ExtractErrorKind::Invalid,
-        }
-    }
-
-    /// A file whose machine eim has no unwinder for.
-    pub fn machine(machine: u16) -> Self {
-        Self::Unsupported(format!(
-            "unsupported machine {machine:#x}: only x86-64 and arm64 ELF files are supported"
-        ))
-    }
-}
-
 impl From<HeaderError> for Unreliable {
     fn from(e: HeaderError) -> Self {
         Self {
@@ -417,77 +378,6 @@ impl From<HeaderError> for Unreliable {
             message: e.to_string(),
         }
     }
-}
-
-/// Checks what `Elf::parse` takes for granted or reports tersely: the
-/// identification bytes, the header's length, and that the program and
-/// section header tables lie inside the file. `head` is the file's first
-/// bytes (its first 64, or all of a shorter file), `len` its length.
-/// Messages say what is wrong in a user's terms.
-pub fn check_header(head: &[u8], len: u64) -> Result<(), HeaderError> {
-    use HeaderError::{Invalid, Unsupported};
-    let b = head;
-    if b.len() < 4 || &b[..4] != b"\x7fELF" {
-        return Err(Unsupported("not an ELF file".into()));
-    }
-    let truncated_header = || {
-        Invalid(format!(
-            "truncated ELF file: {len} bytes, shorter than the {EHDR64_SIZE}-byte ELF header"
-        ))
-    };
-    match b.get(4) {
-        None => return Err(truncated_header()),
-        Some(2) => {}
-        Some(1) => {
-            return Err(Unsupported(
-                "a 32-bit ELF file: only 64-bit little-endian ELF files are supported".into(),
-            ))
-        }
-        Some(c) => return Err(Invalid(format!("not a valid ELF file: unknown class {c}"))),
-    }
-    match b.get(5) {
-        None => return Err(truncated_header()),
-        Some(1) => {}
-        Some(2) => {
-            return Err(Unsupported(
-                "a big-endian ELF file: only 64-bit little-endian ELF files are supported".into(),
-            ))
-        }
-        Some(d) => {
-            return Err(Invalid(format!(
-                "not a valid ELF file: unknown data encoding {d}"
-            )))
-        }
-    }
-    if len < EHDR64_SIZE || (b.len() as u64) < EHDR64_SIZE {
-        return Err(truncated_header());
-    }
-    let tables = [
-        ("program", u64_at(b, 0x20), u16_at(b, 0x36), u16_at(b, 0x38)),
-        // With 0 sections but a table offset, the count is in entry 0.
-        (
-            "section",
-            u64_at(b, 0x28),
-            u16_at(b, 0x3a),
-            u16_at(b, 0x3c).max(1),
-        ),
-    ];
-    for (what, offset, entry_size, count) in tables {
-        if offset == 0 {
-            continue;
-        }
-        match offset.checked_add(entry_size * count) {
-            Some(end) if end <= len => {}
-            _ => {
-                return Err(Invalid(format!(
-                    "truncated ELF file: the {what} header table ({count} entries of \
-                     {entry_size} bytes at offset {offset}) ends past the end of the file \
-                     ({len} bytes)"
-                )))
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Checks and parses a file read on demand; the error's kind is `Invalid`
@@ -512,20 +402,7 @@ fn parse(opened: Opened) -> Result<ParsedElf, Unreliable> {
             other => o.changed().unwrap_or_else(|| invalid(other.to_string())),
         })
     })?;
-    let elf = parsed.borrow_dependent();
-    for section in elf.file.sections() {
-        use object::ObjectSection;
-        let index = section.index().0;
-        if let Some((offset, size)) = section.file_range() {
-            if offset.checked_add(size).is_none_or(|end| end > len) {
-                return Err(invalid(format!(
-                    "truncated ELF file: section {index} ({}) ends past the end of the file \
-                     ({len} bytes)",
-                    section.name().unwrap_or("?")
-                )));
-            }
-        }
-    }
+    check_sections(parsed.borrow_dependent()).map_err(|e| invalid(e.to_string()))?;
     Ok(parsed)
 }
 
@@ -746,11 +623,19 @@ impl ElfFileRef {
     /// or no candidate matches; `Err` (kind `NotFound`) when the file's
     /// root or directory has gone.
     pub fn find_debug_file(&self, open: &OpenElf) -> Result<Option<DebugFile>, ExtractError> {
-        // The one parser (core's): the name extraction asks for is the one
-        // searched.
-        let Some(link) = open.elf().debug_link() else {
-            return Ok(None);
-        };
+        match open.elf().debug_link() {
+            Some(link) => self.find_debug_file_for(open, &link),
+            None => Ok(None),
+        }
+    }
+
+    /// Finds the debug file `link` names for `open` (this reference's
+    /// file): what the analysis asks for ([`eim_analysis::analyse::DebugFiles`]).
+    pub fn find_debug_file_for(
+        &self,
+        open: &OpenElf,
+        link: &DebugLink,
+    ) -> Result<Option<DebugFile>, ExtractError> {
         let gone = |anchor: &Path| {
             self.error(
                 ExtractErrorKind::NotFound,
@@ -774,9 +659,9 @@ impl ElfFileRef {
         };
         let owner = open.parsed.borrow_owner().owner;
         let build_id = open.elf().file.build_id().ok().flatten();
-        for candidate in self.debug_candidates(&link, build_id) {
+        for candidate in self.debug_candidates(link, build_id) {
             let shown = self.physical(&candidate);
-            match self.try_debug_candidate(&root, &candidate, &link, owner) {
+            match self.try_debug_candidate(&root, &candidate, link, owner) {
                 Ok(Some((opened, crc))) => {
                     tracing::debug!(path = %self.name(), debug = %shown.display(), "found the debug file");
                     return Ok(Some(DebugFile {
@@ -1050,7 +935,7 @@ pub(crate) mod tests {
         big_endian[5] = 2;
         let mut bad_section = good.clone();
         // Section 1 (.text) claims 4096 bytes.
-        let shoff = u64_at(&good, 0x28) as usize;
+        let shoff = u64::from_le_bytes(good[0x28..0x30].try_into().expect("8 bytes")) as usize;
         bad_section[shoff + 64 + 0x20..shoff + 64 + 0x28].copy_from_slice(&4096u64.to_le_bytes());
         let cases: Vec<(&str, Vec<u8>, ExtractErrorKind, &str)> = vec![
             (

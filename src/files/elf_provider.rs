@@ -2,31 +2,30 @@
 //! `elfunwindinfo` provider): opens the file through its [`ElfFileRef`],
 //! runs the extraction with the debug-file lookup as its callback, and
 //! counts successes and failures the way upstream does (a file that has
-//! gone is not a failure). A file whose name marks it as a C library also
-//! gets its TSD and DTV layouts ([`libc_of`]).
+//! gone is not a failure). What is read of the file, and in what order,
+//! is the analysis's ([`eim_analysis::analyse`]); this adapter opens the
+//! file and its debug file and checks afterwards that what was read is
+//! the file it was asked for (`check_read`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use std::os::unix::ffi::OsStrExt as _;
-use std::path::Path;
-
+use eim_analysis::analyse::{self, DebugFiles};
 use eim_analysis::elf::digest::SourceDigest;
-use eim_analysis::elf::Elf;
+use eim_analysis::elf::{DebugLink, Elf};
 use eim_analysis::interp::LoaderInfo;
-use eim_analysis::tsd::{DtvInfo, LibcInfo, TsdInfo};
 use eim_core::provider::{ExtractError, ExtractErrorKind, Extraction, Provider};
 use eim_core::tracers::LoaderMatch;
 use eim_machine::deltas::IntervalData;
 
 use crate::files::elf_file::{DebugFile, ElfFileRef, OpenElf, Unreliable, DEFAULT_MAX_SIZE};
-use eim_analysis::elf::extract::{DebugBytes, DebugFileError};
+use eim_analysis::elf::extract::DebugBytes;
 use eim_core::Tracers;
 use eim_machine::FileId;
 
 /// The debug-file callback the extraction calls (at most when it needs
-/// one): the bytes of the file's separate debug file, or `None`.
-pub type DebugLinkFn<'a> = dyn FnMut() -> Option<SharedDebugFile> + 'a;
+/// one): the bytes of the separate debug file `link` names, or `None`.
+pub type DebugLinkFn<'a> = dyn FnMut(&DebugLink) -> Option<SharedDebugFile> + 'a;
 
 /// A debug file the extraction reads while the provider keeps a handle to
 /// check afterwards that it did not change.
@@ -48,62 +47,21 @@ impl eim_analysis::elf::extract::DebugFileBytes for SharedDebugFile {
 pub type ExtractFn =
     dyn Fn(&Elf<'_>, &mut DebugLinkFn<'_>) -> Result<IntervalData, String> + Send + Sync;
 
-/// The extraction eim uses: `eim_analysis::elf::extract`, in upstream's stage
-/// order. The one place it is wired in.
+/// The edge's side of [`DebugFiles`]: the provider's callback.
+struct Callback<'a, 'b>(&'a mut DebugLinkFn<'b>);
+
+impl DebugFiles for Callback<'_, '_> {
+    fn debug_file(&mut self, link: &DebugLink) -> Option<DebugBytes> {
+        (self.0)(link).map(|file| Box::new(file) as DebugBytes)
+    }
+}
+
+/// The extraction eim uses: the analysis's ([`analyse::deltas`]), in
+/// upstream's stage order. The one place it is wired in.
 pub fn extract(elf: &Elf<'_>, debuglink: &mut DebugLinkFn<'_>) -> Result<IntervalData, String> {
-    // The debug file is found (and its CRC checked) by `ElfFileRef`; core
-    // checks the CRC again against the link it reads itself.
-    let mut open = |_name: &str, _crc: u32| -> Result<Option<DebugBytes>, DebugFileError> {
-        Ok(debuglink().map(|file| Box::new(file) as DebugBytes))
-    };
-    eim_analysis::elf::extract::extract(elf, Some(&mut open)).map_err(|e| e.to_string())
-}
-
-/// Upstream's TSD step of `AddOrIncRef`: for a file whose path (as
-/// given, not resolved in a root) names a C library, the layout its
-/// `pthread_getspecific` reads. A failed analysis is not an error
-/// upstream: the file simply has no TSD layout.
-pub fn tsd_of(path: &Path, elf: &Elf<'_>) -> Option<TsdInfo> {
-    if !eim_analysis::tsd::is_potential_tsd_dso(path.as_os_str().as_bytes()) {
-        return None;
-    }
-    match eim_analysis::tsd::extract_tsd(elf) {
-        Ok(info) => Some(info),
-        Err(e) => {
-            tracing::debug!("{}: no TSD layout: {e}", path.display());
-            None
-        }
-    }
-}
-
-/// Upstream HEAD's DTV step: for a file whose path (as given) matches
-/// HEAD's C-library pattern, which adds the dynamic loader (glibc defines
-/// `__tls_get_addr` there), the layout `__tls_get_addr` reads. A file
-/// without that symbol has no DTV and no error; a failed analysis is
-/// reported like the TSD's (logged, not an extraction failure).
-pub fn dtv_of(path: &Path, elf: &Elf<'_>) -> Option<DtvInfo> {
-    if !eim_analysis::tsd::is_potential_libc_dso(path.as_os_str().as_bytes()) {
-        return None;
-    }
-    match eim_analysis::tsd::extract_dtv(elf) {
-        Ok(info) => info,
-        Err(e) => {
-            tracing::debug!("{}: no DTV layout: {e}", path.display());
-            None
-        }
-    }
-}
-
-/// Both C-library layouts of the file at `path` (upstream HEAD's
-/// `ExtractLibcInfo`, which fails only when both analyses fail: here that
-/// is the empty [`LibcInfo`]). The TSD keeps SEED's name check, which the
-/// oracle's `.tsd` files record; only the dynamic loader tells the two
-/// apart, and it defines no `pthread_getspecific`.
-pub fn libc_of(path: &Path, elf: &Elf<'_>) -> LibcInfo {
-    LibcInfo {
-        tsd: tsd_of(path, elf),
-        dtv: dtv_of(path, elf),
-    }
+    // The debug file is found (and its CRC checked) by `ElfFileRef`; the
+    // analysis checks the CRC again against the link it reads itself.
+    analyse::deltas(elf, &mut Callback(debuglink)).map_err(|e| e.to_string())
 }
 
 /// Upstream's provider statistics.
@@ -204,11 +162,15 @@ impl ElfProvider {
         }
     }
 
-    /// The deltas, the opened file, and whether a debug file was read.
-    fn extract_deltas(
+    /// Opens `file`, analyses it ([`analyse::analyse_with`]: the deltas
+    /// by this provider's extraction, the debug file through
+    /// [`ElfFileRef::find_debug_file_for`], the loaders `loaders` names),
+    /// then checks that what was read is the file it was asked for.
+    fn analyse(
         &self,
         file: &ElfFileRef,
-    ) -> Result<(IntervalData, Arc<OpenElf>, bool), ExtractError> {
+        loaders: Option<(FileId, Tracers)>,
+    ) -> Result<Digested, ExtractError> {
         let open = file.get()?;
         let name = file.path().display().to_string();
         if open.len() > self.max_size {
@@ -226,8 +188,8 @@ impl ElfProvider {
         // with its NotFound, whatever the extraction makes of the `None`.
         let mut gone = None;
         let mut debug_file = None;
-        let result = {
-            let mut debuglink = || match file.find_debug_file(&open) {
+        let analysis = {
+            let mut debuglink = |link: &DebugLink| match file.find_debug_file_for(&open, link) {
                 Ok(found) => {
                     let shared = found.map(Arc::new);
                     debug_file.clone_from(&shared);
@@ -238,7 +200,20 @@ impl ElfProvider {
                     None
                 }
             };
-            (self.extractor)(open.elf(), &mut debuglink)
+            analyse::analyse_with(
+                open.elf(),
+                file.path(),
+                loaders.map(|(id, _)| id),
+                |elf| (self.extractor)(elf, &mut debuglink),
+                |info| {
+                    let tracers = loaders.map_or(Tracers::none(), |(_, t)| t);
+                    let started = std::time::Instant::now();
+                    let found = eim_core::tracers::detect(info, tracers);
+                    let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.loaders_nanos.fetch_add(nanos, Ordering::Relaxed);
+                    found
+                },
+            )
         };
         if let Some(e) = gone {
             return Err(e);
@@ -251,7 +226,7 @@ impl ElfProvider {
                 return Err(ExtractError::new(u.kind, name, why));
             }
         }
-        let data = result.map_err(|message| {
+        let analysis = analysis.map_err(|message| {
             // An extraction that failed on a file that changed under it
             // failed because it changed.
             if let Err(u) = open.check_unchanged() {
@@ -263,7 +238,33 @@ impl ElfProvider {
                 format!("failed to extract stack deltas: {message}"),
             )
         })?;
-        Ok((data, open, debug_file.is_some()))
+        tracing::debug!(
+            path = %file.path().display(),
+            len = open.len(),
+            read = open.bytes_read(),
+            reads = open.reads(),
+            "analysed"
+        );
+        // After everything the analysis read (deltas, loaders, C
+        // library): what another file must match to share the tables.
+        // A debug file's bytes are not in it, so such a file has none.
+        let source = (debug_file.is_none() && loaders.is_some())
+            .then(|| open.source_digest())
+            .flatten()
+            .map(Arc::new);
+        if let Some(d) = &source {
+            tracing::debug!(path = %file.path().display(), ranges = d.ranges.len(), bytes = d.bytes_covered(), "source digest");
+        }
+        // After the digest, so that a change under its reads voids it too.
+        check_read(file, &open, loaders.map(|(id, _)| id))?;
+        Ok(Digested {
+            extraction: Extraction {
+                data: analysis.deltas,
+                libc: analysis.libc,
+                interpreters: analysis.loaders,
+            },
+            source,
+        })
     }
 
     fn extract_counted(
@@ -271,50 +272,7 @@ impl ElfProvider {
         file: &ElfFileRef,
         loaders: Option<(FileId, Tracers)>,
     ) -> Result<Digested, ExtractError> {
-        let extracted = self
-            .extract_deltas(file)
-            .and_then(|(data, open, debug_used)| {
-                let interpreters = match loaders {
-                    Some((file_id, tracers)) => {
-                        let started = std::time::Instant::now();
-                        let name = file.path().to_string_lossy();
-                        let found = detect(file_id, &name, open.elf(), &data, tracers);
-                        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                        self.loaders_nanos.fetch_add(nanos, Ordering::Relaxed);
-                        found
-                    }
-                    None => Vec::new(),
-                };
-                let libc = libc_of(file.path(), open.elf());
-                tracing::debug!(
-                    path = %file.path().display(),
-                    len = open.len(),
-                    read = open.bytes_read(),
-                    reads = open.reads(),
-                    "analysed"
-                );
-                // After everything the analysis read (deltas, loaders, C
-                // library): what another file must match to share the tables.
-                // A debug file's bytes are not in it, so such a file has none.
-                let source = (!debug_used && loaders.is_some())
-                    .then(|| open.source_digest())
-                    .flatten()
-                    .map(Arc::new);
-                if let Some(d) = &source {
-                    tracing::debug!(path = %file.path().display(), ranges = d.ranges.len(), bytes = d.bytes_covered(), "source digest");
-                }
-                // After the digest, so that a change under its reads voids it too.
-                check_read(file, &open, loaders.map(|(id, _)| id))?;
-                Ok(Digested {
-                    extraction: Extraction {
-                        data,
-                        libc,
-                        interpreters,
-                    },
-                    source,
-                })
-            });
-        match extracted {
+        match self.analyse(file, loaders) {
             Ok(extraction) => {
                 self.success.fetch_add(1, Ordering::Relaxed);
                 Ok(extraction)
@@ -413,7 +371,9 @@ pub fn detect(
 mod tests {
     use super::*;
     use crate::files::elf_file::tests::{tempdir, testdata, tiny_elf, X86_64};
+    use eim_analysis::tsd::{DtvInfo, LibcInfo, TsdInfo};
     use eim_machine::deltas::{hint, info, StackDelta};
+    use std::path::Path;
 
     fn one_delta(elf: &Elf<'_>) -> IntervalData {
         let mut data = IntervalData::new();
@@ -543,7 +503,7 @@ mod tests {
         let counter = asked.clone();
         let p = ElfProvider::with_extractor(move |elf, debuglink| {
             counter.fetch_add(1, Ordering::Relaxed);
-            match debuglink() {
+            match elf.debug_link().and_then(|link| debuglink(&link)) {
                 Some(d) => Ok(IntervalData::from_deltas(vec![StackDelta::new(
                     d.0.len(),
                     0,

@@ -393,6 +393,14 @@ impl<B: Inspect> Host<B> {
             .processes
             .get(pid)
             .is_some_and(|e| e.start_time == start_time);
+        // Room for every file this read may open, made before the entry
+        // leaves the table (a load records what processes hold there): a
+        // file opened below then stays open until its load, instead of
+        // being closed for want of room and opened again.
+        let opening = self.files_to_open(pid, start_time, &mappings.files);
+        if opening > 0 && batch.files.len() + opening > self.batch_limit() {
+            self.flush(batch, progress, report);
+        }
         let (mut entry, replaced) = self.processes.take(pid, start_time);
         if let Some(old) = replaced {
             self.counters.exited += 1;
@@ -419,13 +427,11 @@ impl<B: Inspect> Host<B> {
         for m in &mappings.files {
             let key = MappingKey::of(m);
             current.insert(key);
-            let cached = entry.mappings.get(&key).copied().filter(|r| match r {
-                // A file this process does not hold (its load failed) is
-                // judged again before it is taken: its id may have another
-                // owner since.
-                Resolution::File(id) => entry.held.contains(id) || self.manager.is_deferred(*id),
-                _ => true,
-            });
+            let cached = entry
+                .mappings
+                .get(&key)
+                .copied()
+                .filter(|_| self.is_resolved(&entry, &key));
             let resolved = match cached {
                 Some(r) => Resolved::Mapping(r),
                 None => {
@@ -480,7 +486,13 @@ impl<B: Inspect> Host<B> {
         // Back in the table before any load: a batch loaded below records
         // what this process took in its entry.
         self.processes.put(pid, entry);
-        for id in changes.take {
+        // The files open in the batch first: a batch loaded for want of
+        // room for another file then closes none this process still needs.
+        let (open, closed): (Vec<FileId>, Vec<FileId>) = changes
+            .take
+            .into_iter()
+            .partition(|id| batch.files.contains_key(id));
+        for id in open.into_iter().chain(closed) {
             if self.manager.is_deferred(id) {
                 continue;
             }

@@ -13,12 +13,12 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::sync::Arc;
 
-use object::read::elf::{ElfFile64, ProgramHeader as _};
+use object::read::elf::ElfFile64;
 use object::{LittleEndian, Object as _, ObjectSymbol as _, SymbolKind};
 
-use crate::files::segments::{self, LoadSegment};
 use crate::host::open::{open_mapping, OpenStrategy};
 use crate::host::procs::ExecMapping;
+use eim_analysis::elf::segments::{self, LoadSegment};
 
 /// Largest file read for its symbols.
 pub const MAX_FILE_BYTES: u64 = 512 << 20;
@@ -66,17 +66,8 @@ impl FileSymbols {
             path: path.into(),
             message: e.to_string(),
         })?;
-        let endian = elf.endian();
-        let segments = elf
-            .elf_program_headers()
-            .iter()
-            .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
-            .map(|p| LoadSegment {
-                offset: p.p_offset(endian),
-                file_size: p.p_filesz(endian),
-                vaddr: p.p_vaddr(endian),
-            })
-            .collect();
+        // The host's segment reader: the same bias for the same mapping.
+        let segments = segments::load_segments_of(data);
         let mut symbols: Vec<Symbol> = elf
             .symbols()
             .chain(elf.dynamic_symbols())

@@ -13,6 +13,8 @@
 //! * [`entry`]: entry-stub matchers.
 //! * [`vdso`]: synthetic deltas for the arm64 vDSO.
 //! * [`fileid`]: the 128-bit file id and the 64-bit host file id.
+//! * [`header`]: which files are unsupported, which invalid.
+//! * [`segments`]: the `PT_LOAD` segments and a mapping's load bias.
 //!
 //! [`Elf`] reads sections, segments, memory at virtual addresses, the
 //! SONAME and the debug link the way upstream's `pfelf` does, so that every
@@ -25,6 +27,8 @@ pub mod entry;
 pub mod extract;
 pub mod fileid;
 pub mod gopclntab;
+pub mod header;
+pub mod segments;
 pub mod source;
 pub mod vdso;
 

@@ -9,6 +9,8 @@
 //! (`elf::ehframe::walk`); it opens no file (a debug-link file comes
 //! through its caller's opener). Its output is `eim-machine`'s types.
 //!
+//! * [`analyse`](mod@analyse): one file's analysis (deltas, loaders, C-library
+//!   layouts), the debug file asked of the edge ([`analyse::DebugFiles`]).
 //! * [`elf`]: the ELF reader, the CFI and Go table walks, the file id.
 //! * [`tsd`]: C-library introspection (TSD and DTV layouts from machine code).
 //! * [`interp`]: the interpreter loaders (pure functions of a parsed ELF).
@@ -16,6 +18,7 @@
 // What other crates may use is `pub` and reachable; the rest is `pub(crate)`.
 #![warn(unreachable_pub)]
 
+pub mod analyse;
 pub mod elf;
 pub mod interp;
 mod sync;

@@ -9,7 +9,10 @@ impl<B: Inspect> Host<B> {
     /// id's owner ([`Self::admit`]). The opened file goes into the batch
     /// if it may be loaded, the batch has none of its id and has room;
     /// otherwise it is closed here, and opened again if it is to be loaded
-    /// (the batch's size bounds the descriptors it holds). `current`: the
+    /// (the batch's size bounds the descriptors it holds). A process is
+    /// read with room for every file it may open ([`Self::files_to_open`]),
+    /// so that happens only to a process mapping more new files than a
+    /// batch holds. `current`: the
     /// entry of the process being read, out of the table meanwhile.
     pub(super) fn resolve(
         &mut self,
@@ -35,6 +38,39 @@ impl<B: Inspect> Host<B> {
                 .or_insert_with(|| HostFile::new(id128, host_elf_ref(pid, m).with_file(file)));
         }
         Resolved::Mapping(Resolution::File(id))
+    }
+
+    /// Whether a mapping of `entry` is resolved already: a file this
+    /// process does not hold (its load failed) is judged again before it
+    /// is taken, as its id may have another owner since.
+    pub(super) fn is_resolved(&self, entry: &ProcessEntry, key: &MappingKey) -> bool {
+        entry.mappings.get(key).is_some_and(|r| match r {
+            Resolution::File(id) => entry.held.contains(id) || self.manager.is_deferred(*id),
+            _ => true,
+        })
+    }
+
+    /// At most how many files a read of process `pid` (started at
+    /// `start_time`) opens: the distinct files (device, inode) of its
+    /// mappings not resolved yet. An upper bound: a file may turn out to
+    /// be in the batch already.
+    pub(super) fn files_to_open(
+        &self,
+        pid: i32,
+        start_time: u64,
+        mappings: &[ExecMapping],
+    ) -> usize {
+        let entry = self
+            .processes
+            .get(pid)
+            .filter(|e| e.start_time == start_time);
+        let mut files = HashSet::new();
+        for m in mappings {
+            if !entry.is_some_and(|e| self.is_resolved(e, &MappingKey::of(m))) {
+                files.insert((m.dev, m.inode));
+            }
+        }
+        files.len()
     }
 
     /// Judges a file presenting `id` against the id's owner
