@@ -88,7 +88,7 @@ pub mod unwind;
 pub use aya;
 pub use elements::WriteMode;
 pub use error::{KernelError, ShapeMismatch};
-pub use lookup_record::{KernelResolved, LookupResult};
+pub use lookup_record::LookupResult;
 pub use maps::{Dump, KernelConfig, KernelMaps, DEFAULT_ARRAYS_IN_FLIGHT, LOOKUP_OBJECT};
 pub use pin::{PinReport, PinState};
 pub use pinned::PinnedReader;
