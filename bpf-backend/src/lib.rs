@@ -76,6 +76,7 @@ pub mod generation;
 pub mod lock;
 pub mod lookup_record;
 pub mod maps;
+pub mod path_io;
 pub mod pin;
 pub mod pinned;
 pub mod probe;
