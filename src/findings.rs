@@ -307,6 +307,30 @@ impl serde::Serialize for Latencies {
 mod tests {
     use super::*;
 
+    /// The summary's `events` object: the counters, then the two
+    /// quantiles in milliseconds (`null` before the first latency), and
+    /// nothing of the window itself.
+    #[test]
+    fn the_json_has_the_counters_then_two_quantiles() {
+        let mut s = EventStats::default();
+        s.events.insert("exec", 2);
+        s.lost = 1;
+        s.batches = 3;
+        let json = serde_json::to_string(&s).expect("JSON");
+        assert_eq!(
+            json,
+            "{\"events\":{\"exec\":2},\"lost\":1,\"resyncs\":0,\"resyncs_after_loss\":0,\
+             \"corrections\":0,\"batches\":3,\"processes_read\":0,\
+             \"latency_ms_p50\":null,\"latency_ms_p99\":null}"
+        );
+        s.note_latency(Duration::from_millis(4));
+        let json = serde_json::to_string(&s).expect("JSON");
+        assert!(
+            json.ends_with("\"latency_ms_p50\":4.0,\"latency_ms_p99\":4.0}"),
+            "{json}"
+        );
+    }
+
     #[test]
     fn latency_quantiles_come_from_the_kept_window() {
         let mut s = EventStats::default();
