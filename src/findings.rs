@@ -212,8 +212,10 @@ pub struct Reconciled {
 /// How many event latencies [`EventStats`] keeps for its quantiles.
 pub const LATENCIES_KEPT: usize = 8192;
 
-/// What the event path saw since the watch started.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+/// What the event path saw since the watch started; `eim watch`'s summary
+/// reports it as is (`--json`: these fields, the latencies as two
+/// quantiles).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct EventStats {
     /// Events by kind.
     pub events: BTreeMap<&'static str, u64>,
@@ -231,36 +233,103 @@ pub struct EventStats {
     /// Processes read because events named them.
     pub processes_read: u64,
     /// From each followed event to the end of the pass that read its
-    /// process (its tables published), the last [`LATENCIES_KEPT`].
-    #[serde(skip)]
-    pub latencies: Vec<Duration>,
-    #[serde(skip)]
-    latency_next: usize,
+    /// process (its tables published).
+    #[serde(flatten)]
+    pub latencies: Latencies,
 }
 
 impl EventStats {
     pub fn note_latency(&mut self, d: Duration) {
-        if self.latencies.len() < LATENCIES_KEPT {
-            self.latencies.push(d);
-        } else {
-            self.latencies[self.latency_next] = d;
-            self.latency_next = (self.latency_next + 1) % LATENCIES_KEPT;
-        }
+        self.latencies.note(d);
     }
 
     /// The `q` quantile (0..=1) of the kept latencies.
     pub fn latency_quantile(&self, q: f64) -> Option<Duration> {
-        let mut sorted = self.latencies.clone();
+        self.latencies.quantile(q)
+    }
+}
+
+/// The last [`LATENCIES_KEPT`] event latencies. Serialized as what a
+/// report shows of them: `latency_ms_p50` and `latency_ms_p99`
+/// (milliseconds, `null` before the first).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Latencies {
+    kept: Vec<Duration>,
+    /// Where the next one goes once the window is full.
+    next: usize,
+}
+
+impl Latencies {
+    pub fn note(&mut self, d: Duration) {
+        if self.kept.len() < LATENCIES_KEPT {
+            self.kept.push(d);
+        } else if let Some(slot) = self.kept.get_mut(self.next) {
+            *slot = d;
+            self.next = (self.next + 1) % LATENCIES_KEPT;
+        }
+    }
+
+    /// The `q` quantile (0..=1) of the kept latencies.
+    pub fn quantile(&self, q: f64) -> Option<Duration> {
+        let mut sorted = self.kept.clone();
         sorted.sort_unstable();
         let last = sorted.len().checked_sub(1)?;
         let at = ((last as f64) * q.clamp(0.0, 1.0)).round() as usize;
         sorted.get(at).copied()
+    }
+
+    /// The `q` quantile in milliseconds.
+    pub fn quantile_ms(&self, q: f64) -> Option<f64> {
+        self.quantile(q).map(|d| d.as_secs_f64() * 1e3)
+    }
+
+    /// How many are kept.
+    pub fn len(&self) -> usize {
+        self.kept.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty()
+    }
+}
+
+impl serde::Serialize for Latencies {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("Latencies", 2)?;
+        s.serialize_field("latency_ms_p50", &self.quantile_ms(0.5))?;
+        s.serialize_field("latency_ms_p99", &self.quantile_ms(0.99))?;
+        s.end()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The summary's `events` object: the counters, then the two
+    /// quantiles in milliseconds (`null` before the first latency), and
+    /// nothing of the window itself.
+    #[test]
+    fn the_json_has_the_counters_then_two_quantiles() {
+        let mut s = EventStats::default();
+        s.events.insert("exec", 2);
+        s.lost = 1;
+        s.batches = 3;
+        let json = serde_json::to_string(&s).expect("JSON");
+        assert_eq!(
+            json,
+            "{\"events\":{\"exec\":2},\"lost\":1,\"resyncs\":0,\"resyncs_after_loss\":0,\
+             \"corrections\":0,\"batches\":3,\"processes_read\":0,\
+             \"latency_ms_p50\":null,\"latency_ms_p99\":null}"
+        );
+        s.note_latency(Duration::from_millis(4));
+        let json = serde_json::to_string(&s).expect("JSON");
+        assert!(
+            json.ends_with("\"latency_ms_p50\":4.0,\"latency_ms_p99\":4.0}"),
+            "{json}"
+        );
+    }
 
     #[test]
     fn latency_quantiles_come_from_the_kept_window() {

@@ -17,7 +17,7 @@ use eim_machine::ops::Backend;
 use eim_machine::FileId;
 use eim_sim::{LookupError, Resolved, SimMaps, SimReader};
 
-use eim_bpf::lookup_record::{self as klookup, KernelResolved};
+use eim_bpf::lookup_record as klookup;
 use eim_bpf::{KernelError, KernelMaps, PinReport, PinnedReader};
 
 /// How many entries the maps hold.
@@ -216,9 +216,9 @@ fn kernel_answer(r: klookup::LookupResult) -> LookupAnswer {
     // the delta in force only if the read succeeded.
     let delta_index = (r.have & klookup::have::DELTA != 0).then_some(r.index);
     let outcome = match r.resolved() {
-        Ok(KernelResolved::Stop) => Outcome::Stop,
-        Ok(KernelResolved::Command(command)) => Outcome::Command { command },
-        Ok(KernelResolved::Rule { info, slot, .. }) => rule(slot, info),
+        Ok(Resolved::Stop) => Outcome::Stop,
+        Ok(Resolved::Command(command)) => Outcome::Command { command },
+        Ok(Resolved::Rule { info, slot, .. }) => rule(slot, info),
         Err(code) => Outcome::Error {
             code: klookup::error_name(code).unwrap_or("unknown lookup error"),
         },

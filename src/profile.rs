@@ -194,6 +194,18 @@ impl Aggregate {
 mod tests {
     use super::*;
 
+    /// Whether process `pid`'s name becomes `name` within 10 s.
+    fn comm_becomes(pid: u32, name: &str) -> bool {
+        (0..1000).any(|_| {
+            let now = std::fs::read_to_string(format!("/proc/{pid}/comm"));
+            if now.is_ok_and(|c| c.trim_end() == name) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            false
+        })
+    }
+
     #[test]
     fn a_process_renamed_by_exec_is_named_anew_in_the_next_batch() {
         use std::io::Write as _;
@@ -204,14 +216,16 @@ mod tests {
             .spawn()
             .expect("sh runs");
         let pid = child.id();
+        // The child is the test's fork until it has exec'd sh.
+        assert!(
+            comm_becomes(pid, "sh"),
+            "the child did not exec sh within 10 s"
+        );
         let mut names = Names::new();
         assert_eq!(names.comm(pid), "sh");
         let mut stdin = child.stdin.take().expect("piped stdin");
         stdin.write_all(b"go\n").expect("tell sh to exec");
-        let renamed = (0..1000).any(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c == "sleep\n")
-        });
+        let renamed = comm_becomes(pid, "sleep");
         assert!(renamed, "sh did not exec sleep within 10 s");
         assert_eq!(names.comm(pid), "sh", "one batch reads a name once");
         names.next_batch();

@@ -25,6 +25,8 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use crate::path_io::{io_error, PathIoError};
+
 /// `BPF_FS_MAGIC`: the `f_type` of a bpffs in `statfs`.
 pub const BPF_FS_MAGIC: u32 = 0xcafe_4a11;
 
@@ -46,20 +48,8 @@ pub enum MountError {
     NotAsked { dir: PathBuf, exists: bool },
     #[error("the pin directory {} is not a directory", dir.display())]
     NotADirectory { dir: PathBuf },
-    #[error("{what} {}: {cause}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        cause: io::Error,
-    },
-}
-
-fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> MountError + 'a {
-    move |cause| MountError::Io {
-        what,
-        path: path.to_path_buf(),
-        cause,
-    }
+    #[error(transparent)]
+    Io(#[from] PathIoError),
 }
 
 /// The shell command that mounts a bpffs on `dir`.
@@ -156,9 +146,7 @@ pub fn mount_bpffs(target: &Path, any_fs: bool) -> Result<Mounted, MountError> {
         )
     };
     if rc != 0 {
-        return Err(io_error("mounting a bpffs on", target)(
-            io::Error::last_os_error(),
-        ));
+        return Err(io_error("mounting a bpffs on", target)(io::Error::last_os_error()).into());
     }
     Ok(Mounted {
         path: target.to_path_buf(),
@@ -251,6 +239,6 @@ pub fn prepare(dir: &Path, mount_asked: bool) -> Result<Option<Mounted>, MountEr
             }
             mount_bpffs(dir, false).map(Some)
         }
-        Err(e) => Err(io_error("stat of the pin directory", dir)(e)),
+        Err(e) => Err(io_error("stat of the pin directory", dir)(e).into()),
     }
 }

@@ -82,6 +82,8 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
+use crate::path_io::{io_error, PathIoError};
+
 /// Where the lock files live.
 pub const LOCK_DIR: &str = "/run/eim";
 /// Where they live when `/run` is not a directory: a root-owned place that
@@ -115,20 +117,8 @@ pub enum LockError {
     UnsafeDir { path: PathBuf, why: String },
     #[error("lock file {}: {why}", path.display())]
     NotAFile { path: PathBuf, why: String },
-    #[error("{what} {}: {cause}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        cause: io::Error,
-    },
-}
-
-fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> LockError + 'a {
-    move |cause| LockError::Io {
-        what,
-        path: path.to_path_buf(),
-        cause,
-    }
+    #[error(transparent)]
+    Io(#[from] PathIoError),
 }
 
 /// The exclusive lock on one pin directory; released when dropped (or
@@ -313,7 +303,7 @@ impl PinLock {
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
                 let e = io::Error::last_os_error();
                 if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                    return Err(io_error("locking", &path)(e));
+                    return Err(io_error("locking", &path)(e).into());
                 }
                 match holder(&file) {
                     // A reader's probe (or an older eim's reader): it lets
@@ -405,7 +395,8 @@ impl PinLock {
     fn write_pid(&mut self) -> Result<(), LockError> {
         let path = self.path.clone();
         self.rewrite()
-            .map_err(io_error("writing the owner's pid into", &path))
+            .map_err(io_error("writing the owner's pid into", &path))?;
+        Ok(())
     }
 
     fn rewrite(&mut self) -> io::Result<()> {
@@ -553,7 +544,7 @@ fn probe_owner(file: &File, path: &Path) -> Result<Result<Option<Option<i32>>, (
     }
     let e = io::Error::last_os_error();
     if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-        return Err(io_error("locking (shared)", path)(e));
+        return Err(io_error("locking (shared)", path)(e).into());
     }
     Ok(match holder(file) {
         Some(h) if !h.shared => Ok(Some(Some(h.pid))),
@@ -588,7 +579,7 @@ pub fn read_lock(dir: &Path) -> Result<ReadLock, LockError> {
         if unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(io_error("locking (shared)", &readers_path)(e));
+                return Err(io_error("locking (shared)", &readers_path)(e).into());
             }
             // An owner starting checks for readers: it lets go at once.
             std::thread::sleep(Duration::from_millis(1));
@@ -783,7 +774,7 @@ pub fn lock_name(dir: &Path) -> String {
 
 fn c_path(path: &Path) -> Result<CString, LockError> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-        io_error("a path with a NUL byte:", path)(io::Error::from_raw_os_error(libc::EINVAL))
+        io_error("a path with a NUL byte:", path)(io::Error::from_raw_os_error(libc::EINVAL)).into()
     })
 }
 
@@ -799,7 +790,7 @@ fn open_lock_dir(path: &Path) -> Result<OwnedFd, LockError> {
     match made {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io_error("creating the lock directory", path)(e)),
+        Err(e) => return Err(io_error("creating the lock directory", path)(e).into()),
     }
     let c = c_path(path)?;
     // SAFETY: a NUL-terminated path; the fd returned is owned below.
@@ -810,9 +801,9 @@ fn open_lock_dir(path: &Path) -> Result<OwnedFd, LockError> {
         )
     };
     if fd < 0 {
-        return Err(io_error("opening the lock directory", path)(
-            io::Error::last_os_error(),
-        ));
+        return Err(
+            io_error("opening the lock directory", path)(io::Error::last_os_error()).into(),
+        );
     }
     // SAFETY: a fresh descriptor nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -854,9 +845,7 @@ fn open_lock_file(dir: &OwnedFd, name: &str, path: &Path) -> Result<File, LockEr
         )
     };
     if fd < 0 {
-        return Err(io_error("opening the lock file", path)(
-            io::Error::last_os_error(),
-        ));
+        return Err(io_error("opening the lock file", path)(io::Error::last_os_error()).into());
     }
     // SAFETY: a fresh descriptor nothing else owns.
     let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });

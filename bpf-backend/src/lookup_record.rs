@@ -5,6 +5,7 @@
 //! test parses `bpf/lookup.h` and fails if any of them disagree.
 
 use eim_machine::abi::{OffsetRange, StackDelta, StackDeltaPageInfo, UnwindInfo, Wire};
+use eim_machine::unwind::Resolved;
 
 /// `EIM_LOOKUP_*` return codes (defined once, in `eim_machine::unwind`).
 pub use eim_machine::unwind::lookup_code as code;
@@ -31,18 +32,6 @@ pub const RESULT_SIZE: usize = 112;
 /// The upstream name of a return code (as `eim_sim::LookupError::code`
 /// spells it); `None` for OK and unknown codes.
 pub use eim_machine::unwind::lookup_code::name as error_name;
-
-/// What the kernel resolved, in the shape of `eim_sim::Resolved`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelResolved {
-    Stop,
-    Command(u16),
-    Rule {
-        info: UnwindInfo,
-        slot: u16,
-        addr_diff: i32,
-    },
-}
 
 /// `EimLookupResult`, decoded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -91,12 +80,12 @@ impl LookupResult {
         })
     }
 
-    /// The answer as the sim reader gives it: `Err(code)` for a failure.
-    pub fn resolved(&self) -> Result<KernelResolved, u32> {
+    /// The answer in the sim reader's type: `Err(code)` for a failure.
+    pub fn resolved(&self) -> Result<Resolved, u32> {
         match (self.code, self.kind) {
-            (code::OK, kind::STOP) => Ok(KernelResolved::Stop),
-            (code::OK, kind::COMMAND) => Ok(KernelResolved::Command(self.command)),
-            (code::OK, kind::RULE) => Ok(KernelResolved::Rule {
+            (code::OK, kind::STOP) => Ok(Resolved::Stop),
+            (code::OK, kind::COMMAND) => Ok(Resolved::Command(self.command)),
+            (code::OK, kind::RULE) => Ok(Resolved::Rule {
                 info: self.info,
                 slot: self.slot,
                 addr_diff: self.addr_diff,

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use eim_bpf::aya;
 use eim_bpf::bpffs::MountError;
 use eim_bpf::lock::LockError;
+use eim_bpf::path_io::PathIoError;
 use eim_bpf::sys::{Cmd, SysError};
 use eim_bpf::{KernelError, ShapeMismatch};
 use eim_machine::FileId;
@@ -80,18 +81,22 @@ fn every_backend_error_says_its_cause_once() {
         cli_text(&pin),
         "pinning /sys/fs/bpf/eim/stack_delta_page_to_info: File exists (os error 17)"
     );
-    let lock = LockError::Io {
+    let lock = LockError::Io(PathIoError {
         what: "creating the lock directory",
         path: PathBuf::from("/run/eim"),
         cause: eexist(),
-    };
+    });
     check(&lock);
+    assert_eq!(
+        cli_text(&lock),
+        "creating the lock directory /run/eim: File exists (os error 17)"
+    );
     check(&KernelError::from(lock));
-    let mount = MountError::Io {
+    let mount = MountError::Io(PathIoError {
         what: "creating the pin directory",
         path: dir.clone(),
         cause: eexist(),
-    };
+    });
     check(&mount);
     check(&KernelError::from(mount));
     check(&KernelError::from(ShapeMismatch {

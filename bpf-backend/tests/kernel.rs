@@ -24,9 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use eim_bpf::lookup_record::{code, error_name, have, kind};
-use eim_bpf::{
-    sys, KernelConfig, KernelMaps, KernelResolved, LookupResult, MapStats, PinState, WriteMode,
-};
+use eim_bpf::{sys, KernelConfig, KernelMaps, LookupResult, MapStats, PinState, WriteMode};
 use eim_core::provider::MemoryProvider;
 use eim_core::{ExecutableInfoManager, Tracers};
 use eim_machine::abi::{
@@ -50,9 +48,7 @@ fn require_bpf() -> bool {
 
 fn kernel_answer(r: &LookupResult) -> Option<Answer> {
     match r.resolved() {
-        Ok(KernelResolved::Stop) => Some(Answer::Stop),
-        Ok(KernelResolved::Command(c)) => Some(Answer::Command(c)),
-        Ok(KernelResolved::Rule { info, .. }) => Some(Answer::Rule(info)),
+        Ok(resolved) => Some(Answer::from(resolved)),
         Err(code::ERR_STACK_DELTA_INVALID) => Some(Answer::Invalid),
         Err(_) => None,
     }
@@ -102,20 +98,8 @@ fn a_table_of_several_mapped_windows_is_written_whole() {
 
 /// The kernel's result in the sim reader's shape: `Err(code name)`.
 fn kernel_resolved(r: &LookupResult) -> Result<Resolved, &'static str> {
-    match r.resolved() {
-        Ok(KernelResolved::Stop) => Ok(Resolved::Stop),
-        Ok(KernelResolved::Command(c)) => Ok(Resolved::Command(c)),
-        Ok(KernelResolved::Rule {
-            info,
-            slot,
-            addr_diff,
-        }) => Ok(Resolved::Rule {
-            info,
-            slot,
-            addr_diff,
-        }),
-        Err(c) => Err(error_name(c).unwrap_or("unknown code")),
-    }
+    r.resolved()
+        .map_err(|c| error_name(c).unwrap_or("unknown code"))
 }
 
 fn apply_all(b: &mut impl Backend, ops: &[MapOp]) {

@@ -112,21 +112,9 @@ pub struct DeltaHit {
     pub steps: u32,
 }
 
-/// The rule the unwinder applies at an address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Resolved {
-    /// The STOP command: the unwinder ends the trace successfully.
-    Stop,
-    /// Another command (PLT, SIGNAL, FRAME_POINTER, …): the low 15 bits.
-    Command(u16),
-    /// An `unwind_info_array` rule, with the merge adjustment applied:
-    /// `info.merge_opcode` is cleared and `info.param` adjusted.
-    Rule {
-        info: UnwindInfo,
-        slot: u16,
-        addr_diff: i32,
-    },
-}
+/// The rule the unwinder applies at an address (one type with the kernel
+/// backend's decoded lookup record).
+pub use eim_machine::unwind::Resolved;
 
 /// The part of a lookup that a file's deltas alone determine: what
 /// [`SimReader::answer`] and [`expected`] both return, for comparison.
@@ -139,12 +127,12 @@ pub enum Answer {
     Rule(UnwindInfo),
 }
 
-impl Resolved {
-    pub fn answer(&self) -> Answer {
-        match *self {
-            Self::Stop => Answer::Stop,
-            Self::Command(c) => Answer::Command(c),
-            Self::Rule { info, .. } => Answer::Rule(info),
+impl From<Resolved> for Answer {
+    fn from(resolved: Resolved) -> Self {
+        match resolved {
+            Resolved::Stop => Answer::Stop,
+            Resolved::Command(c) => Answer::Command(c),
+            Resolved::Rule { info, .. } => Answer::Rule(info),
         }
     }
 }
@@ -153,7 +141,7 @@ impl Resolved {
 /// INVALID delta's answer; every other error is "no answer".
 pub fn answer_of(result: &Result<Resolved, LookupError>) -> Option<Answer> {
     match result {
-        Ok(resolved) => Some(resolved.answer()),
+        Ok(resolved) => Some(Answer::from(*resolved)),
         Err(LookupError::StackDeltaInvalid { .. }) => Some(Answer::Invalid),
         Err(_) => None,
     }

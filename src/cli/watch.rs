@@ -12,7 +12,7 @@ use eim::daemon::{self, EventsConfig, WatchConfig};
 use eim::host::scan::{Host, Quiet};
 use eim::map_view::Inspect;
 use eim::metrics_http::{Metrics, MetricsServer};
-use eim::report::summary::{EventsReport, Summary};
+use eim::report::summary::Summary;
 
 use crate::backend::{
     host_config, kernel_host, maps_kind, print_summary, sim_maps, BackendArgs, BackendKind,
@@ -124,7 +124,7 @@ fn watch_on<B: Inspect>(
                 &mut |_| {},
             )?;
             Summary {
-                events: Some(EventsReport::of(&stats)),
+                events: Some(stats),
                 ..summary
             }
         }

@@ -31,7 +31,7 @@ use eim_bpf::{PinReport, PinState};
 
 use eim_analysis::tsd::LibcInfo;
 
-use crate::findings::{Counters, FileRecord, Problem};
+use crate::findings::{Counters, EventStats, FileRecord, Problem};
 use crate::report;
 use crate::report::files::{self as loaded, LoadedFile};
 use crate::report::metrics::Metric;
@@ -78,60 +78,29 @@ pub struct Summary {
     pub seconds: Seconds,
     /// With host events (`watch`): what the event path did.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub events: Option<EventsReport>,
+    pub events: Option<EventStats>,
 }
 
-/// What a watch's host events did (see [`crate::findings::EventStats`]).
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct EventsReport {
-    pub events: BTreeMap<&'static str, u64>,
-    pub lost: u64,
-    pub resyncs: u64,
-    pub resyncs_after_loss: u64,
-    pub corrections: u64,
-    pub batches: u64,
-    pub processes_read: u64,
-    /// From an event to the end of the pass that read its process.
-    pub latency_ms_p50: Option<f64>,
-    pub latency_ms_p99: Option<f64>,
-}
-
-impl EventsReport {
-    pub fn of(s: &crate::findings::EventStats) -> Self {
-        let ms = |q| s.latency_quantile(q).map(|d| d.as_secs_f64() * 1e3);
-        Self {
-            events: s.events.clone(),
-            lost: s.lost,
-            resyncs: s.resyncs,
-            resyncs_after_loss: s.resyncs_after_loss,
-            corrections: s.corrections,
-            batches: s.batches,
-            processes_read: s.processes_read,
-            latency_ms_p50: ms(0.5),
-            latency_ms_p99: ms(0.99),
-        }
-    }
-
-    fn render(&self) -> String {
-        let events: Vec<String> = self
-            .events
-            .iter()
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect();
-        let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1} ms"));
-        format!(
-            "host events: {} ({} batches, {} processes read); lost {}, resyncs {} ({} after a loss), corrections {}; event to tables p50 {}, p99 {}\n",
-            if events.is_empty() { "none".to_string() } else { events.join(", ") },
-            self.batches,
-            self.processes_read,
-            self.lost,
-            self.resyncs,
-            self.resyncs_after_loss,
-            self.corrections,
-            ms(self.latency_ms_p50),
-            ms(self.latency_ms_p99),
-        )
-    }
+/// The line of a watch's summary that says what its host events did.
+fn render_events(s: &EventStats) -> String {
+    let events: Vec<String> = s.events.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let ms = |q| {
+        s.latencies
+            .quantile_ms(q)
+            .map_or("-".to_string(), |v| format!("{v:.1} ms"))
+    };
+    format!(
+        "host events: {} ({} batches, {} processes read); lost {}, resyncs {} ({} after a loss), corrections {}; event to tables p50 {}, p99 {}\n",
+        if events.is_empty() { "none".to_string() } else { events.join(", ") },
+        s.batches,
+        s.processes_read,
+        s.lost,
+        s.resyncs,
+        s.resyncs_after_loss,
+        s.corrections,
+        ms(0.5),
+        ms(0.99),
+    )
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -498,7 +467,7 @@ impl Summary {
             p.walk, p.open, p.file_ids, p.loading, p.maps, p.extraction, p.loaders
         ));
         if let Some(e) = &self.events {
-            out.push_str(&e.render());
+            out.push_str(&render_events(e));
         }
         if let Some(p) = &self.pins {
             out.push_str(&format!(

@@ -570,7 +570,15 @@ fn names_that_only_look_alike_are_not_matched() {
 fn garbage_and_truncated_files_under_interpreter_names_are_errors() {
     let dir = tempfile::tempdir().expect("temp dir");
     let garbage = dir.path().join("php8.2");
-    std::fs::write(&garbage, b"\x7fELF but not really an ELF file").expect("write");
+    std::fs::write(
+        &garbage,
+        [
+            &eim_test_support::elf::MAGIC[..],
+            b" but not really an ELF file",
+        ]
+        .concat(),
+    )
+    .expect("write");
     let e = inspect(&garbage).expect_err("not an ELF file");
     assert!(e.to_string().contains("php8.2"), "{e}");
     if !present(Path::new(PYTHON)) {

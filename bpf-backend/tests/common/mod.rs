@@ -26,7 +26,7 @@ pub fn corpus() -> Vec<(String, IntervalData)> {
             let Ok(bytes) = std::fs::read(&path) else {
                 continue;
             };
-            if !bytes.starts_with(b"\x7fELF") {
+            if !bytes.starts_with(eim_test_support::elf::MAGIC) {
                 continue;
             }
             let elf = Elf::parse(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -11,7 +11,7 @@ use crate::machine::LoadManyPlan;
 use crate::ops::MapOp;
 
 mod rows;
-use rows::Rows;
+use rows::{line, Rows};
 
 /// A malformed line in a deltas file. The message quotes at most
 /// [`QUOTE_MAX`] bytes of the input (see [`quote`]): a bad line may be
@@ -50,22 +50,16 @@ pub fn write_deltas(out: &mut dyn Write, path: &str, data: &IntervalData) -> io:
     let mut rows = Rows::new(out);
     for d in data {
         let i = &d.info;
-        rows.row(|r| {
-            r.hex(d.address);
-            r.byte(b' ');
-            r.dec(d.hints.into());
-            r.byte(b' ');
-            r.dec(i.opcode.into());
-            r.byte(b' ');
-            r.signed(i.param.into());
-            r.byte(b' ');
-            r.dec(i.fp_opcode.into());
-            r.byte(b' ');
-            r.signed(i.fp_param.into());
-            r.byte(b' ');
-            r.dec(i.merge_opcode.into());
-            r.byte(b'\n');
-        })?;
+        line!(
+            rows,
+            hex(d.address),
+            dec(d.hints.into()),
+            dec(i.opcode.into()),
+            signed(i.param.into()),
+            dec(i.fp_opcode.into()),
+            signed(i.fp_param.into()),
+            dec(i.merge_opcode.into()),
+        )?;
     }
     rows.finish()
 }
@@ -310,51 +304,33 @@ impl Tables {
         )?;
         let mut rows = Rows::new(out);
         for (slot, i) in &self.unwind_infos {
-            rows.row(|r| {
-                r.dec((*slot).into());
-                r.byte(b' ');
-                r.dec(i.opcode.into());
-                r.byte(b' ');
-                r.dec(i.fp_opcode.into());
-                r.byte(b' ');
-                r.dec(i.merge_opcode.into());
-                r.byte(b' ');
-                r.signed(i.param.into());
-                r.byte(b' ');
-                r.signed(i.fp_param.into());
-                r.byte(b'\n');
-            })?;
+            line!(
+                rows,
+                dec((*slot).into()),
+                dec(i.opcode.into()),
+                dec(i.fp_opcode.into()),
+                dec(i.merge_opcode.into()),
+                signed(i.param.into()),
+                signed(i.fp_param.into()),
+            )?;
         }
         rows.text(format!("# kernel_deltas: {}\n", self.kernel_deltas.len()).as_bytes())?;
         for d in &self.kernel_deltas {
-            rows.row(|r| {
-                r.hex4(d.addr_low);
-                r.byte(b' ');
-                r.hex4(d.unwind_info);
-                r.byte(b'\n');
-            })?;
+            line!(rows, hex4(d.addr_low), hex4(d.unwind_info))?;
         }
         rows.text(format!("# pages: {}\n", self.pages.len()).as_bytes())?;
         for (k, v) in &self.pages {
-            rows.row(|r| {
-                r.hex(k.page);
-                r.byte(b' ');
-                r.dec(v.first_delta.into());
-                r.byte(b' ');
-                r.dec(v.num_deltas.into());
-                r.byte(b' ');
-                r.dec(v.map_id.into());
-                r.byte(b'\n');
-            })?;
+            line!(
+                rows,
+                hex(k.page),
+                dec(v.first_delta.into()),
+                dec(v.num_deltas.into()),
+                dec(v.map_id.into()),
+            )?;
         }
         rows.text(format!("# gaps: {}\n", self.gaps.len()).as_bytes())?;
         for g in &self.gaps {
-            rows.row(|r| {
-                r.hex(g.start);
-                r.byte(b' ');
-                r.hex(g.end);
-                r.byte(b'\n');
-            })?;
+            line!(rows, hex(g.start), hex(g.end))?;
         }
         rows.finish()
     }

@@ -240,6 +240,25 @@ pub enum Rule {
     Info(UnwindInfo),
 }
 
+/// What one delta lookup resolved, in full: the rule and the slot and
+/// page distance it came from. The simulated reader (`eim_sim`) and the
+/// kernel backend's decoded lookup record both answer in this type, so
+/// the two compare as values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolved {
+    /// The STOP command: the unwinder ends the trace successfully.
+    Stop,
+    /// Another command (PLT, SIGNAL, FRAME_POINTER, …): the low 15 bits.
+    Command(u16),
+    /// An `unwind_info_array` rule, with the merge adjustment applied:
+    /// `info.merge_opcode` is cleared and `info.param` adjusted.
+    Rule {
+        info: UnwindInfo,
+        slot: u16,
+        addr_diff: i32,
+    },
+}
+
 /// The delta tables, as the unwinder reads them.
 pub trait Rules {
     /// The rule at `address` (an ELF virtual address) of `file_id`: the

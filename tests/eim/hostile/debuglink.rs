@@ -14,6 +14,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use eim_test_support::elf;
+
 use crate::support::{eim_bin, root_or_skip};
 
 const NOBODY: u32 = 65534;
@@ -43,42 +45,10 @@ fn elf_linking_to(name: &str, crc: u32) -> Vec<u8> {
         link.push(0);
     }
     link.extend_from_slice(&crc.to_le_bytes());
-    let shstrtab = b"\0.gnu_debuglink\0.shstrtab\0";
-    let mut out = vec![0u8; 64];
-    let link_at = out.len() as u64;
-    out.extend_from_slice(&link);
-    let names_at = out.len() as u64;
-    out.extend_from_slice(shstrtab);
-    while !out.len().is_multiple_of(8) {
-        out.push(0);
-    }
-    let shoff = out.len() as u64;
-    out.extend_from_slice(&[0u8; 64]); // the null section
-    for (name, kind, offset, size) in [
-        (1u32, 1u32, link_at, link.len() as u64),
-        (16, 3, names_at, shstrtab.len() as u64),
-    ] {
-        out.extend_from_slice(&name.to_le_bytes());
-        out.extend_from_slice(&kind.to_le_bytes());
-        out.extend_from_slice(&[0u8; 16]); // flags, address
-        out.extend_from_slice(&offset.to_le_bytes());
-        out.extend_from_slice(&size.to_le_bytes());
-        out.extend_from_slice(&[0u8; 8]); // link, info
-        out.extend_from_slice(&1u64.to_le_bytes()); // alignment
-        out.extend_from_slice(&0u64.to_le_bytes()); // entry size
-    }
-    let h = &mut out[..64];
-    h[..8].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);
-    h[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
-    h[18..20].copy_from_slice(&62u16.to_le_bytes()); // x86-64
-    h[20..24].copy_from_slice(&1u32.to_le_bytes());
-    h[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
-    h[0x34..0x36].copy_from_slice(&64u16.to_le_bytes());
-    h[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
-    h[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
-    h[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
-    h[0x3e..0x40].copy_from_slice(&2u16.to_le_bytes());
-    out
+    elf::with_sections(
+        elf::EM_X86_64,
+        &[(".gnu_debuglink", elf::SHT_PROGBITS, &link)],
+    )
 }
 
 /// A process (of `nobody`, or of the test's user) that maps `path` read

@@ -5,25 +5,12 @@
 //! here and mapped by a process that does nothing else.
 
 use super::*;
+use eim_test_support::elf::{Header, CLASS32, MSB};
 
-/// A 64-byte ELF header: `class` (1 = 32-bit, 2 = 64-bit), `data` (1 =
-/// little-endian, 2 = big), `machine`, and a section header table of
-/// `shnum` entries at `shoff`. Enough for eim to judge the file.
-fn elf_header(class: u8, data: u8, machine: u16, shoff: u64, shnum: u16) -> Vec<u8> {
-    let mut h = vec![0u8; 64];
-    h[..4].copy_from_slice(b"\x7fELF");
-    h[4] = class;
-    h[5] = data;
-    h[6] = 1; // EV_CURRENT
-    h[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
-    h[18..20].copy_from_slice(&machine.to_le_bytes());
-    h[20..24].copy_from_slice(&1u32.to_le_bytes());
-    h[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
-    h[0x34..0x36].copy_from_slice(&64u16.to_le_bytes());
-    h[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
-    h[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
-    h[0x3c..0x3e].copy_from_slice(&shnum.to_le_bytes());
-    h
+/// A 64-byte ELF header (no sections unless `shnum` says so): enough
+/// for eim to judge the file.
+fn elf_header(header: Header) -> Vec<u8> {
+    header.bytes().to_vec()
 }
 
 /// `head` padded to 4 KiB, ending in `tag` (so that every file has its
@@ -104,9 +91,32 @@ fn make_files(dir: &Path) -> Made {
     };
     let kinds: [(&'static str, usize, Vec<u8>); 4] = [
         // EM_386 and EM_ARM: what a 32-bit library of either is.
-        (ELF32, 17, elf_header(1, 1, 3, 0, 0)),
-        (BIG_ENDIAN, 2, elf_header(2, 2, 62, 0, 0)),
-        (RISCV, 3, elf_header(2, 1, 243, 0, 0)),
+        (
+            ELF32,
+            17,
+            elf_header(Header {
+                class: CLASS32,
+                machine: 3,
+                ..Header::default()
+            }),
+        ),
+        (
+            BIG_ENDIAN,
+            2,
+            elf_header(Header {
+                data: MSB,
+                ..Header::default()
+            }),
+        ),
+        // EM_RISCV.
+        (
+            RISCV,
+            3,
+            elf_header(Header {
+                machine: 243,
+                ..Header::default()
+            }),
+        ),
         (
             NOT_ELF,
             2,
@@ -121,7 +131,11 @@ fn make_files(dir: &Path) -> Made {
         }
     }
     // EM_X86_64; 9 section headers at offset 4000 end past the 4 KiB.
-    let broken = elf_header(2, 1, 62, 4000, 9);
+    let broken = elf_header(Header {
+        shoff: 4000,
+        shnum: 9,
+        ..Header::default()
+    });
     let truncated = (0..4)
         .map(|i| write(format!("t-{i}.so"), page_file(&broken, &format!("t{i}"))))
         .collect();

@@ -30,7 +30,8 @@ pub fn elf_files(roots: &[PathBuf]) -> Vec<PathBuf> {
             let is_elf64 = File::open(entry.path())
                 .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
                 .is_ok()
-                && head == *b"\x7fELF\x02";
+                && head[..4] == *crate::elf::MAGIC
+                && head[4] == crate::elf::CLASS64;
             if is_elf64 {
                 files.push((meta.len(), entry.path()));
             }

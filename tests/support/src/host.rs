@@ -51,7 +51,7 @@ impl Libraries {
                     continue;
                 };
                 let mut magic = [0u8; 4];
-                if file.read_exact_at(&mut magic, 0).is_err() || magic != *b"\x7fELF" {
+                if file.read_exact_at(&mut magic, 0).is_err() || magic != *crate::elf::MAGIC {
                     continue;
                 }
                 // SAFETY: a private, read-and-execute mapping of a file we

@@ -13,6 +13,8 @@
 //!   variable (`tests/run` and CI set them);
 //! * [`tools`]: binutils' view of a file (`nm`, `objdump`), independent of
 //!   eim's own symbol and code readers;
+//! * [`elf`]: small ELF files made by tests (a header, a file of named
+//!   sections);
 //! * [`files`]: the host's ELF files and the stable toolchain's;
 //! * [`host`]: a big host in one process (distinct libraries mapped);
 //! * [`cfi`]: gimli's decoding of `.eh_frame`, the floor a CFI walk can
@@ -25,6 +27,7 @@
 
 pub mod cfi;
 pub mod data;
+pub mod elf;
 pub mod errors;
 pub mod files;
 pub mod host;

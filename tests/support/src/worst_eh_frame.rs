@@ -12,6 +12,8 @@
 //! eim-core's test that the walk of such a file gives exactly the
 //! sequential walk's deltas.
 
+use crate::elf::{Header, EHDR_SIZE, PHDR_SIZE, SHDR_SIZE};
+
 /// eim's cap on a CFI section (`eim_analysis::elf::ehframe::MAX_SECTION_BYTES`,
 /// restated: this crate depends on no eim crate).
 pub const MAX_SECTION_BYTES: usize = 64 << 20;
@@ -63,9 +65,9 @@ const CIE: [u8; 24] = [
     0, 0, // nops
 ];
 
-const EHDR: usize = 64;
-const PHDR: usize = 56;
-const SHDR: usize = 64;
+const EHDR: usize = EHDR_SIZE;
+const PHDR: usize = PHDR_SIZE;
+const SHDR: usize = SHDR_SIZE;
 
 /// How many FDEs fit a section of at most `section_bytes` after the CIE.
 pub fn fdes_in(section_bytes: usize) -> usize {
@@ -91,21 +93,15 @@ pub fn minimal_fde_elf(fdes: usize, shape: Shape) -> Vec<u8> {
     let mut f = Vec::with_capacity(total);
 
     // ELF header: 64-bit, little-endian, ET_DYN, x86-64.
-    f.extend_from_slice(b"\x7fELF\x02\x01\x01\0");
-    f.extend_from_slice(&[0; 8]);
-    put16(&mut f, 3);
-    put16(&mut f, 62);
-    put32(&mut f, 1);
-    put64(&mut f, 0); // entry
-    put64(&mut f, EHDR as u64); // phoff
-    put64(&mut f, sh_at as u64); // shoff
-    put32(&mut f, 0);
-    put16(&mut f, EHDR as u16);
-    put16(&mut f, PHDR as u16);
-    put16(&mut f, phdrs as u16);
-    put16(&mut f, SHDR as u16);
-    put16(&mut f, 4);
-    put16(&mut f, 3); // shstrndx
+    let header = Header {
+        phoff: EHDR as u64,
+        shoff: sh_at as u64,
+        phnum: phdrs as u16,
+        shnum: 4,
+        shstrndx: 3,
+        ..Header::default()
+    };
+    f.extend_from_slice(&header.bytes());
 
     // PT_LOAD of the whole file at vaddr 0 (r-x), PT_GNU_EH_FRAME.
     phdr(&mut f, 1, 5, 0, total as u64, 0x1000);
@@ -146,10 +142,6 @@ pub fn minimal_fde_elf(fdes: usize, shape: Shape) -> Vec<u8> {
     shdr(&mut f, 25, 3, 0, strtab_at, strtab.len(), 1);
     debug_assert_eq!(f.len(), total);
     f
-}
-
-fn put16(f: &mut Vec<u8>, v: u16) {
-    f.extend_from_slice(&v.to_le_bytes());
 }
 
 fn put32(f: &mut Vec<u8>, v: u32) {
