@@ -701,17 +701,11 @@ fn dependency_violations(manifest: &str, text: &str, allowed: &[&str]) -> Vec<St
 /// [`CRATE_DEPENDENCIES`] does not list: a new crate must be placed in
 /// the graph by whoever adds it.
 fn unlisted_members(root_manifest: &str) -> Vec<String> {
-    let Some(at) = root_manifest.find("members") else {
+    if !root_manifest.contains("members") {
         return vec!["the root Cargo.toml lists no workspace members".to_string()];
-    };
-    let rest = &root_manifest[at..];
-    let list = rest
-        .find('[')
-        .and_then(|open| Some(&rest[open + 1..open + rest[open..].find(']')?]))
-        .unwrap_or("");
-    list.split(',')
-        .map(|m| m.trim().trim_matches('"'))
-        .filter(|m| !m.is_empty())
+    }
+    workspace_members(root_manifest)
+        .into_iter()
         .map(|m| format!("{m}/Cargo.toml"))
         .filter(|m| !CRATE_DEPENDENCIES.iter().any(|(n, _)| n == m))
         .map(|m| format!("{m} is a workspace member that CRATE_DEPENDENCIES does not list"))
