@@ -20,8 +20,7 @@
 //!   `docs/ARCHITECTURE.md` names every crate and each of its top-level
 //!   modules.
 //! * No file has more than [`MAX_FILE_LINES`] non-test lines
-//!   ([`OVERSIZE_PENDING`] lists the splits still to do), and no crate
-//!   has a `mod.rs` ([`MOD_RS_ALLOWED`]).
+//!   (any over it fails), and no crate has a `mod.rs` ([`MOD_RS_ALLOWED`]).
 //!
 //! The checker runs on the real tree and, first, on small made-up trees
 //! that break each rule, so a checker that finds nothing fails too.
@@ -1379,13 +1378,6 @@ fn a_report_reaching_into_the_host_breaks_src_layers() {
 /// counted): a file longer than this holds more than one concern.
 const MAX_FILE_LINES: usize = 1000;
 
-/// Files over [`MAX_FILE_LINES`] whose split is planned (issue 30: the
-/// core and the simulator are being split into crates, their long files
-/// with them). The check reports them as pending; an entry that is no
-/// longer over the cap (or no longer exists) fails, so the list only
-/// shrinks. Nothing may be added to it.
-const OVERSIZE_PENDING: &[&str] = &[];
-
 /// The directories whose crate roots are tests or benches ([`ROOT_DIRS`]
 /// minus binaries, examples and fuzz targets).
 const TEST_ROOT_DIRS: &[&str] = &[
@@ -1451,21 +1443,10 @@ fn oversize_files(repo: &Path) -> BTreeMap<String, usize> {
 #[test]
 fn no_file_is_over_the_size_cap() {
     let over = oversize_files(&repo());
-    let mut bad = Vec::new();
-    for (file, lines) in &over {
-        if OVERSIZE_PENDING.contains(&file.as_str()) {
-            eprintln!("pending split: {file}: {lines} non-test lines (cap {MAX_FILE_LINES})");
-        } else {
-            bad.push(format!("{file}: {lines} non-test lines"));
-        }
-    }
-    for pending in OVERSIZE_PENDING {
-        if !over.contains_key(*pending) {
-            bad.push(format!(
-                "{pending} is in OVERSIZE_PENDING but not over the cap: remove it from the list"
-            ));
-        }
-    }
+    let bad: Vec<String> = over
+        .iter()
+        .map(|(file, lines)| format!("{file}: {lines} non-test lines"))
+        .collect();
     assert!(
         bad.is_empty(),
         "files over {MAX_FILE_LINES} non-test lines (split them by concern):\n{}",
