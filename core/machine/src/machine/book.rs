@@ -179,8 +179,6 @@ pub struct LoadManyPlan {
     pub ops: Vec<MapOp>,
     /// The planned files in batch order (an empty file has no ops).
     pub files: Vec<LoadPlan>,
-    /// Planned by [`KernelBook::plan_load`] (see [`Rollback`]'s field).
-    single: bool,
 }
 
 /// Ops that undo the applied part of a failed load (top-down: every page,
@@ -196,13 +194,6 @@ pub struct Rollback {
     reserved: Vec<Reservation>,
     written: Vec<u16>,
     published: bool,
-    /// The undo of a [`KernelBook::plan_load`]: a table or offsets delete
-    /// that stopped after its only element (a crash after the write) owes
-    /// nothing. A batch of [`KernelBook::plan_load_many`] still keeps such
-    /// an op as a leftover, which its retry finds gone: a needless retry
-    /// (and slots pinned until it runs) kept only so that the op traces
-    /// of the batch path stay as they were (see `finish_rollback`).
-    single: bool,
 }
 
 /// The book itself.

@@ -39,7 +39,6 @@ impl KernelBook {
         Ok(LoadManyPlan {
             ops: plan.ops.clone(),
             files: vec![plan],
-            single: true,
         })
     }
 
@@ -113,14 +112,7 @@ impl KernelBook {
         if !pages.is_empty() {
             ops.push(MapOp::PutPages(pages));
         }
-        (
-            LoadManyPlan {
-                ops,
-                files: plans,
-                single: false,
-            },
-            refused,
-        )
+        (LoadManyPlan { ops, files: plans }, refused)
     }
 
     /// Records a batch whose ops all took effect.
@@ -287,7 +279,6 @@ impl KernelBook {
             reserved,
             written,
             published,
-            single: plan.single,
         }
     }
 
@@ -310,18 +301,8 @@ impl KernelBook {
                     0
                 };
                 // What of the op is still to do: none when the stop came
-                // after its last element (a crash after the write); a
-                // batch of several keeps a single-element delete whole
-                // (see `Rollback::single`).
-                let rest = match op {
-                    MapOp::DeleteDeltaTable { .. } | MapOp::DeleteInterpreterOffsets { .. }
-                        if !rollback.single =>
-                    {
-                        Some(op.clone())
-                    }
-                    _ => op.tail(from),
-                };
-                let Some(rest) = rest else {
+                // after its last element (a crash after the write).
+                let Some(rest) = op.tail(from) else {
                     continue;
                 };
                 match rest {
