@@ -38,6 +38,11 @@ pub mod unwind;
 
 use std::fmt;
 
+/// Whether the book's gauges are recounted at every commit and rollback
+/// (debug builds with the `recount` feature; the simulator and the
+/// fuzzers say so by a test).
+pub const RECOUNTS_BOOK: bool = cfg!(all(debug_assertions, feature = "recount"));
+
 /// The 64-bit host file id of an executable, as the BPF maps key it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct FileId(pub u64);

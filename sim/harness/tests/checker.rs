@@ -605,3 +605,11 @@ fn the_audit_reports_a_corrupted_slot() {
     let maps = h.written(MapOp::PutUnwindInfos(vec![(40, rule)]));
     audit_says(&maps, "duplicate_rule", None);
 }
+
+/// The checker sees the maps and the state view from outside; the book's
+/// own recount (every commit and rollback) is the inside check the
+/// simulator's debug runs add to it.
+#[test]
+fn the_simulator_runs_with_the_books_recount() {
+    assert_eq!(eim_machine::RECOUNTS_BOOK, cfg!(debug_assertions));
+}

@@ -386,10 +386,11 @@ impl KernelBook {
         self.leftovers.values().flatten()
     }
 
-    /// The gauges recounted from the loaded tables: O(files), so only in
-    /// this crate's tests (the simulator checks the same from outside).
+    /// The gauges recounted from the loaded tables: O(files) per commit,
+    /// so only in debug builds with the `recount` feature (the simulator
+    /// and the fuzzers turn it on) and in this crate's tests.
     fn debug_check_gauges(&self) {
-        #[cfg(test)]
+        #[cfg(all(debug_assertions, any(test, feature = "recount")))]
         {
             let mut tables = [0; abi::SIZE_CLASS_COUNT];
             let mut pages = 0;
