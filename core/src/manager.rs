@@ -20,7 +20,7 @@ mod restart;
 mod shard;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
-pub use config::{Config, DEFAULT_BATCH_BYTES};
+pub use config::Config;
 pub use restart::{RestartRefused, RestartReport};
 
 use std::collections::BTreeMap;
@@ -319,13 +319,6 @@ impl<P: Provider, B: Backend> ExecutableInfoManager<P, B> {
         let mut kernel = lock(&self.kernel);
         kernel.retry_leftovers(&*self.clock);
         kernel.book.leftover_ops()
-    }
-
-    /// The interpreter loaders the tracer set enables (the APM integration
-    /// is always on, as upstream's). They run in the provider's
-    /// [`Provider::extract_for`]; a provider without loaders runs none.
-    pub fn num_interpreter_loaders(&self) -> usize {
-        tracers::enabled(self.tracers).count()
     }
 
     /// Sets upstream's five metrics. The provider counters are reset by the read.

@@ -26,7 +26,7 @@ impl Tracers {
     pub const V8: u32 = 1 << 5;
     pub const DOTNET: u32 = 1 << 6;
     pub const GO: u32 = 1 << 7;
-    pub const LABELS: u32 = 1 << 8;
+    pub(crate) const LABELS: u32 = 1 << 8;
 
     pub fn none() -> Self {
         Self(0)
@@ -193,7 +193,7 @@ pub fn detect(info: &LoaderInfo<'_, '_>, tracers: Tracers) -> Vec<LoaderMatch> {
 
 /// The `interpreter_offsets` value the matches need, if any (the first
 /// match with ranges; [`detect`] lets only one have them).
-pub fn offsets_of(matches: &[LoaderMatch]) -> Option<OffsetRange> {
+pub(crate) fn offsets_of(matches: &[LoaderMatch]) -> Option<OffsetRange> {
     matches.iter().find_map(|m| m.offsets()).map(|o| o.value())
 }
 

@@ -22,7 +22,7 @@ pub const SIZE_CLASS_MAX: u16 = 23;
 pub const SIZE_CLASS_COUNT: usize = (SIZE_CLASS_MAX - SIZE_CLASS_MIN + 1) as usize;
 /// Largest number of kernel deltas one file may have (the inner array of the
 /// largest class must be strictly larger than the table).
-pub const MAX_KERNEL_DELTAS: usize = (1 << SIZE_CLASS_MAX) - 1;
+pub(crate) const MAX_KERNEL_DELTAS: usize = (1 << SIZE_CLASS_MAX) - 1;
 
 /// Bit 15 of a kernel delta's `unwind_info`: the low bits are a command.
 pub const DELTA_COMMAND_FLAG: u16 = 0x8000;
@@ -97,7 +97,7 @@ pub mod encoded_command {
 /// BPF program indices used in `OffsetRange::program_index` (SEED numbering).
 pub mod program {
     pub const STOP: u16 = 0;
-    pub const NATIVE: u16 = 1;
+    pub(crate) const NATIVE: u16 = 1;
     pub const HOTSPOT: u16 = 2;
     pub const PERL: u16 = 3;
     pub const PYTHON: u16 = 4;
@@ -105,7 +105,7 @@ pub mod program {
     pub const RUBY: u16 = 6;
     pub const V8: u16 = 7;
     pub const DOTNET: u16 = 8;
-    pub const GO_LABELS: u16 = 9;
+    pub(crate) const GO_LABELS: u16 = 9;
 
     /// The program's name (its loader's, or `native`/`stop`); an unknown
     /// index is its number.

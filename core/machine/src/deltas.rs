@@ -407,7 +407,7 @@ impl CfiList for IntervalData {
 /// with more could never be loaded. Bounds the memory of a hostile CFI
 /// walk (64 MiB of `.eh_frame` rows would otherwise give 22 million
 /// deltas).
-pub const MAX_EXTRACTED_DELTAS: usize = 2 * crate::abi::MAX_KERNEL_DELTAS;
+pub(crate) const MAX_EXTRACTED_DELTAS: usize = 2 * crate::abi::MAX_KERNEL_DELTAS;
 
 /// Why a list of deltas cannot grow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

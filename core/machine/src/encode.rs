@@ -56,7 +56,7 @@ pub struct Draft<'a> {
     /// Page-aligned address of the first page.
     pub first_page: u64,
     /// How many entries the inner array holds ([`Draft::entries`]).
-    pub entry_count: usize,
+    pub(crate) entry_count: usize,
     /// Deltas per page, one slot for every page from the first to the last.
     pub per_page: Vec<u16>,
     /// Size class of the inner array.
@@ -378,7 +378,7 @@ impl Draft<'_> {
 }
 
 /// Whether `page` lies in one of `dead` (sorted, disjoint page ranges).
-pub fn is_dead_page(dead: &[Range<u64>], page: u64) -> bool {
+pub(crate) fn is_dead_page(dead: &[Range<u64>], page: u64) -> bool {
     let i = dead.partition_point(|r| r.end <= page);
     dead.get(i).is_some_and(|r| r.contains(&page))
 }

@@ -41,7 +41,7 @@ pub fn fallibly<T>(f: impl FnOnce() -> T) -> T {
 
 /// Reserves room for `additional` more elements in `v`, or leaves it as it
 /// was if the memory cannot be had.
-pub fn try_reserve<T>(v: &mut Vec<T>, additional: usize) -> bool {
+pub(crate) fn try_reserve<T>(v: &mut Vec<T>, additional: usize) -> bool {
     fallibly(|| v.try_reserve(additional).is_ok())
 }
 

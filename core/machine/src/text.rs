@@ -131,17 +131,17 @@ pub struct DeltasParser {
 }
 
 impl DeltasParser {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The number of lines fed so far.
-    pub fn lines(&self) -> usize {
+    pub(crate) fn lines(&self) -> usize {
         self.line_no
     }
 
     /// Takes the next line, without its line feed.
-    pub fn line(&mut self, line: &str) -> Result<(), TextError> {
+    pub(crate) fn line(&mut self, line: &str) -> Result<(), TextError> {
         self.line_no += 1;
         let line_no = self.line_no;
         let error = |message: String| TextError {
@@ -236,7 +236,7 @@ impl DeltasParser {
     }
 
     /// The file, once every line was fed: its declared count must match.
-    pub fn finish(self) -> Result<DeltasFile, TextError> {
+    pub(crate) fn finish(self) -> Result<DeltasFile, TextError> {
         if let Some((declared, at)) = self.declared {
             // Too many rows failed at the first extra one; too few can only
             // be seen here, and the line that promised them is the one to

@@ -57,14 +57,6 @@ impl Arch {
     pub fn code(self) -> u32 {
         self as u32
     }
-
-    pub fn from_code(code: u32) -> Option<Self> {
-        match code {
-            1 => Some(Self::X86_64),
-            2 => Some(Self::Arm64),
-            _ => None,
-        }
-    }
 }
 
 /// `EimRegs.flags` bits.

@@ -38,7 +38,7 @@ pub struct Config {
 /// over the peak. Those were 64 MiB of 24-byte deltas; packed
 /// ([`IntervalData`] holds 8 bytes a delta) the same 2.8 million deltas a
 /// part take a third of that.
-pub const DEFAULT_BATCH_BYTES: usize = (64 << 20) / 3;
+pub(crate) const DEFAULT_BATCH_BYTES: usize = (64 << 20) / 3;
 
 impl Default for Config {
     fn default() -> Self {

@@ -348,7 +348,7 @@ impl KernelBook {
     }
 
     /// Whether the book holds anything of `file_id` (a table or offsets).
-    pub fn is_loaded(&self, file_id: FileId) -> bool {
+    pub(crate) fn is_loaded(&self, file_id: FileId) -> bool {
         self.loaded.contains_key(&file_id) || self.offsets.contains_key(&file_id)
     }
 

@@ -274,7 +274,7 @@ impl UnwindSlots {
 
     /// Records that `slot` is zero again but may still be reached by a
     /// reader until `reusable_at`: cooling, with nothing to revive.
-    pub fn quarantine_zeroed(&mut self, slot: u16, reusable_at: Timestamp) {
+    pub(crate) fn quarantine_zeroed(&mut self, slot: u16, reusable_at: Timestamp) {
         let at = usize::from(slot);
         if at >= self.contents.len() {
             return;
@@ -322,7 +322,7 @@ impl UnwindSlots {
     }
 
     /// One more kernel table references `slot` (it stops cooling).
-    pub fn add_user(&mut self, slot: u16) {
+    pub(crate) fn add_user(&mut self, slot: u16) {
         self.uncool(slot);
         if let Some(u) = self.users.get_mut(usize::from(slot)) {
             *u += 1;
@@ -359,7 +359,7 @@ impl UnwindSlots {
 
     /// A kernel table that referenced `slot` is unpublished; the last one
     /// makes it cooling until `reusable_at`.
-    pub fn remove_user(&mut self, slot: u16, reusable_at: Timestamp) {
+    pub(crate) fn remove_user(&mut self, slot: u16, reusable_at: Timestamp) {
         let Some(u) = self.users.get_mut(usize::from(slot)) else {
             return;
         };

@@ -25,10 +25,10 @@ pub(crate) struct Cursor {
     /// The current PC is a return address: look it up at −1.
     pub return_address: bool,
     /// The current frame was reached through a signal frame.
-    pub via_signal: bool,
+    pub(crate) via_signal: bool,
     /// arm64: LR no longer holds this frame's return address (every frame
     /// but the first and one reached through a signal frame).
-    pub lr_invalid: bool,
+    pub(crate) lr_invalid: bool,
 }
 
 /// The address part of spec §4.5's `unwind_register_address` once the
