@@ -96,15 +96,15 @@ pub mod encoded_command {
 
 /// BPF program indices used in `OffsetRange::program_index` (SEED numbering).
 pub mod program {
-    pub const STOP: u16 = 0;
+    pub(crate) const STOP: u16 = 0;
     pub(crate) const NATIVE: u16 = 1;
-    pub const HOTSPOT: u16 = 2;
+    pub(crate) const HOTSPOT: u16 = 2;
     pub const PERL: u16 = 3;
     pub const PYTHON: u16 = 4;
     pub const PHP: u16 = 5;
     pub const RUBY: u16 = 6;
     pub const V8: u16 = 7;
-    pub const DOTNET: u16 = 8;
+    pub(crate) const DOTNET: u16 = 8;
     pub(crate) const GO_LABELS: u16 = 9;
 
     /// The program's name (its loader's, or `native`/`stop`); an unknown

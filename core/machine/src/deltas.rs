@@ -15,7 +15,7 @@ mod packed;
 
 pub use delta::{hint, info, StackDelta};
 pub use folding::FoldingList;
-pub use packed::Iter;
+pub(crate) use packed::Iter;
 use packed::Packed;
 
 /// An end-of-function marker followed by a delta at most this many bytes
@@ -301,7 +301,7 @@ impl IntervalData {
 
     /// Appends `delta` as it is: nothing folded, nothing normalised (a
     /// list read back from its text, or built by a test).
-    pub fn push(&mut self, delta: StackDelta) {
+    pub(crate) fn push(&mut self, delta: StackDelta) {
         self.packed.push(&delta);
     }
 

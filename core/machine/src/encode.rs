@@ -40,7 +40,7 @@ pub enum EncodeError {
 
 /// The rule of one kernel delta before slots are assigned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Rule {
+pub(crate) enum Rule {
     /// A command, stored directly in the delta (`0x8000 | command`).
     Command(u16),
     /// A rule that lives in an `unwind_info_array` slot (merge opcode included).
@@ -75,14 +75,14 @@ pub struct Draft<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelTable {
     pub map_id: u16,
-    pub first_page: u64,
+    pub(crate) first_page: u64,
     pub deltas: Arc<[abi::StackDelta]>,
     pub pages: Vec<(StackDeltaPageKey, StackDeltaPageInfo)>,
 }
 
 /// Upstream's merge rule: a delta and its neighbour one or two bytes later
 /// that differ only by a push or pop of 8 bytes share one kernel entry.
-pub fn merge_opcode(delta: &StackDelta, next: &StackDelta) -> u8 {
+pub(crate) fn merge_opcode(delta: &StackDelta, next: &StackDelta) -> u8 {
     let (a, b) = (&delta.info, &next.info);
     if a.opcode == opcode::COMMAND {
         return 0;
@@ -110,7 +110,7 @@ pub fn merge_opcode(delta: &StackDelta, next: &StackDelta) -> u8 {
 
 /// The rule a kernel delta stores for `info`: a command is encoded
 /// directly, anything else needs a slot.
-pub fn rule_of(info: UnwindInfo) -> Rule {
+pub(crate) fn rule_of(info: UnwindInfo) -> Rule {
     if info.opcode == opcode::COMMAND {
         // Upstream truncates the param to 16 bits and sets the flag.
         Rule::Command(info.param as u16 | DELTA_COMMAND_FLAG)
@@ -252,7 +252,7 @@ impl Draft<'_> {
     /// (low 16 address bits, rule) of each entry, in inner-array order:
     /// every delta not merged into the one before, with the merge opcode
     /// of the pair it starts, as [`draft`] laid them out.
-    pub fn entries(&self) -> impl Iterator<Item = (u16, Rule)> + '_ {
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (u16, Rule)> + '_ {
         let deltas = self.deltas;
         let mut merged_into_previous = false;
         let mut ahead = deltas.iter_from(1);

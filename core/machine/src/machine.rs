@@ -15,7 +15,7 @@ pub mod audit;
 pub(crate) mod book;
 pub mod deferred;
 pub(crate) mod files;
-pub(crate) mod reconcile;
+pub mod reconcile;
 pub mod slots;
 
 use std::time::Duration;
@@ -35,7 +35,7 @@ pub use slots::UnwindSlots;
 pub struct Timestamp(pub Duration);
 
 impl Timestamp {
-    pub fn after(self, d: Duration) -> Timestamp {
+    pub(crate) fn after(self, d: Duration) -> Timestamp {
         Timestamp(self.0.saturating_add(d))
     }
 }

@@ -27,7 +27,7 @@ impl Errno {
     pub const ENOSPC: Errno = Errno(28);
     pub const E2BIG: Errno = Errno(7);
     pub const ENOTSUPP: Errno = Errno(524);
-    pub const ENFILE: Errno = Errno(23);
+    pub(crate) const ENFILE: Errno = Errno(23);
     pub const EMFILE: Errno = Errno(24);
 
     /// Whether a batch that failed with this errno may succeed in part:
@@ -45,7 +45,7 @@ impl Errno {
         .contains(&self)
     }
 
-    pub fn name(self) -> Option<&'static str> {
+    pub(crate) fn name(self) -> Option<&'static str> {
         Some(match self {
             Self::EPERM => "EPERM",
             Self::ENOENT => "ENOENT",
@@ -328,7 +328,7 @@ impl MapOp {
 
     /// The op restricted to the elements from `from` on (for a batch that
     /// stopped part way). Single-element ops are returned whole for `from == 0`.
-    pub fn tail(&self, from: usize) -> Option<MapOp> {
+    pub(crate) fn tail(&self, from: usize) -> Option<MapOp> {
         if from >= self.len() {
             return None;
         }

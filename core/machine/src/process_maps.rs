@@ -97,8 +97,9 @@ impl ProcessMapTable {
             .collect()
     }
 
+    #[cfg(test)]
     /// The pids with an entry written.
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn pids(&self) -> impl Iterator<Item = u32> + '_ {
         self.written.keys().copied()
     }
 
@@ -107,9 +108,10 @@ impl ProcessMapTable {
         self.written.get(&pid).map(|m| &**m)
     }
 
+    #[cfg(test)]
     /// Mappings left out so far because a process had more than
     /// [`MAX_PROCESS_MAPPINGS`].
-    pub fn truncated(&self) -> u64 {
+    pub(crate) fn truncated(&self) -> u64 {
         self.truncated
     }
 }

@@ -19,8 +19,8 @@ use rows::{line, Rows};
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {message}")]
 pub struct TextError {
-    pub line: usize,
-    pub message: String,
+    pub(crate) line: usize,
+    pub(crate) message: String,
 }
 
 /// The most bytes of the input an error message quotes.

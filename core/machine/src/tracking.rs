@@ -70,7 +70,8 @@ pub struct Work {
 }
 
 impl Work {
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.refresh.is_empty() && self.exited.is_empty()
     }
 }

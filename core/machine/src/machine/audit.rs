@@ -108,7 +108,8 @@ pub struct MapsAudit {
 }
 
 impl MapsAudit {
-    pub fn is_consistent(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_consistent(&self) -> bool {
         self.violations.is_empty()
     }
 }

@@ -103,12 +103,12 @@ pub enum PlanError {
 pub struct LoadPlan {
     pub file_id: FileId,
     /// In publication order: slots, table, interpreter offsets, pages.
-    pub ops: Vec<MapOp>,
+    pub(crate) ops: Vec<MapOp>,
     pub map_ref: MapRef,
     /// Gaps of at least 512 KiB, for interpreter loaders.
-    pub gaps: Vec<Range<u64>>,
+    pub(crate) gaps: Vec<Range<u64>>,
     /// Pages of the span that get no entry (see [`encode::Draft::dead_pages`]).
-    pub dead_pages: Vec<Range<u64>>,
+    pub(crate) dead_pages: Vec<Range<u64>>,
     reserved: Reservation,
 }
 
@@ -142,7 +142,7 @@ impl Reservation {
 /// the table).
 #[derive(Clone, Debug)]
 pub struct UnloadPlan {
-    pub file_id: FileId,
+    pub(crate) file_id: FileId,
     pub ops: Vec<MapOp>,
 }
 
@@ -190,7 +190,7 @@ pub struct Rollback {
     pub ops: Vec<MapOp>,
     /// The files of the batch (for a `DeletePages` the owner is read from
     /// each key; the slot op has no owner).
-    pub files: Vec<FileId>,
+    pub(crate) files: Vec<FileId>,
     reserved: Vec<Reservation>,
     written: Vec<u16>,
     published: bool,
@@ -311,7 +311,8 @@ impl KernelBook {
         self.now = self.now.max(now);
     }
 
-    pub fn now(&self) -> Timestamp {
+    #[cfg(test)]
+    pub(crate) fn now(&self) -> Timestamp {
         self.now
     }
 

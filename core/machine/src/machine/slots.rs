@@ -55,9 +55,9 @@ pub enum SlotState {
 /// What a reassigned slot held before, so that a plan that never wrote it
 /// can put it back exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Reclaimed {
-    pub content: Option<UnwindInfo>,
-    pub reusable_at: Timestamp,
+pub(crate) struct Reclaimed {
+    pub(crate) content: Option<UnwindInfo>,
+    pub(crate) reusable_at: Timestamp,
 }
 
 /// Slots of `unwind_info_array`.
@@ -81,7 +81,7 @@ pub struct UnwindSlots {
 impl UnwindSlots {
     /// `capacity` must not exceed 0x8000: bit 15 of a kernel delta marks a
     /// command, so a slot index must fit in 15 bits.
-    pub fn new(capacity: u32) -> Self {
+    pub(crate) fn new(capacity: u32) -> Self {
         Self {
             capacity: capacity.min(u32::from(crate::abi::DELTA_COMMAND_FLAG)),
             contents: Vec::new(),
@@ -138,7 +138,7 @@ impl UnwindSlots {
         slots
     }
 
-    pub fn capacity(&self) -> u32 {
+    pub(crate) fn capacity(&self) -> u32 {
         self.capacity
     }
 
@@ -206,7 +206,7 @@ impl UnwindSlots {
 
     /// Takes `slot` out of cooling for a plan that uses its rule as it is
     /// (no write). Returns when it would have been reusable, for an undo.
-    pub fn revive(&mut self, slot: u16) -> Option<Timestamp> {
+    pub(crate) fn revive(&mut self, slot: u16) -> Option<Timestamp> {
         let at = self.reusable_at.get_mut(usize::from(slot))?.take()?;
         self.cooling.remove(&(at, slot));
         Some(at)
@@ -216,7 +216,7 @@ impl UnwindSlots {
     /// writes it. A free slot first, then a never-used one, then the cooling
     /// slot reusable earliest if that is no later than `now` (its old rule is
     /// returned for an undo). `None` when none is available.
-    pub fn allocate(
+    pub(crate) fn allocate(
         &mut self,
         info: UnwindInfo,
         now: Timestamp,
@@ -260,7 +260,7 @@ impl UnwindSlots {
     }
 
     /// Records that `slot` is zero again and was never reachable since: free.
-    pub fn release(&mut self, slot: u16) {
+    pub(crate) fn release(&mut self, slot: u16) {
         let at = usize::from(slot);
         if at >= self.contents.len() {
             return;
@@ -285,7 +285,7 @@ impl UnwindSlots {
     }
 
     /// Puts back what a reassigned, never written slot held.
-    pub fn restore(&mut self, slot: u16, previous: Reclaimed) {
+    pub(crate) fn restore(&mut self, slot: u16, previous: Reclaimed) {
         let at = usize::from(slot);
         if at >= self.contents.len() {
             return;
@@ -301,7 +301,7 @@ impl UnwindSlots {
 
     /// Makes an unused slot cooling until `reusable_at` (a later time wins
     /// if it is cooling already).
-    pub fn cool(&mut self, slot: u16, reusable_at: Timestamp) {
+    pub(crate) fn cool(&mut self, slot: u16, reusable_at: Timestamp) {
         let at = usize::from(slot);
         if at >= self.contents.len() || self.users[at] > 0 {
             return;

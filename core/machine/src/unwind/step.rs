@@ -21,9 +21,9 @@ pub(crate) enum Unwound {
 /// The walk's state between frames.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Cursor {
-    pub regs: Regs,
+    pub(crate) regs: Regs,
     /// The current PC is a return address: look it up at −1.
-    pub return_address: bool,
+    pub(crate) return_address: bool,
     /// The current frame was reached through a signal frame.
     pub(crate) via_signal: bool,
     /// arm64: LR no longer holds this frame's return address (every frame
