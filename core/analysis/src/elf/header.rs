@@ -9,6 +9,9 @@ use object::{Object as _, ObjectSection as _};
 use super::extract::ExtractErrorKind;
 use super::Elf;
 
+/// The first four bytes of every ELF file.
+pub const MAGIC: &[u8; 4] = b"\x7fELF";
+
 /// The size of an ELF64 file header.
 pub const EHDR64_SIZE: u64 = 64;
 
@@ -63,7 +66,7 @@ impl HeaderError {
 pub fn check_header(head: &[u8], len: u64) -> Result<(), HeaderError> {
     use HeaderError::{Invalid, Unsupported};
     let b = head;
-    if b.len() < 4 || &b[..4] != b"\x7fELF" {
+    if b.get(..4) != Some(&MAGIC[..]) {
         return Err(Unsupported("not an ELF file".into()));
     }
     let truncated_header = || {
