@@ -61,7 +61,8 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use eim_analysis::elf::fileid::{self, FileId128};
-use eim_analysis::elf::header::{check_header, check_sections, HeaderError, EHDR64_SIZE};
+use eim_analysis::elf::header::{check_header, check_sections, HeaderError};
+use eim_analysis::elf::ident::EHDR64_SIZE;
 use eim_analysis::elf::{ByteSource, DebugLink, Elf, ElfError, FileView, LazyFile, SourceError};
 use eim_core::provider::{ExtractError, ExtractErrorKind};
 use object::Object;

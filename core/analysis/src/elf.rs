@@ -14,6 +14,7 @@
 //! * [`vdso`]: synthetic deltas for the arm64 vDSO.
 //! * [`fileid`]: the 128-bit file id and the 64-bit host file id.
 //! * [`header`]: which files are unsupported, which invalid.
+//! * [`ident`]: the magic and identification bytes eim reads files by.
 //! * [`segments`]: the program headers (every reader's) and a mapping's
 //!   load bias.
 //!
@@ -29,6 +30,7 @@ pub mod extract;
 pub mod fileid;
 pub mod gopclntab;
 pub mod header;
+pub mod ident;
 pub mod segments;
 pub mod source;
 pub mod vdso;
@@ -111,12 +113,11 @@ impl<'d> Elf<'d> {
     }
 
     pub fn parse_view(data: FileView<'d>) -> Result<Self, ElfError> {
-        let ident = data.bytes_at(0, 6).or_else(|| data.bytes_at(0, 4));
-        if ident.and_then(|i| i.get(..4)) != Some(&header::MAGIC[..]) {
+        let head = data.bytes_at(0, 6).or_else(|| data.bytes_at(0, 4));
+        if head.and_then(|i| i.get(..4)) != Some(&ident::MAGIC[..]) {
             return Err(ElfError::NotElf);
         }
-        // EI_CLASS 2 = 64-bit, EI_DATA 1 = little-endian.
-        if ident.and_then(|i| i.get(4..6)) != Some(&[2, 1]) {
+        if head.and_then(|i| i.get(4..6)) != Some(&[ident::ELFCLASS64, ident::ELFDATA2LSB]) {
             return Err(ElfError::WrongClass);
         }
         let file = ElfFile64::<LittleEndian, FileView<'d>>::parse(data)

@@ -7,13 +7,8 @@
 use object::{Object as _, ObjectSection as _};
 
 use super::extract::ExtractErrorKind;
+use super::ident::{EHDR64_SIZE, MAGIC};
 use super::Elf;
-
-/// The first four bytes of every ELF file.
-pub const MAGIC: &[u8; 4] = b"\x7fELF";
-
-/// The size of an ELF64 file header.
-pub const EHDR64_SIZE: u64 = 64;
 
 /// The little-endian field at `at` (0 past the end: the callers have
 /// checked the header's length).

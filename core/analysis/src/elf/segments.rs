@@ -17,7 +17,7 @@
 
 use std::convert::Infallible;
 
-use super::header::{EHDR64_SIZE, MAGIC};
+use super::ident::{EHDR64_SIZE, ELFCLASS64, ELFDATA2LSB, MAGIC};
 use super::source::FileView;
 
 /// Program headers the host reads at most (a real file has about ten).
@@ -60,9 +60,8 @@ pub fn read_segments<E>(
     let mut ehdr = [0u8; EHDR_SIZE];
     if read(0, &mut ehdr)? < EHDR_SIZE
         || ehdr[..4] != MAGIC[..]
-        || ehdr[4] != 2 // ELFCLASS64
-        || ehdr[5] != 1
-    // ELFDATA2LSB
+        || ehdr[4] != ELFCLASS64
+        || ehdr[5] != ELFDATA2LSB
     {
         return Ok(Vec::new());
     }
