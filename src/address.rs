@@ -4,10 +4,10 @@
 //! scan loads them.
 //!
 //! An address in a process is turned into the ELF virtual address the maps
-//! are keyed by: the file offset (`address - start + offset` of its
-//! mapping), then the `PT_LOAD` segment holding that offset
-//! (`offset - p_offset + p_vaddr`). An address given with a file is an ELF
-//! virtual address already.
+//! are keyed by with its mapping's load bias, by the host's one rule
+//! ([`bias`], over the file's `PT_LOAD` segments as the host reads them):
+//! the bias the unwinder's process-mapping table holds for the mapping.
+//! An address given with a file is an ELF virtual address already.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -15,13 +15,13 @@ use std::sync::atomic::AtomicBool;
 use serde::Serialize;
 
 use eim_analysis::elf::fileid::FileId128;
-use eim_analysis::elf::Elf;
 use eim_machine::FileId;
 
 use eim_bpf::PinnedReader;
 
 use crate::files::counting::HostFile;
 use crate::files::regular::open_regular;
+use crate::files::segments::{bias, load_segments, Segment};
 use crate::host::fileids;
 use crate::host::open::{self, OpenStrategy};
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
@@ -75,18 +75,20 @@ pub enum LookupError {
     Inspect(#[from] crate::map_view::InspectError),
 }
 
-/// The ELF virtual address of file offset `offset`, through the segment
-/// that maps it. The tail of a segment's last page is mapped with it (the
-/// kernel maps whole pages), so it counts as part of that segment.
-pub fn elf_address(elf: &Elf<'_>, offset: u64) -> Option<u64> {
-    const PAGE: u64 = 4096;
-    let in_segment = |end_of: &dyn Fn(u64, u64) -> u64| {
-        elf.segments(object::elf::PT_LOAD)
-            .find(|s| (s.offset..end_of(s.offset, s.filesz)).contains(&offset))
-            .map(|s| offset - s.offset + s.vaddr)
-    };
-    in_segment(&|start, len| start.saturating_add(len))
-        .or_else(|| in_segment(&|start, len| start.saturating_add(len).div_ceil(PAGE) * PAGE))
+/// The ELF virtual address of `address` in `mapping` of a file whose
+/// `PT_LOAD` segments are `segments`: `address` less the mapping's bias
+/// ([`bias`]); `None` when no segment holds the mapping's file offset.
+pub fn elf_address(segments: &[Segment], mapping: &ExecMapping, address: u64) -> Option<u64> {
+    let bias = bias(segments, mapping.start, mapping.offset)?;
+    Some(address.wrapping_sub(bias))
+}
+
+/// Why a mapping has no bias.
+fn no_bias(mapping: &ExecMapping) -> String {
+    format!(
+        "the mapping's file offset {:#x} is in no PT_LOAD segment",
+        mapping.offset
+    )
 }
 
 fn host_id(id: FileId) -> String {
@@ -120,14 +122,13 @@ pub fn lookup_pid<B: Inspect>(
             ));
             continue;
         };
-        out.push(answer_in_mapping(host, pid, &mapping, id, address));
+        out.push(answer_in_mapping(host, &mapping, id, address));
     }
     Ok(out)
 }
 
 fn answer_in_mapping<B: Inspect>(
     host: &Host<B>,
-    pid: i32,
     mapping: &ExecMapping,
     id: Option<FileId>,
     address: u64,
@@ -139,26 +140,15 @@ fn answer_in_mapping<B: Inspect>(
         return a;
     };
     a.host_file_id = Some(host_id(id));
-    a.file_id = host.files().get(&id).map(|r| r.id.to_string());
-    let offset = address - mapping.start + mapping.offset;
-    let elf_address = match open::open_mapping(pid, mapping, host.config().strategy) {
-        Ok(opened) => {
-            let elf = ElfFileRef::new(&mapping.path).with_file(opened.file);
-            match elf.get() {
-                Ok(open) => elf_address(open.elf(), offset),
-                Err(e) => {
-                    a.note = Some(e.to_string());
-                    return a;
-                }
-            }
-        }
-        Err(e) => {
-            a.note = Some(e.to_string());
-            return a;
-        }
+    // The file as the scan read it: its segments gave the mapping the bias
+    // the unwinder's table holds.
+    let Some(record) = host.files().get(&id) else {
+        a.note = Some("the scan holds no record of the mapped file".into());
+        return a;
     };
-    let Some(elf_address) = elf_address else {
-        a.note = Some(format!("file offset {offset:#x} is in no PT_LOAD segment"));
+    a.file_id = Some(record.id.to_string());
+    let Some(elf_address) = elf_address(&record.segments, mapping, address) else {
+        a.note = Some(no_bias(mapping));
         return a;
     };
     a.elf_address = Some(elf_address);
@@ -269,18 +259,16 @@ pub fn lookup_pid_pinned(
         };
         a.file_id = Some(id128.to_string());
         a.host_file_id = Some(host_id(id128.host()));
-        let offset = address - mapping.start + mapping.offset;
-        let elf = ElfFileRef::new(&mapping.path).with_file(opened.file);
-        let elf_address = match elf.get() {
-            Ok(open) => elf_address(open.elf(), offset),
+        let segments = match load_segments(&opened.file) {
+            Ok(segments) => segments,
             Err(e) => {
-                a.note = Some(e.to_string());
+                a.note = Some(format!("reading its program headers: {e}"));
                 out.push(a);
                 continue;
             }
         };
-        let Some(elf_address) = elf_address else {
-            a.note = Some(format!("file offset {offset:#x} is in no PT_LOAD segment"));
+        let Some(elf_address) = elf_address(&segments, mapping, address) else {
+            a.note = Some(no_bias(mapping));
             out.push(a);
             continue;
         };

@@ -12,7 +12,7 @@ use eim_analysis::elf::fileid::FileId128;
 use eim_core::provider::ExtractErrorKind;
 use eim_core::{Error, ExecutableInfo};
 
-use crate::files::segments::LoadSegment;
+use crate::files::segments::Segment;
 
 /// Whether a file is waiting out upstream's deferral or failed outright.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -96,7 +96,7 @@ pub struct FileRecord {
     pub more_paths: usize,
     pub size: u64,
     /// Its loadable segments, which give each mapping of it its bias.
-    pub segments: Vec<LoadSegment>,
+    pub segments: Vec<Segment>,
     /// What the manager reported when it was last loaded.
     pub info: Option<ExecutableInfo>,
 }

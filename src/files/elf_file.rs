@@ -61,7 +61,8 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use eim_analysis::elf::fileid::{self, FileId128};
-use eim_analysis::elf::header::{check_header, check_sections, HeaderError, EHDR64_SIZE};
+use eim_analysis::elf::header::{check_header, check_sections, HeaderError};
+use eim_analysis::elf::ident::EHDR64_SIZE;
 use eim_analysis::elf::{ByteSource, DebugLink, Elf, ElfError, FileView, LazyFile, SourceError};
 use eim_core::provider::{ExtractError, ExtractErrorKind};
 use object::Object;
@@ -766,61 +767,9 @@ fn crc_of(file: &File, len: u64) -> io::Result<u32> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    /// A minimal ELF64 little-endian file: the header, the given sections
-    /// (name, type, contents) and a section name table.
-    pub(crate) fn tiny_elf(machine: u16, sections: &[(&str, u32, &[u8])]) -> Vec<u8> {
-        let mut out = vec![0u8; 64];
-        let mut shstrtab = vec![0u8];
-        let mut headers = Vec::new(); // (name offset, type, offset, size)
-        for (name, kind, data) in sections {
-            let name_at = shstrtab.len() as u32;
-            shstrtab.extend_from_slice(name.as_bytes());
-            shstrtab.push(0);
-            while !out.len().is_multiple_of(8) {
-                out.push(0);
-            }
-            headers.push((name_at, *kind, out.len() as u64, data.len() as u64));
-            out.extend_from_slice(data);
-        }
-        let strtab_name = shstrtab.len() as u32;
-        shstrtab.extend_from_slice(b".shstrtab\0");
-        headers.push((strtab_name, 3, out.len() as u64, shstrtab.len() as u64));
-        out.extend_from_slice(&shstrtab);
-        while !out.len().is_multiple_of(8) {
-            out.push(0);
-        }
-        let shoff = out.len() as u64;
-        out.extend_from_slice(&[0u8; 64]); // the null section
-        for (name, kind, offset, size) in &headers {
-            out.extend_from_slice(&name.to_le_bytes());
-            out.extend_from_slice(&kind.to_le_bytes());
-            out.extend_from_slice(&0u64.to_le_bytes()); // flags
-            out.extend_from_slice(&0u64.to_le_bytes()); // addr
-            out.extend_from_slice(&offset.to_le_bytes());
-            out.extend_from_slice(&size.to_le_bytes());
-            out.extend_from_slice(&[0u8; 8]); // link, info
-            out.extend_from_slice(&1u64.to_le_bytes()); // align
-            out.extend_from_slice(&0u64.to_le_bytes()); // entsize
-        }
-        let shnum = headers.len() as u16 + 1;
-        let h = &mut out[..64];
-        h[..8].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);
-        h[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
-        h[18..20].copy_from_slice(&machine.to_le_bytes());
-        h[20..24].copy_from_slice(&1u32.to_le_bytes());
-        h[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
-        h[0x34..0x36].copy_from_slice(&64u16.to_le_bytes());
-        h[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
-        h[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
-        h[0x3c..0x3e].copy_from_slice(&shnum.to_le_bytes());
-        h[0x3e..0x40].copy_from_slice(&(shnum - 1).to_le_bytes());
-        out
-    }
-
-    pub(crate) const X86_64: u16 = 62;
-    const SHT_PROGBITS: u32 = 1;
-    const SHT_NOTE: u32 = 7;
+    use eim_test_support::elf::{
+        with_sections, CLASS32, EM_X86_64, MAGIC, MSB, SHT_NOTE, SHT_PROGBITS,
+    };
 
     fn debuglink_section(name: &str, crc: u32) -> Vec<u8> {
         let mut v = name.as_bytes().to_vec();
@@ -847,10 +796,10 @@ pub(crate) mod tests {
 
     /// A debug file and an executable linking to it (with a build id).
     fn linked_pair(build_id: &[u8]) -> (Vec<u8>, Vec<u8>) {
-        let debug = tiny_elf(X86_64, &[(".debug_frame", SHT_PROGBITS, b"frames")]);
+        let debug = with_sections(EM_X86_64, &[(".debug_frame", SHT_PROGBITS, b"frames")]);
         let crc = crc32fast::hash(&debug);
-        let exe = tiny_elf(
-            X86_64,
+        let exe = with_sections(
+            EM_X86_64,
             &[
                 (".note.gnu.build-id", SHT_NOTE, &build_id_note(build_id)),
                 (
@@ -920,7 +869,7 @@ pub(crate) mod tests {
         let e = r.get().expect_err("missing");
         assert_eq!(e.kind, ExtractErrorKind::NotFound);
         assert_eq!(e.path, path.display().to_string());
-        write(&path, &tiny_elf(X86_64, &[]));
+        write(&path, &with_sections(EM_X86_64, &[]));
         r.get().expect("now there");
     }
 
@@ -928,11 +877,11 @@ pub(crate) mod tests {
     fn refusals_say_why_and_have_a_kind() {
         use ExtractErrorKind::*;
         let dir = tempdir();
-        let good = tiny_elf(X86_64, &[(".text", SHT_PROGBITS, b"\xc3")]);
+        let good = with_sections(EM_X86_64, &[(".text", SHT_PROGBITS, b"\xc3")]);
         let mut class32 = good.clone();
-        class32[4] = 1;
+        class32[4] = CLASS32;
         let mut big_endian = good.clone();
-        big_endian[5] = 2;
+        big_endian[5] = MSB;
         let mut bad_section = good.clone();
         // Section 1 (.text) claims 4096 bytes.
         let shoff = u64::from_le_bytes(good[0x28..0x30].try_into().expect("8 bytes")) as usize;
@@ -947,7 +896,7 @@ pub(crate) mod tests {
             ("empty", vec![], Unsupported, "not an ELF file"),
             (
                 "magic-only",
-                b"\x7fELF".to_vec(),
+                MAGIC.to_vec(),
                 Invalid,
                 "shorter than the 64-byte ELF header",
             ),
@@ -973,7 +922,7 @@ pub(crate) mod tests {
             ("be", big_endian, Unsupported, "big-endian ELF file"),
             (
                 "riscv",
-                tiny_elf(243, &[]),
+                with_sections(243, &[]),
                 Unsupported,
                 "unsupported machine 0xf3",
             ),

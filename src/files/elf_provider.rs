@@ -370,9 +370,10 @@ pub fn detect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::elf_file::tests::{tempdir, testdata, tiny_elf, X86_64};
+    use crate::files::elf_file::tests::{tempdir, testdata};
     use eim_analysis::tsd::{DtvInfo, LibcInfo, TsdInfo};
     use eim_machine::deltas::{hint, info, StackDelta};
+    use eim_test_support::elf::{with_sections, EM_X86_64, SHT_PROGBITS};
     use std::path::Path;
 
     fn one_delta(elf: &Elf<'_>) -> IntervalData {
@@ -433,7 +434,10 @@ mod tests {
         let broken = dir.path().join("broken");
         std::fs::write(
             &broken,
-            tiny_elf(X86_64, &[(".eh_frame", 1, &[0xf0, 0xff, 0xff, 0x7f])]),
+            with_sections(
+                EM_X86_64,
+                &[(".eh_frame", SHT_PROGBITS, &[0xf0, 0xff, 0xff, 0x7f])],
+            ),
         )
         .expect("write");
         let file = ElfFileRef::new(&broken);
@@ -490,10 +494,10 @@ mod tests {
         // is opened; the extraction asks for the debug file and, seeing
         // None, would carry on: the provider still reports NotFound and
         // counts nothing (upstream weakness 13).
-        let debug = tiny_elf(X86_64, &[]);
+        let debug = with_sections(EM_X86_64, &[]);
         let mut link = b"exe.debug\0\0\0".to_vec();
         link.extend_from_slice(&crc32fast::hash(&debug).to_le_bytes());
-        let exe = tiny_elf(X86_64, &[(".gnu_debuglink", 1, &link)]);
+        let exe = with_sections(EM_X86_64, &[(".gnu_debuglink", SHT_PROGBITS, &link)]);
         let root = tempdir();
         std::fs::create_dir_all(root.path().join("bin")).expect("mkdir");
         std::fs::write(root.path().join("bin/exe"), &exe).expect("write");

@@ -7,11 +7,11 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-pub use eim_analysis::elf::segments::{bias, LoadSegment};
+pub use eim_analysis::elf::segments::{bias, Segment};
 
 /// The `PT_LOAD` segments of `file`; empty if it is not a 64-bit
 /// little-endian ELF file. Errors are the reads'.
-pub fn load_segments(file: &File) -> io::Result<Vec<LoadSegment>> {
+pub fn load_segments(file: &File) -> io::Result<Vec<Segment>> {
     eim_analysis::elf::segments::read_load_segments(|at, buf| read_full(file, buf, at))
 }
 
@@ -62,7 +62,7 @@ mod tests {
         assert!(
             segments
                 .iter()
-                .any(|s| s.vaddr <= address && address < s.vaddr + s.file_size),
+                .any(|s| s.vaddr <= address && address < s.vaddr + s.filesz),
             "{address:#x} in {segments:x?}"
         );
     }
@@ -70,7 +70,11 @@ mod tests {
     #[test]
     fn files_that_are_not_64_bit_elf_have_no_segments() {
         let dir = std::env::temp_dir().join(format!("eim-segments-{}", std::process::id()));
-        std::fs::write(&dir, b"\x7fELF\x01\x01 short").expect("written");
+        let elf32 = eim_test_support::elf::Header {
+            class: eim_test_support::elf::CLASS32,
+            ..Default::default()
+        };
+        std::fs::write(&dir, elf32.bytes()).expect("written");
         let file = File::open(&dir).expect("opened");
         assert_eq!(load_segments(&file).expect("read"), Vec::new());
         let _ = std::fs::remove_file(&dir);

@@ -18,7 +18,7 @@ use object::{LittleEndian, Object as _, ObjectSymbol as _, SymbolKind};
 
 use crate::host::open::{open_mapping, OpenStrategy};
 use crate::host::procs::ExecMapping;
-use eim_analysis::elf::segments::{self, LoadSegment};
+use eim_analysis::elf::segments::{self, Segment};
 
 /// Largest file read for its symbols.
 pub const MAX_FILE_BYTES: u64 = 512 << 20;
@@ -56,7 +56,7 @@ struct Symbol {
 pub struct FileSymbols {
     /// Sorted by start.
     symbols: Vec<Symbol>,
-    segments: Vec<LoadSegment>,
+    segments: Vec<Segment>,
 }
 
 impl FileSymbols {

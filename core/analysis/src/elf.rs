@@ -14,7 +14,9 @@
 //! * [`vdso`]: synthetic deltas for the arm64 vDSO.
 //! * [`fileid`]: the 128-bit file id and the 64-bit host file id.
 //! * [`header`]: which files are unsupported, which invalid.
-//! * [`segments`]: the `PT_LOAD` segments and a mapping's load bias.
+//! * [`ident`]: the magic and identification bytes eim reads files by.
+//! * [`segments`]: the program headers (every reader's) and a mapping's
+//!   load bias.
 //!
 //! [`Elf`] reads sections, segments, memory at virtual addresses, the
 //! SONAME and the debug link the way upstream's `pfelf` does, so that every
@@ -28,6 +30,7 @@ pub mod extract;
 pub mod fileid;
 pub mod gopclntab;
 pub mod header;
+pub mod ident;
 pub mod segments;
 pub mod source;
 pub mod vdso;
@@ -38,11 +41,12 @@ mod parallel_tests;
 use std::borrow::Cow;
 
 use object::elf::{PT_DYNAMIC, PT_GNU_EH_FRAME, PT_LOAD, SHF_COMPRESSED, SHT_NOBITS};
-use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
+use object::read::elf::{ElfFile64, FileHeader, SectionHeader};
 use object::{LittleEndian, Object, ObjectSection};
 
 pub use debuglink::DebugLink;
 pub use extract::{extract, extract_with, DebugFileError, DebugLinkOpener, ExtractError, Stage};
+pub use segments::Segment;
 pub use source::{ByteSource, FileView, LazyFile, SourceError};
 
 /// The architectures eim extracts for.
@@ -70,6 +74,8 @@ pub struct Elf<'d> {
     pub data: FileView<'d>,
     pub file: ElfFile64<'d, LittleEndian, FileView<'d>>,
     pub arch: Arch,
+    /// Its program headers, read once ([`segments::segments_of`]).
+    segments: Vec<Segment>,
 }
 
 /// Bytes of the file and the virtual address they are loaded at: a section,
@@ -86,15 +92,6 @@ pub struct Extent {
     pub vaddr: u64,
     pub offset: u64,
     pub size: u64,
-}
-
-/// A program header's placement.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Segment {
-    pub offset: u64,
-    pub vaddr: u64,
-    pub filesz: u64,
-    pub memsz: u64,
 }
 
 /// A section's address and contents (empty for `SHT_NOBITS`).
@@ -116,12 +113,11 @@ impl<'d> Elf<'d> {
     }
 
     pub fn parse_view(data: FileView<'d>) -> Result<Self, ElfError> {
-        let ident = data.bytes_at(0, 6).or_else(|| data.bytes_at(0, 4));
-        if ident.and_then(|i| i.get(..4)) != Some(b"\x7fELF") {
+        let head = data.bytes_at(0, 6).or_else(|| data.bytes_at(0, 4));
+        if head.and_then(|i| i.get(..4)) != Some(&ident::MAGIC[..]) {
             return Err(ElfError::NotElf);
         }
-        // EI_CLASS 2 = 64-bit, EI_DATA 1 = little-endian.
-        if ident.and_then(|i| i.get(4..6)) != Some(&[2, 1]) {
+        if head.and_then(|i| i.get(4..6)) != Some(&[ident::ELFCLASS64, ident::ELFDATA2LSB]) {
             return Err(ElfError::WrongClass);
         }
         let file = ElfFile64::<LittleEndian, FileView<'d>>::parse(data)
@@ -132,7 +128,15 @@ impl<'d> Elf<'d> {
             object::elf::EM_AARCH64 => Arch::Aarch64,
             other => return Err(ElfError::UnsupportedMachine(other)),
         };
-        Ok(Self { data, file, arch })
+        // `object` has found the program header table whole in the file:
+        // the one reader of eim reads it again here, for every stage.
+        let segments = segments::segments_of(data);
+        Ok(Self {
+            data,
+            file,
+            arch,
+            segments,
+        })
     }
 
     /// The section called `name`, if present.
@@ -200,17 +204,10 @@ impl<'d> Elf<'d> {
 
     /// All program headers of type `kind`, in header order.
     pub fn segments(&self, kind: u32) -> impl Iterator<Item = Segment> + '_ {
-        let e = LittleEndian;
-        self.file
-            .elf_program_headers()
+        self.segments
             .iter()
-            .filter(move |p| p.p_type(e) == kind)
-            .map(move |p| Segment {
-                offset: p.p_offset(e),
-                vaddr: p.p_vaddr(e),
-                filesz: p.p_filesz(e),
-                memsz: p.p_memsz(e),
-            })
+            .filter(move |s| s.kind == kind)
+            .copied()
     }
 
     /// The first `PT_LOAD` whose memory range holds `addr`, and the offset

@@ -1,5 +1,7 @@
 //! Small ELF files made by tests: the 64-byte header with the fields a test
-//! sets ([`Header`]), and a file of named sections ([`with_sections`]).
+//! sets ([`Header`]), a program header ([`ProgramHeader`]), a file of
+//! program headers ([`with_segments`]) and a file of named sections
+//! ([`with_sections`]).
 //! Tests that need a file eim must judge (a 32-bit or big-endian header,
 //! another machine, a debug link and nothing else) build it here instead of
 //! writing the header's bytes by hand.
@@ -21,6 +23,9 @@ pub const EM_AARCH64: u16 = 183;
 pub const SHT_PROGBITS: u32 = 1;
 pub const SHT_STRTAB: u32 = 3;
 pub const SHT_NOTE: u32 = 7;
+/// `p_type` values.
+pub const PT_LOAD: u32 = 1;
+pub const PT_NOTE: u32 = 4;
 /// Sizes of the ELF64 header, a program header and a section header.
 pub const EHDR_SIZE: usize = 64;
 pub const PHDR_SIZE: usize = 56;
@@ -83,6 +88,49 @@ impl Header {
         h[62..64].copy_from_slice(&self.shstrndx.to_le_bytes());
         h
     }
+}
+
+/// A program header: the fields a test sets (a readable segment aligned
+/// to 4 KiB, its physical address its virtual one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgramHeader {
+    pub kind: u32,
+    pub offset: u64,
+    pub vaddr: u64,
+    pub filesz: u64,
+    pub memsz: u64,
+}
+
+impl ProgramHeader {
+    /// The header's 56 bytes.
+    pub fn bytes(&self) -> [u8; PHDR_SIZE] {
+        let mut p = [0u8; PHDR_SIZE];
+        p[..4].copy_from_slice(&self.kind.to_le_bytes());
+        p[4..8].copy_from_slice(&4u32.to_le_bytes()); // PF_R
+        p[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        p[16..24].copy_from_slice(&self.vaddr.to_le_bytes());
+        p[24..32].copy_from_slice(&self.vaddr.to_le_bytes());
+        p[32..40].copy_from_slice(&self.filesz.to_le_bytes());
+        p[40..48].copy_from_slice(&self.memsz.to_le_bytes());
+        p[48..56].copy_from_slice(&0x1000u64.to_le_bytes());
+        p
+    }
+}
+
+/// A 64-bit little-endian x86-64 shared library of the header and then
+/// the table of `segments` (no sections). What the segments place is the
+/// test's business: the file holds only the headers.
+pub fn with_segments(segments: &[ProgramHeader]) -> Vec<u8> {
+    let header = Header {
+        phoff: EHDR_SIZE as u64,
+        phnum: u16::try_from(segments.len()).expect("at most 65534 program headers"),
+        ..Header::default()
+    };
+    let mut out = header.bytes().to_vec();
+    for segment in segments {
+        out.extend_from_slice(&segment.bytes());
+    }
+    out
 }
 
 /// A 64-bit little-endian shared library for `machine` holding `sections`
@@ -206,6 +254,39 @@ mod tests {
         let text = crate::tools::run("readelf", &["-W", "-h", "-S", &dir.display().to_string()]);
         let _ = std::fs::remove_file(&dir);
         for want in ["ELF64", "DYN", "X86-64", ".gnu_debuglink", ".shstrtab"] {
+            assert!(text.contains(want), "{want} missing from:\n{text}");
+        }
+        assert!(
+            !text.contains("Warning") && !text.contains("Error"),
+            "{text}"
+        );
+    }
+
+    /// binutils reads the program headers as written.
+    #[test]
+    fn readelf_reads_the_segments() {
+        if !crate::skip::tools_present(&["readelf"]) {
+            return;
+        }
+        let path = std::env::temp_dir().join(format!("eim-support-phdr-{}", std::process::id()));
+        let load = |offset: u64, size: u64| ProgramHeader {
+            kind: PT_LOAD,
+            offset,
+            vaddr: 0x40_0000 + offset,
+            filesz: size,
+            memsz: size + 0x10,
+        };
+        // The segments lie in the file: the header and table, 176 bytes.
+        let file = with_segments(&[load(0, 0x80), load(0x80, 0x30)]);
+        assert_eq!(file.len(), EHDR_SIZE + 2 * PHDR_SIZE);
+        std::fs::write(&path, file).expect("written");
+        let text = crate::tools::run("readelf", &["-W", "-l", &path.display().to_string()]);
+        let _ = std::fs::remove_file(&path);
+        for want in [
+            "There are 2 program headers, starting at offset 64",
+            "LOAD           0x000000 0x0000000000400000 0x0000000000400000 0x000080 0x000090 R   0x1000",
+            "LOAD           0x000080 0x0000000000400080 0x0000000000400080 0x000030 0x000040 R   0x1000",
+        ] {
             assert!(text.contains(want), "{want} missing from:\n{text}");
         }
         assert!(

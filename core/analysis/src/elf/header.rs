@@ -7,10 +7,8 @@
 use object::{Object as _, ObjectSection as _};
 
 use super::extract::ExtractErrorKind;
+use super::ident::{EHDR64_SIZE, MAGIC};
 use super::Elf;
-
-/// The size of an ELF64 file header.
-pub const EHDR64_SIZE: u64 = 64;
 
 /// The little-endian field at `at` (0 past the end: the callers have
 /// checked the header's length).
@@ -63,7 +61,7 @@ impl HeaderError {
 pub fn check_header(head: &[u8], len: u64) -> Result<(), HeaderError> {
     use HeaderError::{Invalid, Unsupported};
     let b = head;
-    if b.len() < 4 || &b[..4] != b"\x7fELF" {
+    if b.get(..4) != Some(&MAGIC[..]) {
         return Err(Unsupported("not an ELF file".into()));
     }
     let truncated_header = || {

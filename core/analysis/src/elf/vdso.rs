@@ -13,7 +13,7 @@ use super::{Arch, Elf};
 use eim_machine::abi::{opcode, UnwindInfo};
 use eim_machine::deltas::{hint, info, IntervalData, StackDelta};
 
-use object::read::elf::{Dyn, ProgramHeader};
+use object::read::elf::Dyn;
 use object::{Object, ObjectSymbol};
 use yaxpeax_arm::armv8::a64::{Opcode, Operand};
 
@@ -144,20 +144,14 @@ fn stp_immediate(op: &Operand) -> Option<i64> {
 /// The `size` bytes at virtual address `addr`, when one PT_LOAD segment's
 /// file contents hold all of them. Never longer than the file.
 fn read_virtual<'d>(elf: &Elf<'d>, addr: u64, size: u64) -> Option<&'d [u8]> {
-    let endian = elf.file.endian();
-    for ph in elf.file.elf_program_headers() {
-        if ph.p_type(endian) != object::elf::PT_LOAD {
-            continue;
-        }
-        let vaddr = ph.p_vaddr(endian);
-        let filesz = ph.p_filesz(endian);
-        let Some(rel) = addr.checked_sub(vaddr) else {
+    for ph in elf.segments(object::elf::PT_LOAD) {
+        let Some(rel) = addr.checked_sub(ph.vaddr) else {
             continue;
         };
-        if rel.checked_add(size)? > filesz {
+        if rel.checked_add(size)? > ph.filesz {
             continue;
         }
-        return elf.bytes_at(ph.p_offset(endian).checked_add(rel)?, size);
+        return elf.bytes_at(ph.offset.checked_add(rel)?, size);
     }
     None
 }

@@ -767,18 +767,11 @@ mod tests {
 
     /// A 64-byte ELF header with no sections and no segments.
     fn bare_elf(machine: u16) -> Vec<u8> {
-        let mut h = vec![0u8; 64];
-        h[..4].copy_from_slice(b"\x7fELF");
-        h[4] = 2; // 64-bit
-        h[5] = 1; // little-endian
-        h[6] = 1; // version
-        h[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
-        h[18..20].copy_from_slice(&machine.to_le_bytes());
-        h[20..24].copy_from_slice(&1u32.to_le_bytes());
-        h[52..54].copy_from_slice(&64u16.to_le_bytes());
-        h[54..56].copy_from_slice(&56u16.to_le_bytes());
-        h[58..60].copy_from_slice(&64u16.to_le_bytes());
-        h
+        let header = eim_test_support::elf::Header {
+            machine,
+            ..Default::default()
+        };
+        header.bytes().to_vec()
     }
 
     const VADDR: u64 = 0x1000;

@@ -13,8 +13,8 @@
 
 use std::cmp::Ordering;
 
-use object::elf::{PF_W, PF_X, PT_LOAD, PT_NOTE};
-use object::read::elf::ProgramHeader;
+use object::elf::{FileHeader64, PF_W, PF_X, PT_LOAD, PT_NOTE};
+use object::read::elf::NoteIterator;
 
 use super::super::Elf;
 use super::locate::read_virtual;
@@ -42,12 +42,13 @@ const MAX_NOTE_SEGMENT: u64 = 64 * 1024;
 /// `.note.gnu.property`) in a segment of their own ahead of Go's.
 pub(crate) fn has_build_id_note(elf: &Elf<'_>) -> bool {
     let endian = elf.file.endian();
-    elf.file
-        .elf_program_headers()
-        .iter()
-        .filter(|ph| ph.p_type(endian) == PT_NOTE && ph.p_filesz(endian) <= MAX_NOTE_SEGMENT)
+    elf.segments(PT_NOTE)
+        .filter(|ph| ph.filesz <= MAX_NOTE_SEGMENT)
         .any(|ph| {
-            let Ok(Some(mut notes)) = ph.notes(endian, elf.data) else {
+            let Some(data) = elf.bytes_at(ph.offset, ph.filesz) else {
+                return false;
+            };
+            let Ok(mut notes) = NoteIterator::<FileHeader64<_>>::new(endian, ph.align, data) else {
                 return false;
             };
             // Each note takes at least its header: bounded by the segment.
@@ -65,12 +66,10 @@ fn region<'d>(elf: &Elf<'d>) -> Option<&'d [u8]> {
     if let Some(section) = elf.section(".go.buildinfo") {
         return Some(section.data);
     }
-    let endian = elf.file.endian();
-    let ph =
-        elf.file.elf_program_headers().iter().find(|ph| {
-            ph.p_type(endian) == PT_LOAD && ph.p_flags(endian) & (PF_X | PF_W) == PF_W
-        })?;
-    ph.data(endian, elf.data).ok()
+    let ph = elf
+        .segments(PT_LOAD)
+        .find(|ph| ph.flags & (PF_X | PF_W) == PF_W)?;
+    elf.bytes_at(ph.offset, ph.filesz)
 }
 
 /// Go's `binary.Uvarint`: the value and the bytes used, `None` when cut

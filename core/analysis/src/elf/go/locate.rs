@@ -3,7 +3,6 @@
 //! else a scan of the read-only segments for the header signature.
 
 use object::elf::{PF_R, PF_X, PT_LOAD, SHF_COMPRESSED};
-use object::read::elf::ProgramHeader;
 use object::{Object, ObjectSection, ObjectSymbol, SectionFlags};
 
 use super::super::{Arch, Elf};
@@ -81,19 +80,14 @@ fn pclntab_symbols(elf: &Elf<'_>) -> (u64, u64) {
 /// `size` bytes at virtual address `addr`, from the file bytes of the
 /// loadable segment whose memory image contains `addr`.
 pub(crate) fn read_virtual<'d>(elf: &Elf<'d>, addr: u64, size: u64) -> Result<&'d [u8], String> {
-    let endian = elf.file.endian();
-    let segments = elf.file.elf_program_headers();
-    let Some(ph) = segments.iter().find(|ph| {
-        let vaddr = ph.p_vaddr(endian);
-        ph.p_type(endian) == PT_LOAD && addr >= vaddr && addr - vaddr < ph.p_memsz(endian)
-    }) else {
+    let Some(ph) = elf
+        .segments(PT_LOAD)
+        .find(|ph| addr >= ph.vaddr && addr - ph.vaddr < ph.memsz)
+    else {
         return Err(format!("no matching segment for {addr:#x}"));
     };
-    let offset = addr - ph.p_vaddr(endian);
-    if offset
-        .checked_add(size)
-        .is_none_or(|e| e > ph.p_filesz(endian))
-    {
+    let offset = addr - ph.vaddr;
+    if offset.checked_add(size).is_none_or(|e| e > ph.filesz) {
         return Err(format!(
             "{size} bytes at {addr:#x} are not all backed by the file"
         ));
@@ -101,7 +95,7 @@ pub(crate) fn read_virtual<'d>(elf: &Elf<'d>, addr: u64, size: u64) -> Result<&'
     if size > MAX_PCLNTAB_BYTES {
         return Err(format!("virtual memory area too large ({size}) to copy"));
     }
-    match ph.p_offset(endian).checked_add(offset) {
+    match ph.offset.checked_add(offset) {
         Some(start) => elf
             .bytes_at(start, size)
             .ok_or_else(|| "segment data beyond the end of the file".to_string()),
@@ -137,23 +131,21 @@ fn find(haystack: &[u8], needle: &[u8; 7]) -> Option<usize> {
 /// that completes a known magic. Returns the bytes from there to the end of
 /// the segment.
 fn search<'d>(elf: &Elf<'d>) -> Result<Option<&'d [u8]>, String> {
-    let endian = elf.file.endian();
     let sig = signature(elf.arch);
-    for ph in elf.file.elf_program_headers() {
-        let flags = ph.p_flags(endian);
-        if ph.p_type(endian) != PT_LOAD || flags & PF_X != 0 || flags & PF_R == 0 {
+    for ph in elf.segments(PT_LOAD) {
+        if ph.flags & PF_X != 0 || ph.flags & PF_R == 0 {
             continue;
         }
-        let filesz = ph.p_filesz(endian);
+        let filesz = ph.filesz;
         if filesz < BASE_HEADER_SIZE as u64 {
             continue;
         }
         if filesz > MAX_PCLNTAB_BYTES {
             return Err(format!("segment size {filesz} is too large"));
         }
-        let data = ph
-            .data(endian, elf.data)
-            .map_err(|_| "segment data beyond the end of the file".to_string())?;
+        let data = elf
+            .bytes_at(ph.offset, filesz)
+            .ok_or_else(|| "segment data beyond the end of the file".to_string())?;
         let limit = data.len() - BASE_HEADER_SIZE;
         // Upstream steps: search from i; the candidate header starts one
         // byte before the match; the next search starts 8 bytes after it.
