@@ -91,14 +91,14 @@ impl Error {
 /// An error from another crate and every cause under it, joined by `": "`
 /// as the CLI prints a chain, each text once: a cause whose text its
 /// parent already printed (aya's `"map error: {0}"` over a `#[source]`) is
-/// not printed again. Bounded: a chain deeper than [`Causes::MAX_DEPTH`]
+/// not printed again. Bounded: a chain deeper than `Causes::MAX_DEPTH`
 /// (a cycle through a buggy `source()`) is cut.
 #[derive(Clone, Copy)]
 pub struct Causes<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl Causes<'_> {
     /// The most causes printed under the error itself.
-    pub const MAX_DEPTH: usize = 16;
+    pub(crate) const MAX_DEPTH: usize = 16;
 }
 
 impl std::fmt::Display for Causes<'_> {

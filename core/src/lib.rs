@@ -19,7 +19,7 @@
 //! * [`manager`]: [`ExecutableInfoManager`], [`Config`], the clocks.
 //! * [`provider`]: where a file's deltas come from ([`provider::Provider`]).
 //! * [`tracers`]: the tracer set and the loader registry.
-//! * [`info`]: what the manager keeps per file ([`ExecutableInfo`]).
+//! * `info`: what the manager keeps per file ([`ExecutableInfo`]).
 //! * [`error`], [`metrics`]: its errors and upstream's metric ids.
 //!
 //! A backend is one method, [`Backend::apply`](eim_machine::ops::Backend::apply). This one records what
@@ -75,7 +75,7 @@
 #![warn(unreachable_pub)]
 
 pub mod error;
-pub mod info;
+pub(crate) mod info;
 pub mod manager;
 pub mod metrics;
 pub mod provider;

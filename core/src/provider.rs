@@ -125,13 +125,6 @@ impl MemoryProvider {
             .insert(id, result);
     }
 
-    pub fn remove(&self, id: FileId) {
-        self.files
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
-    }
-
     /// Extractions performed so far.
     pub fn extractions(&self) -> u64 {
         self.extractions.load(Ordering::Relaxed)

@@ -18,21 +18,21 @@ use eim_machine::abi::OffsetRange;
 pub struct Tracers(pub u32);
 
 impl Tracers {
-    pub const PERL: u32 = 1 << 0;
+    pub(crate) const PERL: u32 = 1 << 0;
     pub const PYTHON: u32 = 1 << 1;
-    pub const PHP: u32 = 1 << 2;
-    pub const HOTSPOT: u32 = 1 << 3;
-    pub const RUBY: u32 = 1 << 4;
-    pub const V8: u32 = 1 << 5;
-    pub const DOTNET: u32 = 1 << 6;
-    pub const GO: u32 = 1 << 7;
+    pub(crate) const PHP: u32 = 1 << 2;
+    pub(crate) const HOTSPOT: u32 = 1 << 3;
+    pub(crate) const RUBY: u32 = 1 << 4;
+    pub(crate) const V8: u32 = 1 << 5;
+    pub(crate) const DOTNET: u32 = 1 << 6;
+    pub(crate) const GO: u32 = 1 << 7;
     pub(crate) const LABELS: u32 = 1 << 8;
 
     pub fn none() -> Self {
         Self(0)
     }
 
-    pub fn contains(self, tracer: u32) -> bool {
+    pub(crate) fn contains(self, tracer: u32) -> bool {
         self.0 & tracer != 0
     }
 }
@@ -91,7 +91,7 @@ impl fmt::Display for LoaderMatch {
 /// like upstream's APM integration).
 pub struct Loader {
     pub name: &'static str,
-    pub tracer: Option<u32>,
+    pub(crate) tracer: Option<u32>,
     pub load: LoadFn,
 }
 
@@ -156,7 +156,7 @@ pub const LOADERS: &[Loader] = &[
 ];
 
 /// The loaders `tracers` enables, in order.
-pub fn enabled(tracers: Tracers) -> impl Iterator<Item = &'static Loader> {
+pub(crate) fn enabled(tracers: Tracers) -> impl Iterator<Item = &'static Loader> {
     LOADERS
         .iter()
         .filter(move |l| l.tracer.is_none_or(|t| tracers.contains(t)))

@@ -37,7 +37,7 @@
 //! # Debug links
 //!
 //! [`ElfFileRef::find_debug_file`] reads `.gnu_debuglink` with core's one
-//! parser ([`eim_analysis::elf::debuglink`]: a plain UTF-8 file name, NUL,
+//! parser (`eim_analysis::elf::debuglink`: a plain UTF-8 file name, NUL,
 //! padding to a multiple of 4, then the CRC-32 of the debug file) and looks
 //! for the debug file, in this order, in the file's directory, its `.debug/`
 //! subdirectory, `/usr/lib/debug/<directory>/`, and

@@ -81,8 +81,10 @@ pub fn analyse_with<L: Default, E>(
     })
 }
 
-/// [`analyse_with`] eim's deltas.
-pub fn analyse<L: Default>(
+/// [`analyse_with`] eim's deltas (what the edge's provider does, with its
+/// own debug-file opener).
+#[cfg(test)]
+pub(crate) fn analyse<L: Default>(
     elf: &Elf<'_>,
     path: &Path,
     file_id: Option<FileId>,
@@ -96,7 +98,7 @@ pub fn analyse<L: Default>(
 /// given, not resolved in a root) names a C library, the layout its
 /// `pthread_getspecific` reads. A failed analysis is not an error
 /// upstream: the file simply has no TSD layout.
-pub fn tsd_of(path: &Path, elf: &Elf<'_>) -> Option<TsdInfo> {
+pub(crate) fn tsd_of(path: &Path, elf: &Elf<'_>) -> Option<TsdInfo> {
     if !tsd::is_potential_tsd_dso(path.as_os_str().as_bytes()) {
         return None;
     }
@@ -114,7 +116,7 @@ pub fn tsd_of(path: &Path, elf: &Elf<'_>) -> Option<TsdInfo> {
 /// `__tls_get_addr` there), the layout `__tls_get_addr` reads. A file
 /// without that symbol has no DTV and no error; a failed analysis is
 /// reported like the TSD's (logged, not an extraction failure).
-pub fn dtv_of(path: &Path, elf: &Elf<'_>) -> Option<DtvInfo> {
+pub(crate) fn dtv_of(path: &Path, elf: &Elf<'_>) -> Option<DtvInfo> {
     if !tsd::is_potential_libc_dso(path.as_os_str().as_bytes()) {
         return None;
     }
@@ -132,7 +134,7 @@ pub fn dtv_of(path: &Path, elf: &Elf<'_>) -> Option<DtvInfo> {
 /// is the empty [`LibcInfo`]). The TSD keeps SEED's name check, which the
 /// oracle's `.tsd` files record; only the dynamic loader tells the two
 /// apart, and it defines no `pthread_getspecific`.
-pub fn libc_of(path: &Path, elf: &Elf<'_>) -> LibcInfo {
+pub(crate) fn libc_of(path: &Path, elf: &Elf<'_>) -> LibcInfo {
     LibcInfo {
         tsd: tsd_of(path, elf),
         dtv: dtv_of(path, elf),

@@ -22,7 +22,7 @@
 //! SONAME and the debug link the way upstream's `pfelf` does, so that every
 //! stage sees the bytes upstream sees.
 
-pub mod debuglink;
+pub(crate) mod debuglink;
 pub mod digest;
 pub mod ehframe;
 pub mod entry;
@@ -46,7 +46,7 @@ use object::{LittleEndian, Object, ObjectSection};
 
 pub use debuglink::DebugLink;
 pub use extract::{extract, extract_with, DebugFileError, DebugLinkOpener, ExtractError, Stage};
-pub use segments::Segment;
+pub(crate) use segments::Segment;
 pub use source::{ByteSource, FileView, LazyFile, SourceError};
 
 /// The architectures eim extracts for.
@@ -82,16 +82,16 @@ pub struct Elf<'d> {
 /// or a window of a segment.
 #[derive(Clone, Copy, Debug)]
 pub struct Region<'d> {
-    pub vaddr: u64,
-    pub data: &'d [u8],
+    pub(crate) vaddr: u64,
+    pub(crate) data: &'d [u8],
 }
 
 /// Where a section's bytes are in the file, and its virtual address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Extent {
-    pub vaddr: u64,
-    pub offset: u64,
-    pub size: u64,
+pub(crate) struct Extent {
+    pub(crate) vaddr: u64,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
 }
 
 /// A section's address and contents (empty for `SHT_NOBITS`).
@@ -112,7 +112,7 @@ impl<'d> Elf<'d> {
         Self::parse_view(file.view())
     }
 
-    pub fn parse_view(data: FileView<'d>) -> Result<Self, ElfError> {
+    pub(crate) fn parse_view(data: FileView<'d>) -> Result<Self, ElfError> {
         let head = data.bytes_at(0, 6).or_else(|| data.bytes_at(0, 4));
         if head.and_then(|i| i.get(..4)) != Some(&ident::MAGIC[..]) {
             return Err(ElfError::NotElf);
@@ -156,12 +156,12 @@ impl<'d> Elf<'d> {
     }
 
     /// The file bytes at `offset..offset + len`, if the file has them.
-    pub fn bytes_at(&self, offset: u64, len: u64) -> Option<&'d [u8]> {
+    pub(crate) fn bytes_at(&self, offset: u64, len: u64) -> Option<&'d [u8]> {
         self.data.bytes_at(offset, len)
     }
 
     /// The file's length in bytes.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.data.size()
     }
 
@@ -183,7 +183,7 @@ impl<'d> Elf<'d> {
 
     /// Where [`Elf::section_region`] would read its bytes from (with the
     /// same refusals, but for a read that fails), without reading them.
-    pub fn section_extent(&self, name: &str, max: u64) -> Option<Extent> {
+    pub(crate) fn section_extent(&self, name: &str, max: u64) -> Option<Extent> {
         let section = self.file.section_by_name(name)?;
         let header = section.elf_section_header();
         let e = LittleEndian;
@@ -203,7 +203,7 @@ impl<'d> Elf<'d> {
     }
 
     /// All program headers of type `kind`, in header order.
-    pub fn segments(&self, kind: u32) -> impl Iterator<Item = Segment> + '_ {
+    pub(crate) fn segments(&self, kind: u32) -> impl Iterator<Item = Segment> + '_ {
         self.segments
             .iter()
             .filter(move |s| s.kind == kind)
@@ -245,7 +245,7 @@ impl<'d> Elf<'d> {
     /// to the end of the file part of the first `PT_LOAD` holding it.
     /// `Ok(None)` when there is no such pair; `Err` when the window is
     /// larger than `max` bytes or not inside the file.
-    pub fn eh_frame_segment(&self, max: u64) -> Result<Option<Region<'d>>, &'static str> {
+    pub(crate) fn eh_frame_segment(&self, max: u64) -> Result<Option<Region<'d>>, &'static str> {
         let Some(hdr) = self.segments(PT_GNU_EH_FRAME).next() else {
             return Ok(None);
         };
@@ -300,7 +300,7 @@ impl<'d> Elf<'d> {
 
     /// Up to `max` bytes at virtual address `addr`: as many as the first
     /// `PT_LOAD` holding `addr` has from there (for strings of unknown length).
-    pub fn virtual_memory_upto(&self, addr: u64, max: usize) -> Option<Cow<'d, [u8]>> {
+    pub(crate) fn virtual_memory_upto(&self, addr: u64, max: usize) -> Option<Cow<'d, [u8]>> {
         let (seg, offset) = self.load_segment_at(addr)?;
         let len = (seg.memsz - offset).min(max as u64) as usize;
         self.virtual_memory(addr, len)
@@ -308,7 +308,7 @@ impl<'d> Elf<'d> {
 
     /// The `DT_NEEDED` names, in order (at most `MAX_NEEDED`, each at most
     /// 256 bytes); empty when the file has no dynamic section.
-    pub fn needed(&self) -> Vec<Vec<u8>> {
+    pub(crate) fn needed(&self) -> Vec<Vec<u8>> {
         const DT_NEEDED: u64 = 1;
         const DT_STRTAB: u64 = 5;
         const MAX_NEEDED: usize = 1024;
@@ -344,7 +344,7 @@ impl<'d> Elf<'d> {
     }
 
     /// The `.gnu_debuglink` section, if present and well formed
-    /// ([`debuglink::parse`]'s rules: a plain UTF-8 file name).
+    /// (`debuglink::parse`'s rules: a plain UTF-8 file name).
     pub fn debug_link(&self) -> Option<DebugLink> {
         let data = self.section_region(".gnu_debuglink", 1 << 20)?.data;
         debuglink::parse(data).ok()

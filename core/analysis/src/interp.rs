@@ -54,7 +54,7 @@ use eim_machine::encode;
 use eim_machine::FileId;
 
 pub use access::Symbols;
-pub use evidence::Evidence;
+pub(crate) use evidence::Evidence;
 
 /// Per-file data of an interpreter loader. `Any` lets a caller that knows
 /// the loader read its concrete data (`as &dyn Any`, then `downcast_ref`).
@@ -76,7 +76,7 @@ pub trait InterpreterData: std::any::Any + Send + Sync + fmt::Debug {
 }
 
 /// An address as every fact writes it.
-pub fn hex(address: u64) -> String {
+pub(crate) fn hex(address: u64) -> String {
     format!("{address:#x}")
 }
 
@@ -84,8 +84,8 @@ pub fn hex(address: u64) -> String {
 pub struct LoaderInfo<'a, 'd> {
     pub file_id: FileId,
     /// The path the file was mapped from (upstream's `FileName()`).
-    pub name: &'a str,
-    pub elf: &'a Elf<'d>,
+    pub(crate) name: &'a str,
+    pub(crate) elf: &'a Elf<'d>,
     /// `None` when the gaps were given.
     deltas: Option<&'a IntervalData>,
     gaps: OnceCell<Vec<Range<u64>>>,
@@ -134,13 +134,13 @@ impl<'a, 'd> LoaderInfo<'a, 'd> {
     /// Ranges after an end-of-function marker of at least 512 KiB
     /// (upstream's `Gaps()`, see [`encode::gaps`]): a walk over every
     /// delta, so only on first use (V8, on a file named like node).
-    pub fn gaps(&self) -> &[Range<u64>] {
+    pub(crate) fn gaps(&self) -> &[Range<u64>] {
         self.gaps
             .get_or_init(|| self.deltas.map(encode::gaps).unwrap_or_default())
     }
 
     /// The file's symbols (dynamic first, then `.symtab`), indexed once.
-    pub fn symbols(&self) -> &Symbols<'d> {
+    pub(crate) fn symbols(&self) -> &Symbols<'d> {
         self.symbols.get_or_init(|| Symbols::of(self.elf))
     }
 
@@ -148,13 +148,13 @@ impl<'a, 'd> LoaderInfo<'a, 'd> {
     /// indexed now: for a loader whose names all do, on a file only it
     /// claims (V8 on node, Go labels on a Go binary), where the whole
     /// index would hash every name of tables of 100k symbols and more.
-    pub fn symbols_with(&self, prefixes: &'static [&'static str]) -> Symbols<'d> {
+    pub(crate) fn symbols_with(&self, prefixes: &'static [&'static str]) -> Symbols<'d> {
         self.prefixed_symbols.set(true);
         Symbols::with_prefixes(self.elf, prefixes)
     }
 
     /// The cheap evidence of what the file is (section names, Go's note).
-    pub fn evidence(&self) -> &Evidence<'a, 'd> {
+    pub(crate) fn evidence(&self) -> &Evidence<'a, 'd> {
         &self.evidence
     }
 
@@ -215,7 +215,7 @@ impl InterpreterOffsets {
             .collect()
     }
 
-    pub fn one(program: u16, range: Range<u64>) -> Self {
+    pub(crate) fn one(program: u16, range: Range<u64>) -> Self {
         Self {
             program,
             first: range,
@@ -270,7 +270,7 @@ impl fmt::Display for Version {
 impl Version {
     /// Parses `major.minor[.patch]` at the start of `text` (what follows
     /// the last digit is ignored, e.g. `8.2.36-1` or `3.1.2p20`).
-    pub fn parse_prefix(text: &[u8]) -> Option<Self> {
+    pub(crate) fn parse_prefix(text: &[u8]) -> Option<Self> {
         let mut parts = [0u32; 3];
         let mut n = 0;
         let mut digits = 0;
@@ -294,7 +294,12 @@ impl Version {
     }
 
     /// `Err` unless `lo <= self < hi`.
-    pub fn check(self, lo: Version, hi: Version, supported: &str) -> Result<Self, LoaderError> {
+    pub(crate) fn check(
+        self,
+        lo: Version,
+        hi: Version,
+        supported: &str,
+    ) -> Result<Self, LoaderError> {
         if self < lo || self >= hi {
             return Err(LoaderError::UnsupportedVersion {
                 found: self.to_string(),

@@ -34,14 +34,18 @@ pub use name::{is_potential_libc_dso, is_potential_tsd_dso};
 /// The most code read for one function. Upstream reads a symbol's whole
 /// size through its memory map (spec 11, O13); this only bounds hostile
 /// sizes, far above any real `pthread_getspecific`.
-pub const MAX_CODE: u64 = 64 * 1024;
+pub(crate) const MAX_CODE: u64 = 64 * 1024;
 
 /// The most code read for `__tls_get_addr` (HEAD reads at most this much).
-pub const MAX_DTV_CODE: u64 = 2048;
+pub(crate) const MAX_DTV_CODE: u64 = 2048;
 
 /// The code of the defined dynamic symbol `name`: `min(size, max)` bytes
 /// at its address.
-pub fn symbol_code<'d>(elf: &Elf<'d>, name: &str, max: u64) -> Result<Cow<'d, [u8]>, SymbolError> {
+pub(crate) fn symbol_code<'d>(
+    elf: &Elf<'d>,
+    name: &str,
+    max: u64,
+) -> Result<Cow<'d, [u8]>, SymbolError> {
     // Upstream looks names up through DT_GNU_HASH / DT_HASH, which hold
     // only defined symbols (an undefined `__tls_get_addr` in libc.so.6
     // must stay "not found").

@@ -22,7 +22,7 @@ pub struct DebugLink {
 
 /// Why a `.gnu_debuglink` section is not used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum DebugLinkError {
+pub(crate) enum DebugLinkError {
     #[error("malformed .gnu_debuglink: the name has no terminating NUL")]
     Unterminated,
     #[error("malformed .gnu_debuglink: no CRC-32 after the name ({len} bytes)")]
@@ -36,7 +36,7 @@ pub enum DebugLinkError {
 }
 
 /// Parses a `.gnu_debuglink` section (see the module documentation).
-pub fn parse(section: &[u8]) -> Result<DebugLink, DebugLinkError> {
+pub(crate) fn parse(section: &[u8]) -> Result<DebugLink, DebugLinkError> {
     let nul = section
         .iter()
         .position(|&b| b == 0)

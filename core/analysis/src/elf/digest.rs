@@ -37,10 +37,10 @@ const DOMAIN: &[u8] = b"eim source digest v1\0";
 #[derive(Clone, PartialEq, Eq)]
 pub struct SourceDigest {
     /// The file's length.
-    pub len: u64,
+    pub(crate) len: u64,
     /// Sorted, disjoint, non-empty, inside `0..len`.
     pub ranges: Box<[Range<u64>]>,
-    pub sha256: [u8; 32],
+    pub(crate) sha256: [u8; 32],
 }
 
 impl std::fmt::Debug for SourceDigest {
@@ -194,7 +194,7 @@ impl SourceDigest {
     }
 
     /// The hash in hex, for reports.
-    pub fn hex(&self) -> String {
+    pub(crate) fn hex(&self) -> String {
         self.sha256.iter().map(|b| format!("{b:02x}")).collect()
     }
 }

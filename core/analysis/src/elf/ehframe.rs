@@ -35,7 +35,7 @@ use eim_machine::deltas::DeltaSink;
 
 /// Largest `.eh_frame` / `.debug_frame` (or `PT_GNU_EH_FRAME` window)
 /// read, as upstream's `maxBytesEHFrame`.
-pub const MAX_SECTION_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_SECTION_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Decides, per FDE, whether its deltas are wanted (upstream's `fdeHook`).
 /// It may add deltas of its own first (the entry stub's).
@@ -75,8 +75,8 @@ pub trait ForkFilter: FdeFilter + Clone + Send + 'static {
 /// chunk a helper is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Parallelism {
-    pub threads: usize,
-    pub min_fdes_per_part: u64,
+    pub(crate) threads: usize,
+    pub(crate) min_fdes_per_part: u64,
 }
 
 impl Parallelism {
@@ -88,7 +88,7 @@ impl Parallelism {
 
     /// Chunks of at least this many FDEs (about 50 to 100 microseconds of
     /// work): starting a helper costs tens of microseconds.
-    pub const DEFAULT_MIN_FDES_PER_PART: u64 = 256;
+    pub(crate) const DEFAULT_MIN_FDES_PER_PART: u64 = 256;
 
     /// Fewer chunks than this: no helper.
     pub const MIN_CHUNKS: u64 = 4;
@@ -121,9 +121,11 @@ impl Parallelism {
 }
 
 /// A filter that keeps every FDE.
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct KeepAll;
+pub(crate) struct KeepAll;
 
+#[cfg(test)]
 impl FdeFilter for KeepAll {
     fn mark_unsorted(&mut self) {}
     fn keep(&mut self, _: u64, _: u64, _: &mut dyn DeltaSink) -> bool {
@@ -131,6 +133,7 @@ impl FdeFilter for KeepAll {
     }
 }
 
+#[cfg(test)]
 impl ForkFilter for KeepAll {
     fn fork(&self, _: u64) -> Self {
         Self

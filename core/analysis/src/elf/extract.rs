@@ -25,8 +25,8 @@ const ENTRY_CODE_BYTES: usize = 128;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct DebugFileError {
-    pub kind: ExtractErrorKind,
-    pub message: String,
+    pub(crate) kind: ExtractErrorKind,
+    pub(crate) message: String,
 }
 
 impl DebugFileError {

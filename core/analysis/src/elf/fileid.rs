@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use eim_machine::FileId;
 
 /// How many bytes are hashed from each end of the file.
-pub const CHUNK: u64 = 4096;
+pub(crate) const CHUNK: u64 = 4096;
 
 /// An executable's 128-bit file id (upstream's `libpf.FileID`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -32,7 +32,7 @@ pub struct FileId128 {
 
 impl FileId128 {
     /// The id whose big-endian bytes are `bytes`.
-    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+    pub(crate) fn from_bytes(bytes: [u8; 16]) -> Self {
         let (hi, lo) = bytes.split_at(8);
         Self {
             hi: u64::from_be_bytes(hi.try_into().expect("8 bytes")),
@@ -41,7 +41,8 @@ impl FileId128 {
     }
 
     /// The id's 16 bytes, as the digest had them.
-    pub fn to_bytes(self) -> [u8; 16] {
+    #[cfg(test)]
+    pub(crate) fn to_bytes(self) -> [u8; 16] {
         let mut out = [0; 16];
         out[..8].copy_from_slice(&self.hi.to_be_bytes());
         out[8..].copy_from_slice(&self.lo.to_be_bytes());

@@ -32,7 +32,7 @@
 //! all share one long table would otherwise cost functions × table length.
 //!
 //! Where upstream would panic (an offset outside its slice), eim returns
-//! [`GoError::Corrupt`].
+//! `GoError::Corrupt`.
 
 #[path = "go/buildinfo.rs"]
 mod buildinfo;
@@ -45,7 +45,7 @@ mod pcvalue;
 #[path = "go/table.rs"]
 mod table;
 
-pub use error::GoError;
+pub(crate) use error::GoError;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -58,7 +58,7 @@ use table::{Pclntab, Version};
 
 /// How the functions of one source file are unwound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strategy {
+pub(crate) enum Strategy {
     /// One FRAME_POINTER delta per function.
     FramePointer,
     /// SP deltas, and the caller's frame pointer recovered from the frame.
@@ -81,7 +81,7 @@ const X86_FRAME_CLOBBERING_FILES: [&[u8]; 6] = [
 
 /// The strategy for the functions of `source_file` (upstream's
 /// `getSourceFileStrategy`).
-pub fn source_file_strategy(arch: Arch, source_file: &[u8], default: Strategy) -> Strategy {
+pub(crate) fn source_file_strategy(arch: Arch, source_file: &[u8], default: Strategy) -> Strategy {
     if arch != Arch::X86_64 {
         return default;
     }
@@ -191,13 +191,13 @@ pub fn go_version<'d>(elf: &Elf<'d>) -> Option<&'d [u8]> {
 
 /// Whether a note segment of the file holds Go's build-id note
 /// (`.note.go.buildid`, which the Go linker writes into every ELF file).
-pub fn has_go_build_id_note(elf: &Elf<'_>) -> bool {
+pub(crate) fn has_go_build_id_note(elf: &Elf<'_>) -> bool {
     buildinfo::has_build_id_note(elf)
 }
 
 /// What the Go interpreter loader learns from the table: its size in bytes
 /// and its number of functions; `None` when the file has no Go table.
-pub fn table_summary(elf: &Elf<'_>) -> Result<Option<(usize, usize)>, GoError> {
+pub(crate) fn table_summary(elf: &Elf<'_>) -> Result<Option<(usize, usize)>, GoError> {
     let Some(bytes) = locate::pclntab_bytes(elf)? else {
         return Ok(None);
     };
@@ -209,7 +209,7 @@ pub fn table_summary(elf: &Elf<'_>) -> Result<Option<(usize, usize)>, GoError> {
 /// function's), by the table's own names, which stripping a binary keeps;
 /// `None` when the file has no table or no such function. One pass over the
 /// function table: bounded by its size.
-pub fn function_range(elf: &Elf<'_>, name: &[u8]) -> Result<Option<Range<u64>>, GoError> {
+pub(crate) fn function_range(elf: &Elf<'_>, name: &[u8]) -> Result<Option<Range<u64>>, GoError> {
     let Some(bytes) = locate::pclntab_bytes(elf)? else {
         return Ok(None);
     };

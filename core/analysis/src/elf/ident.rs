@@ -4,10 +4,10 @@
 //! the program-header reader) can name them without depending on another.
 
 /// The first four bytes of every ELF file.
-pub const MAGIC: &[u8; 4] = b"\x7fELF";
+pub(crate) const MAGIC: &[u8; 4] = b"\x7fELF";
 /// `EI_CLASS` (byte 4) of a 64-bit file.
-pub const ELFCLASS64: u8 = 2;
+pub(crate) const ELFCLASS64: u8 = 2;
 /// `EI_DATA` (byte 5) of a little-endian file.
-pub const ELFDATA2LSB: u8 = 1;
+pub(crate) const ELFDATA2LSB: u8 = 1;
 /// The size of an ELF64 file header.
 pub const EHDR64_SIZE: u64 = 64;

@@ -23,7 +23,7 @@ use super::source::FileView;
 /// Program headers the host reads at most (a real file has about ten).
 pub const MAX_SEGMENTS: usize = 256;
 
-pub const PT_LOAD: u32 = 1;
+pub(crate) const PT_LOAD: u32 = 1;
 const EHDR_SIZE: usize = EHDR64_SIZE as usize;
 const PHDR_SIZE: usize = 56;
 const SHDR_SIZE: usize = 64;
@@ -35,14 +35,14 @@ const PN_XNUM: u16 = 0xffff;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
     /// `p_type`.
-    pub kind: u32,
+    pub(crate) kind: u32,
     /// `p_flags`: `PF_X`, `PF_W`, `PF_R`.
-    pub flags: u32,
-    pub offset: u64,
+    pub(crate) flags: u32,
+    pub(crate) offset: u64,
     pub vaddr: u64,
     pub filesz: u64,
-    pub memsz: u64,
-    pub align: u64,
+    pub(crate) memsz: u64,
+    pub(crate) align: u64,
 }
 
 /// The program headers of a file read through `read` (which fills as much
@@ -128,7 +128,7 @@ pub fn load_segments_of(data: &[u8]) -> Vec<Segment> {
 
 /// Every program header of `view`: as many as the file could hold, which
 /// is every one of a table inside the file.
-pub fn segments_of(view: FileView<'_>) -> Vec<Segment> {
+pub(crate) fn segments_of(view: FileView<'_>) -> Vec<Segment> {
     let max = usize::try_from(view.size() / PHDR_SIZE as u64).unwrap_or(usize::MAX);
     infallible(read_segments(view_reader(view), max))
 }

@@ -18,9 +18,9 @@ use object::{Object, ObjectSymbol};
 use yaxpeax_arm::armv8::a64::{Opcode, Operand};
 
 /// The vDSO's SONAME.
-pub const VDSO_SONAME: &[u8] = b"linux-vdso.so.1";
+pub(crate) const VDSO_SONAME: &[u8] = b"linux-vdso.so.1";
 /// The signal-return trampoline.
-pub const SIGRETURN: &[u8] = b"__kernel_rt_sigreturn";
+pub(crate) const SIGRETURN: &[u8] = b"__kernel_rt_sigreturn";
 
 /// arm64 frame pointer and link register numbers.
 const FP: u16 = 29;

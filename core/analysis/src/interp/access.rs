@@ -24,13 +24,13 @@ pub struct Symbol {
 
 impl Symbol {
     /// Its address (or TLS offset) and size, as loader facts write it.
-    pub fn fact(&self) -> String {
+    pub(crate) fn fact(&self) -> String {
         let tls = if self.tls { " (TLS offset)" } else { "" };
         format!("{:#x}{tls}, {} bytes", self.address, self.size)
     }
 
     /// Upstream's `GetSymbolAsRanges`: `[address, address + size)`.
-    pub fn range(&self) -> Range<u64> {
+    pub(crate) fn range(&self) -> Range<u64> {
         self.address..self.address.saturating_add(self.size)
     }
 }
@@ -126,7 +126,7 @@ impl<'d> Symbols<'d> {
     }
 
     /// The symbol, or the loader error that names it.
-    pub fn require(&self, name: &str) -> Result<Symbol, LoaderError> {
+    pub(crate) fn require(&self, name: &str) -> Result<Symbol, LoaderError> {
         self.get(name)
             .ok_or_else(|| LoaderError::MissingSymbol(name.into()))
     }
@@ -173,7 +173,11 @@ fn name_in(rest: &[u8]) -> Option<&[u8]> {
 }
 
 /// `N` bytes at `addr`.
-pub fn read<const N: usize>(elf: &Elf<'_>, addr: u64, what: &str) -> Result<[u8; N], LoaderError> {
+pub(crate) fn read<const N: usize>(
+    elf: &Elf<'_>,
+    addr: u64,
+    what: &str,
+) -> Result<[u8; N], LoaderError> {
     elf.virtual_memory(addr, N)
         .and_then(|b| <[u8; N]>::try_from(&b[..]).ok())
         .ok_or_else(|| LoaderError::Unreadable {
@@ -182,20 +186,25 @@ pub fn read<const N: usize>(elf: &Elf<'_>, addr: u64, what: &str) -> Result<[u8;
         })
 }
 
-pub fn read_u8(elf: &Elf<'_>, addr: u64, what: &str) -> Result<u8, LoaderError> {
+pub(crate) fn read_u8(elf: &Elf<'_>, addr: u64, what: &str) -> Result<u8, LoaderError> {
     Ok(read::<1>(elf, addr, what)?[0])
 }
 
-pub fn read_u32(elf: &Elf<'_>, addr: u64, what: &str) -> Result<u32, LoaderError> {
+pub(crate) fn read_u32(elf: &Elf<'_>, addr: u64, what: &str) -> Result<u32, LoaderError> {
     read::<4>(elf, addr, what).map(u32::from_le_bytes)
 }
 
-pub fn read_u64(elf: &Elf<'_>, addr: u64, what: &str) -> Result<u64, LoaderError> {
+pub(crate) fn read_u64(elf: &Elf<'_>, addr: u64, what: &str) -> Result<u64, LoaderError> {
     read::<8>(elf, addr, what).map(u64::from_le_bytes)
 }
 
 /// The NUL-terminated string at `addr` (at most `max` bytes before the NUL).
-pub fn read_cstr(elf: &Elf<'_>, addr: u64, max: usize, what: &str) -> Result<Vec<u8>, LoaderError> {
+pub(crate) fn read_cstr(
+    elf: &Elf<'_>,
+    addr: u64,
+    max: usize,
+    what: &str,
+) -> Result<Vec<u8>, LoaderError> {
     let unreadable = || LoaderError::Unreadable {
         what: what.into(),
         addr,
@@ -208,7 +217,7 @@ pub fn read_cstr(elf: &Elf<'_>, addr: u64, max: usize, what: &str) -> Result<Vec
 }
 
 /// The string a (relocated) pointer at `at` points to, `None` for NULL.
-pub fn string_at(
+pub(crate) fn string_at(
     elf: &Elf<'_>,
     relocations: &Relocations,
     at: u64,
@@ -229,7 +238,7 @@ pub fn string_at(
 /// for every entry before the end. A table with no end within
 /// `max_entries` entries is an error naming `table`.
 #[allow(clippy::too_many_arguments)]
-pub fn named_entries(
+pub(crate) fn named_entries(
     elf: &Elf<'_>,
     relocations: &Relocations,
     table: &str,
@@ -259,7 +268,7 @@ pub fn named_entries(
 /// variable that the file's own code reaches through the GOT). Built once
 /// per file, bounded by its `SHT_RELA` sections.
 #[derive(Default)]
-pub struct Relocations {
+pub(crate) struct Relocations {
     /// By place, in file order among equal places: the last one of a place
     /// is what the dynamic loader leaves there. A sorted list, not a hash
     /// map: the tables come sorted by place, or in a few sorted runs, so a
@@ -290,7 +299,7 @@ struct Kinds {
 }
 
 impl Relocations {
-    pub fn of(elf: &Elf<'_>) -> Self {
+    pub(crate) fn of(elf: &Elf<'_>) -> Self {
         const MAX_RELA_BYTES: u64 = 256 << 20;
         let kinds = match elf.arch {
             Arch::X86_64 => Kinds {
@@ -372,7 +381,7 @@ impl Relocations {
     /// relocation of that place, else the stored value (a
     /// position-dependent file). A place relocated against a symbol the
     /// file does not define has no value here: an error.
-    pub fn pointer(&self, elf: &Elf<'_>, addr: u64, what: &str) -> Result<u64, LoaderError> {
+    pub(crate) fn pointer(&self, elf: &Elf<'_>, addr: u64, what: &str) -> Result<u64, LoaderError> {
         // The last relocation of the place, as a map's last insert was.
         let end = self.targets.partition_point(|&(place, _)| place <= addr);
         let last = end
@@ -388,9 +397,4 @@ impl Relocations {
             None => read_u64(elf, addr, what),
         }
     }
-}
-
-/// The file's name without its directories.
-pub fn basename(name: &str) -> &str {
-    name.rsplit('/').next().unwrap_or(name)
 }

@@ -16,11 +16,11 @@ const PROCESS_STORAGE: &str = "elastic_apm_profiling_correlation_process_storage
 const TLS: &str = "elastic_apm_profiling_correlation_tls_v1";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ApmData {
+pub(crate) struct ApmData {
     /// The `[\w-]*` part of the name (the build's architecture).
-    pub flavour: String,
-    pub process_storage: u64,
-    pub tls_offset: u64,
+    pub(crate) flavour: String,
+    pub(crate) process_storage: u64,
+    pub(crate) tls_offset: u64,
 }
 
 impl InterpreterData for ApmData {

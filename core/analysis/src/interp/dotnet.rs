@@ -12,9 +12,9 @@ use super::{Loaded, LoaderError, LoaderInfo, Version};
 pub const NAME: &str = "dotnet";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DotnetData {
-    pub version: Version,
-    pub dac_table: u64,
+pub(crate) struct DotnetData {
+    pub(crate) version: Version,
+    pub(crate) dac_table: u64,
 }
 
 impl InterpreterData for DotnetData {

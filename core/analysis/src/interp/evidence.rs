@@ -27,14 +27,14 @@ pub(crate) const GO_BUILDINFO: &str = ".go.buildinfo";
 pub(crate) const GO_PCLNTAB: &str = ".gopclntab";
 
 /// What a file shows of itself cheaply (see the module documentation).
-pub struct Evidence<'a, 'd> {
+pub(crate) struct Evidence<'a, 'd> {
     elf: &'a Elf<'d>,
     sections: OnceCell<HashSet<&'d [u8]>>,
     go_note: OnceCell<bool>,
 }
 
 impl<'a, 'd> Evidence<'a, 'd> {
-    pub fn new(elf: &'a Elf<'d>) -> Self {
+    pub(crate) fn new(elf: &'a Elf<'d>) -> Self {
         Self {
             elf,
             sections: OnceCell::new(),
@@ -44,21 +44,21 @@ impl<'a, 'd> Evidence<'a, 'd> {
 
     /// Whether a section header names a section `name` (whatever its
     /// contents; [`Elf::section`] then says whether they can be read).
-    pub fn has_section(&self, name: &str) -> bool {
+    pub(crate) fn has_section(&self, name: &str) -> bool {
         self.sections
             .get_or_init(|| section_names(self.elf))
             .contains(name.as_bytes())
     }
 
     /// Whether the file has Go's build-id note.
-    pub fn has_go_note(&self) -> bool {
+    pub(crate) fn has_go_note(&self) -> bool {
         *self.go_note.get_or_init(|| has_go_build_id_note(self.elf))
     }
 
     /// Whether the file is Go's by what it shows of itself: one of Go's
     /// sections, or Go's note (a Go file whose section headers are
     /// stripped keeps it in its note segment).
-    pub fn is_go(&self) -> bool {
+    pub(crate) fn is_go(&self) -> bool {
         self.has_section(GO_BUILDINFO) || self.has_section(GO_PCLNTAB) || self.has_go_note()
     }
 }

@@ -32,11 +32,11 @@ pub const NAME: &str = "go";
 pub const LABELS_NAME: &str = "golabels";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GoData {
+pub(crate) struct GoData {
     /// Empty when the file has no build information.
-    pub go_version: String,
-    pub pclntab_bytes: usize,
-    pub functions: usize,
+    pub(crate) go_version: String,
+    pub(crate) pclntab_bytes: usize,
+    pub(crate) functions: usize,
 }
 
 impl InterpreterData for GoData {
@@ -59,7 +59,7 @@ impl InterpreterData for GoData {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GoLabelsData {
-    pub go_version: String,
+    pub(crate) go_version: String,
     /// Offset of `g` from the thread pointer; 0 on arm64 when `g` is only
     /// in x28 (no cgo).
     pub tls_g_offset: i64,

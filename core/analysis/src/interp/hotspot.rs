@@ -30,16 +30,16 @@ const STRUCT_ENTRY: u64 = 48;
 const TYPE_ENTRY: u64 = 40;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HotspotData {
-    pub major: u32,
-    pub minor: u32,
-    pub security: u32,
-    pub patch: u32,
-    pub build: u32,
+pub(crate) struct HotspotData {
+    pub(crate) major: u32,
+    pub(crate) minor: u32,
+    pub(crate) security: u32,
+    pub(crate) patch: u32,
+    pub(crate) build: u32,
     /// `Type::field` -> its offset (instance fields) or address (statics).
-    pub fields: BTreeMap<String, u64>,
+    pub(crate) fields: BTreeMap<String, u64>,
     /// Type name -> size.
-    pub types: BTreeMap<String, u64>,
+    pub(crate) types: BTreeMap<String, u64>,
 }
 
 impl InterpreterData for HotspotData {

@@ -16,7 +16,7 @@ pub const NAME: &str = "perl";
 
 /// Where the interpreter state is found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum State {
+pub(crate) enum State {
     /// A threaded perl: the interpreter is thread-specific data under this key.
     ThreadKey(u64),
     /// An unthreaded perl: the globals themselves.
@@ -24,10 +24,10 @@ pub enum State {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PerlData {
-    pub version: Version,
-    pub state: State,
-    pub runops: Symbol,
+pub(crate) struct PerlData {
+    pub(crate) version: Version,
+    pub(crate) state: State,
+    pub(crate) runops: Symbol,
 }
 
 impl InterpreterData for PerlData {

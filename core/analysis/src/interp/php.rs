@@ -38,7 +38,7 @@ const MAX_RODATA: u64 = 256 << 20;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PhpData {
     pub version: Version,
-    pub executor_globals: u64,
+    pub(crate) executor_globals: u64,
     pub execute_ex: Symbol,
     pub jit_return: JitReturn,
 }
@@ -90,7 +90,7 @@ impl InterpreterData for PhpData {
 pub struct OpcacheData {
     pub version: Version,
     /// The extension entry the version was read from.
-    pub extension_entry: u64,
+    pub(crate) extension_entry: u64,
     /// The variables holding the JIT buffer's start and size.
     pub jit_buffer: JitBufferPointers,
 }

@@ -26,16 +26,16 @@ use crate::elf::entry::a64_decode;
 use crate::elf::Arch;
 
 /// `ZEND_VM_KIND_HYBRID` (`Zend/zend_vm_opcodes.h`).
-pub const VM_KIND_HYBRID: u32 = 4;
+pub(crate) const VM_KIND_HYBRID: u32 = 4;
 
 /// Bytes of `zend_vm_kind` decoded: a `mov` and a `ret`, with room for an
 /// `endbr64` and padding.
-pub const VM_KIND_BYTES: u64 = 32;
+pub(crate) const VM_KIND_BYTES: u64 = 32;
 /// Bytes of `execute_ex` decoded: the dispatching jump of the hybrid VM
 /// comes after the prologue, 47 to 107 bytes in on the builds seen so far.
-pub const EXECUTE_EX_BYTES: u64 = 128;
+pub(crate) const EXECUTE_EX_BYTES: u64 = 128;
 /// Bytes of `zend_jit_unprotect` decoded: the `mprotect` call is early.
-pub const UNPROTECT_BYTES: u64 = 64;
+pub(crate) const UNPROTECT_BYTES: u64 = 64;
 
 fn invalid(what: &str, why: impl std::fmt::Display) -> LoaderError {
     LoaderError::Invalid(format!("{what}: {why}"))

@@ -45,12 +45,12 @@ const MAX_LOOP_BYTES: u64 = 1 << 20;
 pub struct PythonData {
     /// Major and minor from the name; the patch level from `Py_Version`.
     pub version: Version,
-    pub runtime: Option<u64>,
+    pub(crate) runtime: Option<u64>,
     /// Address of the `pthread_key_t` `PyGILState_GetThisThreadState`
     /// reads (inside `_PyRuntime` from 3.7 on).
-    pub tss_key: u64,
-    pub eval_loop: Symbol,
-    pub cold: Option<std::ops::Range<u64>>,
+    pub(crate) tss_key: u64,
+    pub(crate) eval_loop: Symbol,
+    pub(crate) cold: Option<std::ops::Range<u64>>,
     /// `PyCode_Type`, `PyFrame_Type`, `PyBytes_Type` -> their layouts.
     pub types: BTreeMap<&'static str, types::TypeLayout>,
     /// `_Py_NoneStruct` (3.13+).

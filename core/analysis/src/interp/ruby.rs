@@ -14,11 +14,11 @@ use eim_machine::abi::program;
 pub const NAME: &str = "ruby";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RubyData {
-    pub version: Version,
+pub(crate) struct RubyData {
+    pub(crate) version: Version,
     /// `ruby_single_main_ractor` (3.0+) or `ruby_current_execution_context_ptr`.
-    pub context: u64,
-    pub vm_exec: Symbol,
+    pub(crate) context: u64,
+    pub(crate) vm_exec: Symbol,
 }
 
 impl InterpreterData for RubyData {

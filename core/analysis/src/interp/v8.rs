@@ -40,15 +40,15 @@ const MAX_INTROSPECTION: usize = 16_384;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct V8Data {
-    pub major: u32,
-    pub minor: u32,
-    pub build: u32,
-    pub patch: Option<u32>,
-    pub bytecode_sizes: Option<u64>,
+    pub(crate) major: u32,
+    pub(crate) minor: u32,
+    pub(crate) build: u32,
+    pub(crate) patch: Option<u32>,
+    pub(crate) bytecode_sizes: Option<u64>,
     /// V8's post-mortem constants (`v8dbg_*`, 4-byte ints: type ids,
     /// class field offsets, frame offsets) by name without the prefix.
     pub introspection: BTreeMap<String, i32>,
-    pub snapshot: Option<Range<u64>>,
+    pub(crate) snapshot: Option<Range<u64>>,
 }
 
 impl InterpreterData for V8Data {

@@ -31,14 +31,14 @@ pub(super) mod pe {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Reader<'a> {
     /// The whole section (pointers and strings are relative to it).
-    pub data: &'a [u8],
+    pub(crate) data: &'a [u8],
     /// `data[..end]`: what reads may return.
     window: &'a [u8],
-    pub pos: u64,
+    pub(crate) pos: u64,
     /// Virtual address of `data[0]`, for pc- and data-relative pointers.
-    pub vaddr: u64,
+    pub(crate) vaddr: u64,
     /// `.debug_frame` rules for CIE ids and CIE pointers.
-    pub debug_frame: bool,
+    pub(crate) debug_frame: bool,
 }
 
 impl<'a> Reader<'a> {

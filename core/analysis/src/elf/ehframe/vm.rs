@@ -47,8 +47,8 @@ pub(super) mod arm {
 /// One register's recovery rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Rule {
-    pub reg: u64,
-    pub off: i64,
+    pub(crate) reg: u64,
+    pub(crate) off: i64,
 }
 
 impl Rule {
@@ -60,9 +60,9 @@ impl Rule {
 /// The tracked rules: the CFA, the frame pointer and the return address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Regs {
-    pub cfa: Rule,
-    pub fp: Rule,
-    pub ra: Rule,
+    pub(crate) cfa: Rule,
+    pub(crate) fp: Rule,
+    pub(crate) ra: Rule,
 }
 
 impl Regs {
@@ -112,20 +112,20 @@ pub(super) fn split_off(off: i64) -> (i16, i16, i16, i16) {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Cie {
     /// Size of the CIE record in bytes.
-    pub size: u64,
-    pub code_align: u64,
-    pub data_align: i64,
-    pub ra_reg: u64,
+    pub(crate) size: u64,
+    pub(crate) code_align: u64,
+    pub(crate) data_align: i64,
+    pub(crate) ra_reg: u64,
     /// Encoding of FDE pointers ('R').
-    pub enc: u8,
+    pub(crate) enc: u8,
     /// Encoding of the LSDA pointer ('L'); read, never used.
-    pub lsda_enc: u8,
+    pub(crate) lsda_enc: u8,
     /// The augmentation string starts with 'z': FDEs carry augmentation data.
-    pub has_augmentation: bool,
+    pub(crate) has_augmentation: bool,
     /// 'S': a signal frame.
-    pub signal: bool,
+    pub(crate) signal: bool,
     /// The rules after the CIE's initial instructions.
-    pub initial: Regs,
+    pub(crate) initial: Regs,
 }
 
 /// DWARF expression opcodes the parser knows.
@@ -309,11 +309,11 @@ pub(super) struct Vm<'c> {
     ra_reg: u64,
     cie: &'c Cie,
     /// The current location (code address).
-    pub loc: u64,
-    pub cur: Regs,
+    pub(crate) loc: u64,
+    pub(crate) cur: Regs,
     /// Set whenever `cur` may have changed (the caller clears it when it
     /// has derived the row's rule from `cur`).
-    pub changed: bool,
+    pub(crate) changed: bool,
     stack: [Regs; STACK_DEPTH],
     depth: usize,
 }

@@ -17,11 +17,11 @@
 pub(crate) struct PcValue<'d> {
     rest: &'d [u8],
     /// Start of the current step's range.
-    pub pc_start: u64,
+    pub(crate) pc_start: u64,
     /// End (exclusive) of the current step's range.
-    pub pc_end: u64,
+    pub(crate) pc_end: u64,
     /// The value in force on the range.
-    pub value: i32,
+    pub(crate) value: i32,
     quantum: u8,
 }
 

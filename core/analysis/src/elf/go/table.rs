@@ -94,26 +94,26 @@ fn corrupt(message: impl Into<String>) -> GoError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Func {
     /// Entry address.
-    pub entry: u64,
+    pub(crate) entry: u64,
     /// Offset of the name in the function-name table.
-    pub name_off: i32,
+    pub(crate) name_off: i32,
     /// Offset of the pc → stack-pointer-delta table in the pc-value tables.
-    pub pcsp_off: i32,
+    pub(crate) pcsp_off: i32,
     /// Offset of the pc → file-number table.
-    pub pcfile_off: i32,
+    pub(crate) pcfile_off: i32,
     /// The record's eighth `int32`: the compilation-unit offset in Go 1.16+
     /// records (upstream calls it "npcData"), added to the file number.
-    pub cu_off: i32,
+    pub(crate) cu_off: i32,
 }
 
 /// A parsed `.gopclntab`, borrowing its bytes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Pclntab<'d> {
-    pub version: Version,
-    pub quantum: u8,
+    pub(crate) version: Version,
+    pub(crate) quantum: u8,
     /// Number of functions; the function table has one more entry (the end
     /// of the last function), which [`Pclntab::parse`] checks is readable.
-    pub num_funcs: usize,
+    pub(crate) num_funcs: usize,
     text_start: u64,
     functab: &'d [u8],
     funcdata: &'d [u8],
