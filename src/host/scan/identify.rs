@@ -306,6 +306,7 @@ impl<B: Inspect> Host<B> {
     /// if it has gone.
     pub(super) fn identify(&mut self, pid: i32, m: &ExecMapping) -> Option<Identified> {
         let opening = Instant::now();
+        self.mapped_file_opens += 1;
         let opened = open::open_mapping(pid, m, self.config.strategy);
         self.clock.open += opening.elapsed();
         let opened = match opened {
