@@ -113,12 +113,23 @@ struct Batch {
 }
 
 /// The process a step is reading: its entry, out of the table meanwhile,
-/// and the files the read asked a reference on (queued in the batch, or
-/// loaded by a batch that filled during the read), each asked once.
+/// the files the read asked a reference on (queued in the batch, or
+/// loaded by a batch that filled during the read), each asked once, and
+/// the first mapping of each file (device, inode) the read resolved.
 struct Reading {
     pid: i32,
     entry: ProcessEntry,
     asked: HashSet<FileId>,
+    files: HashMap<((u32, u32), u64), MappingKey>,
+}
+
+impl Reading {
+    /// What this read resolved another mapping of `m`'s file to, unless
+    /// an eviction has forgotten it since.
+    fn resolved_file(&self, m: &ExecMapping) -> Option<Resolution> {
+        let first = self.files.get(&(m.dev, m.inode))?;
+        self.entry.mappings.get(first).copied()
+    }
 }
 
 impl<B: Inspect> Host<B> {
@@ -418,6 +429,7 @@ impl<B: Inspect> Host<B> {
             pid,
             entry,
             asked: HashSet::new(),
+            files: HashMap::new(),
         };
         if let Some(old) = replaced {
             self.counters.exited += 1;
@@ -456,7 +468,18 @@ impl<B: Inspect> Host<B> {
                     if !reading.entry.mappings.contains_key(&key) {
                         new_mappings += 1;
                     }
-                    self.resolve(m, batch, &mut reading, progress, report)
+                    // Another mapping of a file this read opened (a file
+                    // with two executable segments) is not opened again.
+                    match reading.resolved_file(m) {
+                        Some(r) => Resolved::Mapping(r),
+                        None => {
+                            let resolved = self.resolve(m, batch, &mut reading, progress, report);
+                            if matches!(resolved, Resolved::Mapping(_)) {
+                                reading.files.insert((m.dev, m.inode), key);
+                            }
+                            resolved
+                        }
+                    }
                 }
             };
             match resolved {

@@ -1,8 +1,9 @@
-//! A process that maps more new files than a batch holds: each file is
-//! opened once in the step (the batch is loaded part-way through the
-//! process when it is full, instead of a file being closed for want of
-//! room and opened again), no batch holds more files than its limit, and
-//! every file ends up loaded for the process and in its mapping table.
+//! A file is opened once per step. A process that maps more new files
+//! than a batch holds: each file is opened once (the batch is loaded
+//! part-way through the process when it is full, instead of a file being
+//! closed for want of room and opened again), no batch holds more files
+//! than its limit, and every file ends up loaded for the process and in
+//! its mapping table. A file a process maps three times is opened once.
 
 use super::*;
 use eim::host::scan::Progress;
@@ -112,5 +113,67 @@ fn a_process_with_more_files_than_a_batch_opens_each_file_once() {
     step(&mut host);
     assert_eq!(host.mapped_file_opens(), distinct.len() as u64);
     assert_eq!(host.last_step().taken, 0);
+    py.stop();
+}
+
+/// A python3 that maps its own executable twice more, read and execute,
+/// and sleeps: three executable mappings of one file.
+fn spawn_mapping_itself_twice() -> Running {
+    let script = "import mmap, sys, time\n\
+                  keep = []\n\
+                  for _ in range(2):\n\
+                  \x20   with open(sys.executable, 'rb') as f:\n\
+                  \x20       keep.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ | mmap.PROT_EXEC))\n\
+                  print('ready', flush=True)\n\
+                  time.sleep(300)\n";
+    let mut child = Command::new(python())
+        .args(["-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3 starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("python3 says it is ready");
+    assert_eq!(line.trim(), "ready", "python3 could not map itself");
+    Running(child)
+}
+
+#[test]
+fn a_file_mapped_three_times_by_a_process_is_opened_once() {
+    let py = spawn_mapping_itself_twice();
+    let pid = py.pid();
+    let maps = procs::exec_mappings(pid).expect("maps");
+    let distinct: BTreeSet<((u32, u32), u64)> =
+        maps.files.iter().map(|m| (m.dev, m.inode)).collect();
+    let most = distinct
+        .iter()
+        .map(|f| maps.files.iter().filter(|m| (m.dev, m.inode) == *f).count())
+        .max();
+    assert!(
+        most >= Some(3),
+        "no file mapped three times: {:?}",
+        maps.files
+    );
+
+    let mut host = host_of(&[pid], None);
+    step(&mut host);
+    assert_eq!(
+        host.mapped_file_opens(),
+        distinct.len() as u64,
+        "each of {} files opened once, for {} mappings",
+        distinct.len(),
+        maps.files.len()
+    );
+    let want: BTreeSet<FileId> = expected_ids(pid).keys().copied().collect();
+    assert_eq!(host.held_by(pid), Some(&want));
+    // Every mapping of it in the table, each with its own bias.
+    let entry = host
+        .with_backend(|m| m.process(pid as u32))
+        .expect("an eim_process_mappings entry");
+    assert_eq!(entry.mappings.len(), maps.files.len());
+    assert!(entry.is_well_formed());
     py.stop();
 }
