@@ -6,12 +6,13 @@ use super::*;
 
 impl<B: Inspect> Host<B> {
     /// Opens a mapping's file of the process being read, computes its id
-    /// and judges it against the id's owner ([`Self::admit`]). A file the
-    /// process is to take goes into the batch open, with the process's
-    /// reference on it, unless the batch has its id already (this file is
-    /// then closed here). A full batch is loaded before the file is
-    /// opened, so the batch's size bounds the descriptors it holds and the
-    /// file need not be closed for want of room and opened again.
+    /// and judges it against the id's owner ([`Self::admit`]). The
+    /// process's reference on a file it is to take goes into the batch
+    /// with the file, open; the file is closed here if the process takes
+    /// nothing of it, or the batch has its id already. A full batch is
+    /// loaded before the file is opened, so the batch's size bounds the
+    /// descriptors it holds and no file is closed for want of room and
+    /// opened again.
     pub(super) fn resolve(
         &mut self,
         m: &ExecMapping,
