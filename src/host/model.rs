@@ -179,6 +179,8 @@ pub struct Host<B: Inspect> {
     pub(super) process_maps: ProcessMapTable,
     /// Where the current step's time went so far.
     pub(super) clock: StepClock,
+    /// Mapped files opened so far ([`Host::mapped_file_opens`]).
+    pub(super) mapped_file_opens: u64,
 }
 
 /// See [`Phases`]: `busy` is the time spent loading batches and releasing
@@ -223,6 +225,7 @@ impl<B: Inspect> Host<B> {
             clock: StepClock::default(),
             restarted: None,
             process_maps: ProcessMapTable::new(),
+            mapped_file_opens: 0,
         }
     }
 
@@ -236,6 +239,14 @@ impl<B: Inspect> Host<B> {
 
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// How many times a mapping's file was opened through the opener
+    /// ([`crate::host::open::open_mapping`]) since the host was made,
+    /// failed opens included: what the descriptors a batch holds cost in
+    /// system calls.
+    pub fn mapped_file_opens(&self) -> u64 {
+        self.mapped_file_opens
     }
 
     /// Processes seen whose mappings eim may not read, by pid, with their

@@ -13,9 +13,11 @@
 //!    computed (cached by device, inode, size and mtime);
 //! 3. the files a process maps now and does not hold yet are loaded with
 //!    [`eim_core::ExecutableInfoManager::load_many`], in batches of at most
-//!    [`HostConfig::batch_files`] distinct files: each distinct file is
-//!    extracted once per batch however many processes map it (and not at
-//!    all if the manager knows it), and the new tables of a batch are
+//!    [`HostConfig::batch_files`] distinct files, each kept open from its
+//!    opening to its load (a full batch is loaded before another file is
+//!    opened, part-way through a process if need be): each distinct file
+//!    is extracted once per batch however many processes map it (and not
+//!    at all if the manager knows it), and the new tables of a batch are
 //!    published with one outer-map update per size class;
 //! 4. references of files a process no longer maps, and of processes that
 //!    exited, are released (`remove_or_dec_ref`, or `dec_ref` with a
@@ -101,12 +103,33 @@ const MAX_COLLISIONS_LISTED: usize = 1024;
 const REVISIT_ROUNDS: usize = 3;
 
 /// The references one step still has to take, the files they need, and
-/// the references to release once the loads are done.
+/// the references to release once the loads are done. Every file has a
+/// reference: a file goes in with the first one asked of it.
 #[derive(Default)]
 struct Batch {
     refs: Vec<(i32, FileId)>,
     files: HashMap<FileId, HostFile>,
     releases: Vec<FileId>,
+}
+
+/// The process a step is reading: its entry, out of the table meanwhile,
+/// the files the read asked a reference on (queued in the batch, or
+/// loaded by a batch that filled during the read), each asked once, and
+/// the first mapping of each file (device, inode) the read resolved.
+struct Reading {
+    pid: i32,
+    entry: ProcessEntry,
+    asked: HashSet<FileId>,
+    files: HashMap<((u32, u32), u64), MappingKey>,
+}
+
+impl Reading {
+    /// What this read resolved another mapping of `m`'s file to, unless
+    /// an eviction has forgotten it since.
+    fn resolved_file(&self, m: &ExecMapping) -> Option<Resolution> {
+        let first = self.files.get(&(m.dev, m.inode))?;
+        self.entry.mappings.get(first).copied()
+    }
 }
 
 impl<B: Inspect> Host<B> {
@@ -191,11 +214,11 @@ impl<B: Inspect> Host<B> {
             let visited = self.visit(pid, &mut batch, &mut report, progress, false);
             self.visited(pid, visited, &mut alive);
             if batch.files.len() >= self.batch_limit() {
-                self.flush(&mut batch, progress, &mut report);
+                self.flush(&mut batch, progress, &mut report, None);
             }
             progress.advance();
         }
-        self.flush(&mut batch, progress, &mut report);
+        self.flush(&mut batch, progress, &mut report, None);
         if !report.interrupted {
             self.revisit_waiting(&mut pids, &mut alive, &mut batch, &mut report, progress);
         }
@@ -331,7 +354,7 @@ impl<B: Inspect> Host<B> {
                 }
                 self.visited(pid, visited, alive);
             }
-            self.flush(batch, progress, report);
+            self.flush(batch, progress, report, None);
         }
     }
 
@@ -374,11 +397,13 @@ impl<B: Inspect> Host<B> {
         self.config.batch_files.max(1)
     }
 
-    /// Reads process `pid` and queues the references it needs, loading
-    /// the batch whenever it is full: a process mapping more files than a
-    /// batch holds never has more of them open at once. `again`: a read
-    /// of the end of a pass ([`Self::revisit_waiting`]), whose changes are
-    /// eim's own, not something host events missed.
+    /// Reads process `pid` and queues the references it needs, each with
+    /// its file open as it is identified, loading the batch whenever it is
+    /// full (part-way through the process if need be): a process mapping
+    /// more files than a batch holds never has more of them open at once,
+    /// and no file is closed for want of room and opened again. `again`: a
+    /// read of the end of a pass ([`Self::revisit_waiting`]), whose changes
+    /// are eim's own, not something host events missed.
     fn visit(
         &mut self,
         pid: i32,
@@ -393,15 +418,19 @@ impl<B: Inspect> Host<B> {
             .processes
             .get(pid)
             .is_some_and(|e| e.start_time == start_time);
-        // Room for every file this read may open, made before the entry
-        // leaves the table (a load records what processes hold there): a
-        // file opened below then stays open until its load, instead of
-        // being closed for want of room and opened again.
+        // Room for every file this read may open, made before the read: a
+        // process whose files fit in a batch is loaded in one.
         let opening = self.files_to_open(pid, start_time, &mappings.files);
         if opening > 0 && batch.files.len() + opening > self.batch_limit() {
-            self.flush(batch, progress, report);
+            self.flush(batch, progress, report, None);
         }
-        let (mut entry, replaced) = self.processes.take(pid, start_time);
+        let (entry, replaced) = self.processes.take(pid, start_time);
+        let mut reading = Reading {
+            pid,
+            entry,
+            asked: HashSet::new(),
+            files: HashMap::new(),
+        };
         if let Some(old) = replaced {
             self.counters.exited += 1;
             report.exited += 1;
@@ -427,32 +456,44 @@ impl<B: Inspect> Host<B> {
         for m in &mappings.files {
             let key = MappingKey::of(m);
             current.insert(key);
-            let cached = entry
+            let cached = reading
+                .entry
                 .mappings
                 .get(&key)
                 .copied()
-                .filter(|_| self.is_resolved(&entry, &key));
+                .filter(|_| self.is_resolved(&reading.entry, &key));
             let resolved = match cached {
                 Some(r) => Resolved::Mapping(r),
                 None => {
-                    if !entry.mappings.contains_key(&key) {
+                    if !reading.entry.mappings.contains_key(&key) {
                         new_mappings += 1;
                     }
-                    self.resolve(pid, m, batch, Some(&mut entry))
+                    // Another mapping of a file this read opened (a file
+                    // with two executable segments) is not opened again.
+                    match reading.resolved_file(m) {
+                        Some(r) => Resolved::Mapping(r),
+                        None => {
+                            let resolved = self.resolve(m, batch, &mut reading, progress, report);
+                            if matches!(resolved, Resolved::Mapping(_)) {
+                                reading.files.insert((m.dev, m.inode), key);
+                            }
+                            resolved
+                        }
+                    }
                 }
             };
             match resolved {
                 Resolved::Mapping(r) => {
-                    entry.mappings.insert(key, r);
+                    reading.entry.mappings.insert(key, r);
                 }
                 // Not cached, so a later read tries again if it is still
                 // there.
                 Resolved::Gone => {
-                    entry.mappings.remove(&key);
+                    reading.entry.mappings.remove(&key);
                     self.counters.files_vanished += 1;
                 }
                 Resolved::Wait => {
-                    entry.mappings.remove(&key);
+                    reading.entry.mappings.remove(&key);
                     self.revisit.insert(pid);
                 }
             }
@@ -463,55 +504,45 @@ impl<B: Inspect> Host<B> {
                 mappings: new_mappings,
             });
         }
+        let Reading { mut entry, .. } = reading;
         entry.keep_mappings(&current);
         // From the resolutions as they stand after the loop: an owner
         // evicted during it took its earlier mappings' resolutions along.
-        let mut mapped = BTreeSet::new();
-        let mut first_mapping: HashMap<FileId, &ExecMapping> = HashMap::new();
-        for m in &mappings.files {
-            if let Some(Resolution::File(id)) = entry.mappings.get(&MappingKey::of(m)) {
-                mapped.insert(*id);
-                first_mapping.entry(*id).or_insert(m);
-            }
-        }
+        let mapped: BTreeSet<FileId> = mappings
+            .files
+            .iter()
+            .filter_map(|m| match entry.mappings.get(&MappingKey::of(m)) {
+                Some(Resolution::File(id)) => Some(*id),
+                _ => None,
+            })
+            .collect();
         let list = self.process_mapping_list(&entry, &mappings.files);
         if let Some(op) = self.process_maps.set(pid as u32, list) {
             self.apply_process_op(op);
         }
-        let changes = entry.changes(&mapped);
-        for id in changes.release {
+        // What it takes was queued as each file was resolved (a file it
+        // neither holds nor was asked now is deferred, or failed in a batch
+        // loaded during this read: not asked again before the next read).
+        for id in entry.changes(&mapped).release {
             entry.held.remove(&id);
             batch.releases.push(id);
         }
-        // Back in the table before any load: a batch loaded below records
-        // what this process took in its entry.
+        // Back in the table before the loads of what it queued: they
+        // record in its entry what it took.
         self.processes.put(pid, entry);
-        // The files open in the batch first: a batch loaded for want of
-        // room for another file then closes none this process still needs.
-        let (open, closed): (Vec<FileId>, Vec<FileId>) = changes
-            .take
-            .into_iter()
-            .partition(|id| batch.files.contains_key(id));
-        for id in open.into_iter().chain(closed) {
-            if self.manager.is_deferred(id) {
-                continue;
-            }
-            if !batch.files.contains_key(&id) && batch.files.len() >= self.batch_limit() {
-                self.flush(batch, progress, report);
-            }
-            // A file the batch cannot open (gone meanwhile) is skipped;
-            // the next step tries again.
-            if batch.files.contains_key(&id)
-                || self.open_for_batch(pid, id, first_mapping[&id], batch)
-            {
-                batch.refs.push((pid, id));
-            }
-        }
         Ok(())
     }
 
     /// Loads a batch: one `load_many` call for all its references.
-    fn flush(&mut self, batch: &mut Batch, progress: &mut dyn Progress, report: &mut StepReport) {
+    /// `reading`: the process being read, whose entry is out of the table
+    /// meanwhile (what it takes is recorded there).
+    fn flush(
+        &mut self,
+        batch: &mut Batch,
+        progress: &mut dyn Progress,
+        report: &mut StepReport,
+        mut reading: Option<&mut Reading>,
+    ) {
         if batch.refs.is_empty() {
             batch.files.clear();
             return;
@@ -540,7 +571,11 @@ impl<B: Inspect> Host<B> {
             }
             match result {
                 Ok(info) => {
-                    if let Some(entry) = self.processes.get_mut(pid) {
+                    let entry = match reading.as_deref_mut() {
+                        Some(r) if r.pid == pid => Some(&mut r.entry),
+                        _ => self.processes.get_mut(pid),
+                    };
+                    if let Some(entry) = entry {
                         entry.held.insert(id);
                     }
                     if let Some(record) = self.files.get_mut(&id) {

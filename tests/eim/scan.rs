@@ -27,6 +27,8 @@ use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
+#[path = "scan/batches.rs"]
+mod batches;
 #[path = "scan/report.rs"]
 mod report;
 

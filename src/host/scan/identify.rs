@@ -5,37 +5,47 @@
 use super::*;
 
 impl<B: Inspect> Host<B> {
-    /// Opens a mapping's file, computes its id and judges it against the
-    /// id's owner ([`Self::admit`]). The opened file goes into the batch
-    /// if it may be loaded, the batch has none of its id and has room;
-    /// otherwise it is closed here, and opened again if it is to be loaded
-    /// (the batch's size bounds the descriptors it holds). A process is
-    /// read with room for every file it may open ([`Self::files_to_open`]),
-    /// so that happens only to a process mapping more new files than a
-    /// batch holds. `current`: the
-    /// entry of the process being read, out of the table meanwhile.
+    /// Opens a mapping's file of the process being read, computes its id
+    /// and judges it against the id's owner ([`Self::admit`]). The
+    /// process's reference on a file it is to take goes into the batch
+    /// with the file, open; the file is closed here if the process takes
+    /// nothing of it, or the batch has its id already. A full batch is
+    /// loaded before the file is opened, so the batch's size bounds the
+    /// descriptors it holds and no file is closed for want of room and
+    /// opened again.
     pub(super) fn resolve(
         &mut self,
-        pid: i32,
         m: &ExecMapping,
         batch: &mut Batch,
-        current: Option<&mut ProcessEntry>,
+        reading: &mut Reading,
+        progress: &mut dyn Progress,
+        report: &mut StepReport,
     ) -> Resolved {
+        if batch.files.len() >= self.batch_limit() {
+            self.flush(batch, progress, report, Some(reading));
+        }
+        let pid = reading.pid;
         let (id128, file, identity) = match self.identify(pid, m) {
             None => return Resolved::Gone,
             Some(Identified::Unusable) => return Resolved::Mapping(Resolution::Unusable),
             Some(Identified::File(id128, file, identity)) => (id128, file, identity),
         };
         let id = id128.host();
-        match self.admit(pid, m, id, &file, identity, batch, current) {
+        match self.admit(pid, m, id, &file, identity, batch, reading) {
             Resolved::Mapping(Resolution::File(_)) => {}
             other => return other,
         }
-        if batch.files.len() < self.batch_limit() {
+        // Held already, deferred, or asked already by this read (a failed
+        // load is not tried again before the next read): nothing to take.
+        if !reading.entry.held.contains(&id)
+            && !self.manager.is_deferred(id)
+            && reading.asked.insert(id)
+        {
             batch
                 .files
                 .entry(id)
                 .or_insert_with(|| HostFile::new(id128, host_elf_ref(pid, m).with_file(file)));
+            batch.refs.push((pid, id));
         }
         Resolved::Mapping(Resolution::File(id))
     }
@@ -86,7 +96,7 @@ impl<B: Inspect> Host<B> {
         file: &std::fs::File,
         identity: Identity,
         batch: &mut Batch,
-        current: Option<&mut ProcessEntry>,
+        reading: &mut Reading,
     ) -> Resolved {
         let key = FileKey {
             dev: identity.dev,
@@ -158,7 +168,7 @@ impl<B: Inspect> Host<B> {
             Verdict::Replace => {
                 // Before the eviction, which may forget it with the tables.
                 let old = self.claims.get(id).cloned();
-                if !self.evict(id, batch, current) {
+                if !self.evict(id, batch, reading) {
                     // Something else still holds the owner's tables: they
                     // cannot be replaced now, so this file is not loaded.
                     self.note_collision(id, &candidate, false);
@@ -190,13 +200,9 @@ impl<B: Inspect> Host<B> {
     /// references and file of it dropped, and its tables unloaded (the
     /// usual unload plan: pages first, then the table). False if the
     /// tables are still loaded afterwards (a reference the host does not
-    /// track), so that nothing may be loaded under the id.
-    pub(super) fn evict(
-        &mut self,
-        id: FileId,
-        batch: &mut Batch,
-        current: Option<&mut ProcessEntry>,
-    ) -> bool {
+    /// track), so that nothing may be loaded under the id. `reading`: the
+    /// process being read, whose later resolutions are its own.
+    pub(super) fn evict(&mut self, id: FileId, batch: &mut Batch, reading: &mut Reading) -> bool {
         let mut release = 0;
         let pids: Vec<i32> = self.processes.pids_naming(id);
         for pid in pids {
@@ -209,13 +215,12 @@ impl<B: Inspect> Host<B> {
                 }
             }
         }
-        if let Some(entry) = current {
-            // The process being read: its later resolutions are its own.
-            let (_, held) = entry.forget_file(id);
-            release += usize::from(held);
-        }
+        let (_, held) = reading.entry.forget_file(id);
+        release += usize::from(held);
+        // Its reference on the new owner's file is asked anew.
+        reading.asked.remove(&id);
         batch.refs.retain(|(pid, i)| {
-            if *i == id {
+            if *i == id && *pid != reading.pid {
                 self.revisit.insert(*pid);
             }
             *i != id
@@ -306,6 +311,7 @@ impl<B: Inspect> Host<B> {
     /// if it has gone.
     pub(super) fn identify(&mut self, pid: i32, m: &ExecMapping) -> Option<Identified> {
         let opening = Instant::now();
+        self.mapped_file_opens += 1;
         let opened = open::open_mapping(pid, m, self.config.strategy);
         self.clock.open += opening.elapsed();
         let opened = match opened {
@@ -348,34 +354,6 @@ impl<B: Inspect> Host<B> {
         });
         record.saw(&m.path);
         Some(Identified::File(id128, opened.file, opened.identity))
-    }
-
-    /// Opens the file of `m` again for a batch that has room for it (its
-    /// mapping was resolved earlier, in this step or an earlier one).
-    /// False if it cannot be opened now, or is no longer the file `id`.
-    pub(super) fn open_for_batch(
-        &mut self,
-        pid: i32,
-        id: FileId,
-        m: &ExecMapping,
-        batch: &mut Batch,
-    ) -> bool {
-        match self.resolve(pid, m, batch, None) {
-            Resolved::Mapping(Resolution::File(now))
-                if now == id && batch.files.contains_key(&id) =>
-            {
-                true
-            }
-            Resolved::Mapping(Resolution::File(now)) => {
-                tracing::debug!(pid, path = %m.path.display(), was = %id, now = %now, "file changed since it was identified");
-                false
-            }
-            Resolved::Mapping(_) | Resolved::Wait => false,
-            Resolved::Gone => {
-                self.counters.files_vanished += 1;
-                false
-            }
-        }
     }
 
     pub(super) fn note_unopenable(&mut self, m: &ExecMapping, e: &OpenError) {

@@ -167,6 +167,7 @@ impl<B: Inspect> Host<B> {
             collisions,
             collisions_told: _,
             revisit: _,
+            mapped_file_opens,
         } = host;
         let (provider, backend) = manager.into_parts();
         let strategy = config.strategy;
@@ -325,6 +326,7 @@ impl<B: Inspect> Host<B> {
             // The new owner's lock file starts without notes.
             collisions_told: 0,
             revisit: Default::default(),
+            mapped_file_opens,
         })
     }
 
