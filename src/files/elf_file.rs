@@ -586,7 +586,7 @@ impl ElfFileRef {
 
     /// The debug-file candidates for `link`, as paths inside the root, in
     /// search order.
-    fn debug_candidates(&self, link: &DebugLink, build_id: Option<&[u8]>) -> Vec<PathBuf> {
+    fn debug_candidates(&self, link: Option<&DebugLink>, build_id: Option<&[u8]>) -> Vec<PathBuf> {
         let parent = self.path.parent().unwrap_or(Path::new(""));
         // The directory as an absolute path, lexically (symbolic links are
         // not resolved: inside a root they would point outside it).
@@ -602,11 +602,14 @@ impl ElfFileRef {
                 .collect();
             Path::new(DEBUG_DIR).join(rel)
         };
-        let mut out = vec![
-            dir.join(&link.name),
-            dir.join(".debug").join(&link.name),
-            under_debug(&dir).join(&link.name),
-        ];
+        let mut out = match link {
+            Some(link) => vec![
+                dir.join(&link.name),
+                dir.join(".debug").join(&link.name),
+                under_debug(&dir).join(&link.name),
+            ],
+            None => Vec::new(),
+        };
         if let Some(id) = build_id.filter(|id| id.len() >= 2) {
             let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
             out.push(
@@ -637,13 +640,30 @@ impl ElfFileRef {
         open: &OpenElf,
         link: &DebugLink,
     ) -> Result<Option<DebugFile>, ExtractError> {
+        let owner = open.parsed.borrow_owner().owner;
+        let build_id = open.elf().file.build_id().ok().flatten();
+        self.find_debug_file_by(owner, Some(link), build_id)
+    }
+
+    /// Finds the debug file of this reference's file, owned by `owner`,
+    /// without opening the file itself: through `link` (its CRC-32
+    /// checked) in the places the module documentation lists, or, with no
+    /// link, at `/usr/lib/debug/.build-id/<xx>/<rest>.debug` alone, where
+    /// the caller must check that the file found has the same build id.
+    /// The same trust rule and opening either way.
+    pub fn find_debug_file_by(
+        &self,
+        owner: u32,
+        link: Option<&DebugLink>,
+        build_id: Option<&[u8]>,
+    ) -> Result<Option<DebugFile>, ExtractError> {
+        let wanted = link.map_or("by build id", |l| l.name.as_str());
         let gone = |anchor: &Path| {
             self.error(
                 ExtractErrorKind::NotFound,
                 format!(
-                    "{} has gone while looking for the debug file {}",
+                    "{} has gone while looking for the debug file {wanted}",
                     anchor.display(),
-                    link.name
                 ),
             )
         };
@@ -658,8 +678,6 @@ impl ElfFileRef {
                 return Ok(None);
             }
         };
-        let owner = open.parsed.borrow_owner().owner;
-        let build_id = open.elf().file.build_id().ok().flatten();
         for candidate in self.debug_candidates(link, build_id) {
             let shown = self.physical(&candidate);
             match self.try_debug_candidate(&root, &candidate, link, owner) {
@@ -702,7 +720,7 @@ impl ElfFileRef {
         &self,
         root: &Root,
         candidate: &Path,
-        link: &DebugLink,
+        link: Option<&DebugLink>,
         owner: u32,
     ) -> Result<Option<(Opened, u32)>, OpenerError> {
         let located = match root.locate(candidate) {
@@ -730,7 +748,7 @@ impl ElfFileRef {
             path: shown.clone(),
             cause,
         })?;
-        if crc != link.crc {
+        if let Some(link) = link.filter(|l| l.crc != crc) {
             tracing::debug!(debug = %shown.display(), "CRC-32 {crc:08x}, expected {:08x}", link.crc);
             return Ok(None);
         }
