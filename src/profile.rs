@@ -28,7 +28,8 @@ pub const UNKNOWN: &str = "[unknown]";
 /// One sampled frame, named.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NamedFrame {
-    /// `function` (from the file's symbols), `file+0xADDRESS` without one,
+    /// `function` (as gdb names it, [`crate::stack::symbols`]),
+    /// `file+0xADDRESS` without one,
     /// or [`UNKNOWN`].
     pub name: String,
     /// The mapped file's path, if known.
@@ -114,8 +115,8 @@ impl Names {
         } else {
             f.address
         };
-        let name = match symbols.symbol_at(probe) {
-            Some((name, _)) => name.to_owned(),
+        let name = match symbols.symbolize(probe) {
+            Some(found) => found.function.name,
             None => format!("{}+{:#x}", base_name(&path), f.address),
         };
         NamedFrame {

@@ -1,12 +1,14 @@
-//! What `eim stack` prints: per thread its name, its frames with file and
-//! symbol, and why the walk stopped; as text (pstack's layout) or JSON.
+//! What `eim stack` prints: per thread its name, its frames with file,
+//! function (as gdb names it, and as the file spells it), source line and
+//! the functions inlined there, and why the walk stopped; as text
+//! (pstack's layout) or JSON.
 
 use std::fmt::Write as _;
 
 use eim_machine::unwind::{frame_flag, lookup_code, Frame, Stack, StopReason};
 use serde::Serialize;
 
-use super::symbols::Symbolizer;
+use super::symbols::{FunctionName, Symbolizer};
 use crate::host::procs::ExecMapping;
 
 /// One process's stacks.
@@ -39,8 +41,20 @@ pub struct StackFrame {
     pub file_id: Option<String>,
     /// The ELF address the unwinder computed.
     pub address: Option<u64>,
+    /// The function as gdb names it (demangled).
     pub symbol: Option<String>,
+    /// The function as the file spells it (mangled; `name@plt` for a PLT
+    /// stub).
+    pub system_name: Option<String>,
+    /// From the start of the symbol table's function.
     pub symbol_offset: Option<u64>,
+    /// The source file and line of the PC in the function (from DWARF;
+    /// where functions are inlined there, of the call to the outermost).
+    pub source_file: Option<String>,
+    pub source_line: Option<u32>,
+    /// The functions inlined at this PC, innermost first: gdb's inline
+    /// frames above this one, at the same PC.
+    pub inlined: Vec<FunctionName>,
 }
 
 fn comm(pid: i32, tid: u32) -> String {
@@ -79,7 +93,11 @@ fn frame(pid: i32, f: &Frame, mappings: &[ExecMapping], symbolizer: &mut Symboli
         file_id: known.then(|| format!("{:016x}", f.file_id)),
         address: known.then_some(f.address),
         symbol: None,
+        system_name: None,
         symbol_offset: None,
+        source_file: None,
+        source_line: None,
+        inlined: Vec::new(),
     };
     let Some(m) = mapping_of(mappings, f.pc) else {
         return out;
@@ -104,9 +122,13 @@ fn frame(pid: i32, f: &Frame, mappings: &[ExecMapping], symbolizer: &mut Symboli
     } else {
         address
     };
-    if let Some((name, offset)) = symbols.symbol_at(probe) {
-        out.symbol = Some(name.to_owned());
-        out.symbol_offset = Some(offset + (address - probe));
+    if let Some(found) = symbols.symbolize(probe) {
+        out.symbol = Some(found.function.name);
+        out.system_name = Some(found.function.system_name);
+        out.symbol_offset = found.offset.map(|o| o + (address - probe));
+        out.source_file = found.function.file;
+        out.source_line = found.function.line;
+        out.inlined = found.inlined;
     }
     out
 }
@@ -118,16 +140,26 @@ pub fn render_text(stacks: &ProcessStacks) -> String {
     for t in &stacks.threads {
         let _ = writeln!(s, "Thread {} ({}):", t.tid, t.comm);
         for (i, f) in t.frames.iter().enumerate() {
+            // gdb's inline frames: the same PC, above the frame they are in.
+            for inlined in &f.inlined {
+                let _ = write!(s, "#{i:<3} {:#018x} {} [inlined]", f.pc, inlined.name);
+                source(&mut s, inlined.file.as_deref(), inlined.line);
+                s.push('\n');
+            }
             let _ = write!(s, "#{i:<3} {:#018x}", f.pc);
             match (&f.symbol, f.symbol_offset) {
                 (Some(name), Some(off)) => {
                     let _ = write!(s, " {name}+{off:#x}");
+                }
+                (Some(name), None) => {
+                    let _ = write!(s, " {name}");
                 }
                 _ => s.push_str(" ??"),
             }
             if let Some(file) = &f.file {
                 let _ = write!(s, " ({file})");
             }
+            source(&mut s, f.source_file.as_deref(), f.source_line);
             s.push('\n');
         }
         let _ = match t.stop_detail {
@@ -136,6 +168,19 @@ pub fn render_text(stacks: &ProcessStacks) -> String {
         };
     }
     s
+}
+
+/// ` at FILE:LINE`, as gdb shows a frame's source.
+fn source(s: &mut String, file: Option<&str>, line: Option<u32>) {
+    match (file, line) {
+        (Some(file), Some(line)) => {
+            let _ = write!(s, " at {file}:{line}");
+        }
+        (Some(file), None) => {
+            let _ = write!(s, " at {file}");
+        }
+        _ => {}
+    }
 }
 
 /// The mapping of `mappings` containing `pc`.
