@@ -1086,6 +1086,66 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn by_build_id_alone_through_root_links_only() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eim_test_support::skip::skip_unless_required(
+                "EIM_REQUIRE_BPF",
+                "by_build_id_alone_through_root_links_only: chown needs root",
+            );
+            return;
+        }
+        let chown = |p: &Path, uid: u32| {
+            let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+            // SAFETY: a valid path; the result is checked.
+            assert_eq!(unsafe { libc::lchown(c.as_ptr(), uid, uid) }, 0);
+        };
+        let id = [0x5a, 0x11, 0x22];
+        let (_, debug) = linked_pair(&id);
+        let root = tempdir();
+        let r = ElfFileRef::new("/opt/app/exe").with_root(root.path());
+        let place = root.path().join("usr/lib/debug/.build-id/5a/1122.debug");
+        // No debug link: only the build-id path, and no CRC to check.
+        write(&place, &debug);
+        let found = r.find_debug_file_by(1000, None, Some(&id)).expect("ok");
+        assert_eq!(found.expect("found").path, place);
+        assert!(r
+            .find_debug_file_by(1000, None, None)
+            .expect("ok")
+            .is_none());
+        // A link a user planted there (to a root-only file, say): not
+        // followed; the same link root's: followed.
+        std::fs::rename(&place, root.path().join("real.debug")).expect("move");
+        chown(&root.path().join("real.debug"), 0);
+        std::os::unix::fs::symlink("../../../../../real.debug", &place).expect("link");
+        chown(&place, 1000);
+        assert!(
+            r.find_debug_file_by(1000, None, Some(&id))
+                .expect("ok")
+                .is_none(),
+            "a user's link"
+        );
+        chown(&place, 0);
+        assert!(
+            r.find_debug_file_by(1000, None, Some(&id))
+                .expect("ok")
+                .is_some(),
+            "root's link"
+        );
+        // A user's directory on the way is fine, a user's link there not.
+        let dir = root.path().join("usr/lib/debug/.build-id/5a");
+        std::fs::rename(&dir, root.path().join("elsewhere")).expect("move dir");
+        std::os::unix::fs::symlink("/elsewhere", &dir).expect("dir link");
+        chown(&dir, 1000);
+        assert!(
+            r.find_debug_file_by(1000, None, Some(&id))
+                .expect("ok")
+                .is_none(),
+            "a user's directory link"
+        );
+    }
+
+    #[test]
     fn without_a_root_the_search_starts_in_the_files_directory() {
         let (exe, debug) = linked_pair(&[1, 2, 3]);
         let dir = tempdir();

@@ -122,7 +122,13 @@ fn frame(pid: i32, f: &Frame, mappings: &[ExecMapping], symbolizer: &mut Symboli
     } else {
         address
     };
-    if let Some(found) = symbols.symbolize(probe) {
+    // A return address that is a function's first byte (the signal
+    // trampoline a handler returns to, `__restore_rt`) is that function's.
+    let (probe, found) = match symbols.symbolize(probe) {
+        None if probe != address => (address, symbols.symbolize(address)),
+        found => (probe, found),
+    };
+    if let Some(found) = found {
         out.symbol = Some(found.function.name);
         out.system_name = Some(found.function.system_name);
         out.symbol_offset = found.offset.map(|o| o + (address - probe));

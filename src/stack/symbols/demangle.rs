@@ -33,7 +33,7 @@ pub fn demangle(raw: &str, form: Form) -> String {
     }
     // A `.cold`, `.isra.0` suffix: C++'s demangler prints it as a clone;
     // Rust's keeps it after the path.
-    if let Some(rust) = rust(raw) {
+    if let Some(rust) = rust(raw, form) {
         return rust;
     }
     if raw.starts_with("_Z") {
@@ -45,12 +45,18 @@ pub fn demangle(raw: &str, form: Form) -> String {
 }
 
 /// A Rust name: a v0 name (`_R`), or a legacy one (`_ZN...17h<hash>E`)
-/// whose hash the demangler drops (a C++ name `_ZN3foo3barE` demangles
-/// the same either way, so only the hash tells a legacy Rust name).
-fn rust(raw: &str) -> Option<String> {
+/// whose hash the demangler can drop (a C++ name `_ZN3foo3barE` demangles
+/// the same either way, so only the hash tells a legacy Rust name). gdb
+/// keeps a legacy name's hash in a symbol table's name
+/// (`stack_rust::park::h0123456789abcdef`), so [`Form::Full`] does too.
+fn rust(raw: &str, form: Form) -> Option<String> {
     let d = rustc_demangle::try_demangle(raw).ok()?;
     let short = format!("{d:#}");
-    (raw.starts_with("_R") || short != d.to_string()).then_some(short)
+    let full = d.to_string();
+    if !raw.starts_with("_R") && short == full {
+        return None;
+    }
+    Some(if form == Form::Full { full } else { short })
 }
 
 fn cpp(raw: &str, form: Form) -> Option<String> {
@@ -106,11 +112,16 @@ mod tests {
             (
                 "_ZN10stack_rust4park17h0123456789abcdefE",
                 Form::Full,
+                "stack_rust::park::h0123456789abcdef",
+            ),
+            (
+                "_ZN10stack_rust4park17h0123456789abcdefE",
+                Form::Function,
                 "stack_rust::park",
             ),
             (
                 "_ZN10stack_rust9visit_all28_$u7b$$u7b$closure$u7d$$u7d$17h0123456789abcdefE",
-                Form::Full,
+                Form::Inlined,
                 "stack_rust::visit_all::{{closure}}",
             ),
             ("_ZN3foo3barE", Form::Full, "foo::bar"),

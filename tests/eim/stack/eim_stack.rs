@@ -51,7 +51,21 @@ pub struct EimFrame {
     pub file_id: Option<String>,
     pub address: Option<u64>,
     pub symbol: Option<String>,
+    pub system_name: Option<String>,
     pub symbol_offset: Option<u64>,
+    pub source_file: Option<String>,
+    pub source_line: Option<u32>,
+    /// Innermost first.
+    pub inlined: Vec<EimInlined>,
+}
+
+/// A function inlined at a frame's PC.
+#[derive(Clone, Debug, Deserialize)]
+pub struct EimInlined {
+    pub name: String,
+    pub system_name: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
 }
 
 /// The `eim` binary cargo built for these tests, or `$EIM_STACK_BIN`: a

@@ -22,6 +22,8 @@ pub enum Program {
     /// chain.c with its scenario (`chain`, `recurse` or `signal`).
     C(&'static str),
     Rust,
+    /// stack_cpp.cpp: templates, a lambda, std::for_each, with DWARF.
+    Cpp,
     Go,
     Python,
 }
@@ -37,6 +39,7 @@ impl Program {
             Self::C("spin") => &["thread", "spin"],
             Self::C(other) => panic!("chain.c has no scenario {other}"),
             Self::Rust => &["thread", "rust"],
+            Self::Cpp => &["thread", "cpp"],
             Self::Go => &["go"],
             Self::Python => &["python"],
         }
@@ -48,6 +51,7 @@ impl Program {
         match self {
             Self::C(_) => tools_present(&["cc"]),
             Self::Rust => tools_present(&["rustc"]),
+            Self::Cpp => tools_present(&["c++"]),
             Self::Go => tools_present(&["go"]),
             Self::Python => present(Path::new(PYTHON)),
         }
@@ -140,6 +144,19 @@ fn build_rust() -> PathBuf {
     out
 }
 
+fn build_cpp() -> PathBuf {
+    let out = build_dir().join("stack_cpp");
+    let mut cc = Command::new("c++");
+    // With -g: gdb names the frames from the DWARF (no parameters), and
+    // the lambda and std::for_each are inline frames.
+    cc.args(["-O2", "-g", "-fomit-frame-pointer"])
+        .args(["-pthread", "-o"])
+        .arg(&out)
+        .arg(sources().join("stack_cpp.cpp"));
+    checked("c++ stack_cpp.cpp", cc);
+    out
+}
+
 fn build_go() -> PathBuf {
     let dir = build_dir().join("go");
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
@@ -164,9 +181,10 @@ fn build_go() -> PathBuf {
 }
 
 /// The executable of `program` (and its arguments), built on first use.
-fn command_of(program: Program) -> Command {
+pub fn command_of(program: Program) -> Command {
     static C: OnceLock<PathBuf> = OnceLock::new();
     static RUST: OnceLock<PathBuf> = OnceLock::new();
+    static CPP: OnceLock<PathBuf> = OnceLock::new();
     static GO: OnceLock<PathBuf> = OnceLock::new();
     match program {
         Program::C(scenario) => {
@@ -175,6 +193,7 @@ fn command_of(program: Program) -> Command {
             c
         }
         Program::Rust => Command::new(RUST.get_or_init(build_rust)),
+        Program::Cpp => Command::new(CPP.get_or_init(build_cpp)),
         Program::Go => Command::new(GO.get_or_init(build_go)),
         Program::Python => {
             let mut c = Command::new(PYTHON);

@@ -26,7 +26,11 @@ fn stand_in(truth: &ThreadTruth, n: usize, stop: &str) -> EimThread {
                 file_id: None,
                 address: None,
                 symbol: None,
+                system_name: None,
                 symbol_offset: None,
+                source_file: None,
+                source_line: None,
+                inlined: Vec::new(),
             })
             .collect(),
     }

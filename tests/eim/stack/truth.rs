@@ -30,6 +30,11 @@
 //!    * any other stop (`read-error`, `unsupported`, `lr-mid-trace`,
 //!      `no-regs`) explains nothing on these x86-64 programs.
 //!
+//! 3. Names (issue 31): for every frame of E where gdb prints a function
+//!    name, eim prints the same (gdb's demangled form), and gdb's inline
+//!    frames above it are eim's inlined functions of that frame, in order
+//!    ([`names_mismatch`]).
+//!
 //! Only threads gdb saw the same before and after eim ran are compared
 //! (a thread that moved has no single truth); the thread the test is
 //! about must be one of them.
@@ -65,6 +70,51 @@ pub fn mismatch(gdb: &ThreadTruth, eim: &EimThread, maps: &[Mapping]) -> Option<
         }
     }
     explained(&t, gdb, eim, maps).err()
+}
+
+/// gdb's frames grouped as eim reports them: each physical frame with the
+/// inline frames above it (innermost first); tail-call frames dropped.
+fn grouped(gdb: &ThreadTruth) -> Vec<(Vec<&GdbFrame>, &GdbFrame)> {
+    let mut out = Vec::new();
+    let mut inline = Vec::new();
+    for f in &gdb.frames {
+        match f.kind {
+            Kind::Inline => inline.push(f),
+            Kind::TailCall => {}
+            _ => out.push((std::mem::take(&mut inline), f)),
+        }
+    }
+    out
+}
+
+/// The rule's point 3: how many names gdb gave for eim's frames, and each
+/// one eim does not print the same.
+pub fn names_mismatch(gdb: &ThreadTruth, eim: &EimThread) -> (usize, Vec<String>) {
+    let mut compared = 0;
+    let mut differ = Vec::new();
+    for (i, ((inline, physical), ours)) in grouped(gdb).iter().zip(&eim.frames).enumerate() {
+        if let Some(want) = &physical.name {
+            compared += 1;
+            if ours.symbol.as_deref() != Some(want.as_str()) {
+                differ.push(format!(
+                    "frame {i}: gdb names it {want}, eim {}",
+                    ours.symbol.as_deref().unwrap_or("??")
+                ));
+            }
+        }
+        let theirs: Vec<&str> = inline
+            .iter()
+            .map(|f| f.name.as_deref().unwrap_or("??"))
+            .collect();
+        let mine: Vec<&str> = ours.inlined.iter().map(|f| f.name.as_str()).collect();
+        compared += theirs.len();
+        if theirs != mine {
+            differ.push(format!(
+                "frame {i}: gdb's inline frames {theirs:?}, eim's {mine:?}"
+            ));
+        }
+    }
+    (compared, differ)
 }
 
 /// Whether eim's file and address of frame `i` are where the PC is.
@@ -254,6 +304,7 @@ pub fn assert_matches(
     eim: &EimStacks,
     maps: &[Mapping],
     focus: &str,
+    names_checked: bool,
 ) {
     let after: BTreeMap<u32, &ThreadTruth> = after.iter().map(|t| (t.tid, t)).collect();
     let ours: BTreeMap<u32, &EimThread> = eim.threads.iter().map(|t| (t.tid, t)).collect();
@@ -269,6 +320,7 @@ pub fn assert_matches(
     );
     let mut failures = Vec::new();
     let mut compared = 0;
+    let (mut names, mut names_differ) = (0, 0);
     for truth in before {
         let stable = after
             .get(&truth.tid)
@@ -295,7 +347,23 @@ pub fn assert_matches(
         if let Some(why) = why {
             failures.push(format!("thread {}: {why}\n{table}", truth.tid));
         }
+        if let Some(e) = eim_thread {
+            let (n, differ) = names_mismatch(truth, e);
+            names += n;
+            names_differ += differ.len();
+            for why in differ {
+                if names_checked {
+                    failures.push(format!("thread {}: {why}", truth.tid));
+                } else {
+                    eprintln!("thread {}: names not checked: {why}", truth.tid);
+                }
+            }
+        }
     }
+    eprintln!(
+        "names: eim prints gdb's name for {} of the {names} frames gdb names",
+        names - names_differ
+    );
     assert!(compared > 0, "no thread was compared");
     assert!(
         failures.is_empty(),
