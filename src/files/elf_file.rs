@@ -48,7 +48,10 @@
 //! opened ([`crate::files::opener`], [`crate::files::trust`]). A candidate
 //! is used only if the trust rule allows it, its CRC-32 matches and it is
 //! a 64-bit little-endian ELF file. Not finding one is normal (no debug
-//! package installed) and gives `Ok(None)`, as upstream ignores it. But if
+//! package installed) and gives `Ok(None)`, as upstream ignores it. The
+//! symbolizer also looks for a file with no debug link by its build id
+//! alone ([`ElfFileRef::find_debug_file_by`]), checking the build id of
+//! what it finds itself. But if
 //! the place the file was found in has gone (the process root, or the
 //! file's directory), the search fails with `NotFound`: the file has gone
 //! with its process, and that must not turn into a counted and deferred

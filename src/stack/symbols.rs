@@ -6,7 +6,7 @@
 //! local functions a stripped library keeps there, [`debug_file`]), and
 //! its DWARF or the debug file's ([`dwarf`]: the function at an address,
 //! the functions inlined there, source lines). They are demangled as gdb
-//! prints them ([`demangle`]); the raw (mangled) name is kept beside.
+//! prints them ([`mod@demangle`]); the raw (mangled) name is kept beside.
 //!
 //! A file is read once, opened the way every file of a process is
 //! ([`crate::host::open::open_mapping`]: `/proc/PID/map_files/START-END`,

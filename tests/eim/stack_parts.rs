@@ -213,12 +213,15 @@ fn registers_memory_and_symbols_of_a_stopped_thread() {
     let mut symbolizer = Symbolizer::new();
     let symbols = symbolizer.file(pid, program).unwrap();
     let elf = symbols.elf_address(program, target.inner_address).unwrap();
-    assert_eq!(symbols.symbol_at(elf), Some(("inner", 0)));
-    assert_eq!(symbols.symbol_at(elf + 1), Some(("inner", 1)));
+    let named = |s: &eim::stack::symbols::FileSymbols, a| {
+        s.symbolize(a).map(|f| (f.function.name, f.offset))
+    };
+    assert_eq!(named(&symbols, elf), Some(("inner".into(), Some(0))));
+    assert_eq!(named(&symbols, elf + 1), Some(("inner".into(), Some(1))));
     // The C library's read is in its dynamic symbols.
     let libc = symbolizer.file(pid, at_pc).unwrap();
     let libc_elf = libc.elf_address(at_pc, regs.pc).unwrap();
-    assert!(libc.symbol_at(libc_elf - 1).is_some());
+    assert!(libc.symbolize(libc_elf - 1).is_some());
 }
 
 #[test]

@@ -51,15 +51,21 @@ pub struct EimFrame {
     pub file_id: Option<String>,
     pub address: Option<u64>,
     pub symbol: Option<String>,
+    // Read only to hold the output to its documented shape.
+    #[allow(dead_code)]
     pub system_name: Option<String>,
     pub symbol_offset: Option<u64>,
+    #[allow(dead_code)]
     pub source_file: Option<String>,
+    #[allow(dead_code)]
     pub source_line: Option<u32>,
     /// Innermost first.
     pub inlined: Vec<EimInlined>,
 }
 
-/// A function inlined at a frame's PC.
+/// A function inlined at a frame's PC (all its fields held to the
+/// documented shape; the names are compared).
+#[allow(dead_code)]
 #[derive(Clone, Debug, Deserialize)]
 pub struct EimInlined {
     pub name: String,
