@@ -7,6 +7,7 @@
 //! into a function name while the process still runs (its files are opened
 //! through `/proc/PID/map_files`, once per file).
 
+pub mod binaries;
 pub mod folded;
 pub mod pprof;
 
@@ -15,8 +16,10 @@ use std::sync::Arc;
 
 use eim_machine::unwind::{frame_flag, Frame, Stack, StopReason};
 
-use crate::host::procs::{self, ExecMapping};
+use crate::host::procs::ExecMapping;
 use crate::stack::symbols::{FileSymbols, Symbolizer};
+
+pub use binaries::{Binaries, MappedFile};
 
 /// The most distinct stacks kept; further new ones are counted together
 /// (a host of many processes must not grow the profile without bound).
@@ -25,21 +28,41 @@ pub const MAX_STACKS: usize = 200_000;
 /// The name of a frame the unwinder found in no followed mapping.
 pub const UNKNOWN: &str = "[unknown]";
 
+/// A frame's place in the source, where debug information gives it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceLine {
+    pub file: String,
+    pub line: u32,
+}
+
 /// One sampled frame, named.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NamedFrame {
     /// `function` (from the file's symbols), `file+0xADDRESS` without one,
-    /// or [`UNKNOWN`].
+    /// or [`UNKNOWN`]: what folded stacks print and pprof's function name.
     pub name: String,
-    /// The mapped file's path, if known.
-    pub file: Option<String>,
+    /// The symbol as the file spells it (mangled), when the symbolizer
+    /// gives one that differs from `name`: pprof's `system_name`. `None`:
+    /// `name` is the file's own spelling.
+    pub system_name: Option<String>,
+    /// The source file and line, when the symbolizer gives them.
+    pub source: Option<SourceLine>,
+    /// The mapping of a file holding the frame's PC, if the process maps one
+    /// there.
+    pub mapping: Option<Arc<MappedFile>>,
+    /// The PC in the process (the runtime address pprof's locations hold).
+    pub pc: u64,
+    /// The ELF address in the file (the PC for a frame in no followed
+    /// mapping).
     pub address: u64,
 }
 
-/// What names frames: the symbols of each file, and each process's name.
+/// What names frames: the symbols of each file, each process's mappings
+/// and each process's name.
 #[derive(Default)]
 pub struct Names {
     symbolizer: Symbolizer,
+    binaries: Binaries,
     /// By host file id: the file's symbols and its path (`None`: the file
     /// could not be read; its frames are named by file and address).
     files: HashMap<u64, Option<(Arc<FileSymbols>, String)>>,
@@ -88,24 +111,35 @@ impl Names {
 
     /// Frame `f` of process `pid`, named.
     pub fn frame(&mut self, pid: u32, f: &Frame) -> NamedFrame {
+        let found = self.binaries.find(pid, f.pc, self.batch);
+        let mut named = NamedFrame {
+            name: UNKNOWN.into(),
+            system_name: None,
+            source: None,
+            mapping: found.as_ref().map(|(_, file)| file.clone()),
+            pc: f.pc,
+            address: f.pc,
+        };
         if f.file_id == 0 {
-            return NamedFrame {
-                name: UNKNOWN.into(),
-                file: None,
-                address: f.pc,
-            };
+            return named;
         }
-        let file = self
-            .files
-            .entry(f.file_id)
-            .or_insert_with(|| load(&mut self.symbolizer, pid, f.pc))
-            .clone();
-        let Some((symbols, path)) = file else {
-            return NamedFrame {
-                name: format!("{:016x}+{:#x}", f.file_id, f.address),
-                file: None,
-                address: f.address,
-            };
+        named.address = f.address;
+        let symbols = match self.files.get(&f.file_id) {
+            Some(symbols) => symbols.clone(),
+            // The file is read through the first process seen mapping it.
+            None => {
+                let Some((mapping, _)) = &found else {
+                    named.name = format!("{:016x}+{:#x}", f.file_id, f.address);
+                    return named;
+                };
+                let symbols = load(&mut self.symbolizer, pid, mapping);
+                self.files.insert(f.file_id, symbols.clone());
+                symbols
+            }
+        };
+        let Some((symbols, path)) = symbols else {
+            named.name = format!("{:016x}+{:#x}", f.file_id, f.address);
+            return named;
         };
         // A return address may be the byte after a call that ends its
         // function: the call belongs to the function of the byte before.
@@ -114,15 +148,13 @@ impl Names {
         } else {
             f.address
         };
-        let name = match symbols.symbol_at(probe) {
+        // Where the symbolizer gives a raw name and a source line, they
+        // go to `system_name` and `source` here.
+        named.name = match symbols.symbol_at(probe) {
             Some((name, _)) => name.to_owned(),
             None => format!("{}+{:#x}", base_name(&path), f.address),
         };
-        NamedFrame {
-            name,
-            file: Some(path),
-            address: f.address,
-        }
+        named
     }
 }
 
@@ -130,12 +162,14 @@ fn base_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-/// The symbols of the file process `pid` maps at `pc`.
-fn load(symbolizer: &mut Symbolizer, pid: u32, pc: u64) -> Option<(Arc<FileSymbols>, String)> {
-    let mappings: Vec<ExecMapping> = procs::exec_mappings(pid as i32).ok()?.files;
-    let m = mappings.iter().find(|m| m.contains(pc))?;
-    match symbolizer.file(pid as i32, m) {
-        Ok(symbols) => Some((symbols, m.path.to_string_lossy().into_owned())),
+/// The symbols and path of the file process `pid` maps at `mapping`.
+fn load(
+    symbolizer: &mut Symbolizer,
+    pid: u32,
+    mapping: &ExecMapping,
+) -> Option<(Arc<FileSymbols>, String)> {
+    match symbolizer.file(pid as i32, mapping) {
+        Ok(symbols) => Some((symbols, mapping.path.to_string_lossy().into_owned())),
         Err(e) => {
             tracing::debug!("{e}");
             None

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context as _};
 
@@ -98,6 +98,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
     let mut aggregate = Aggregate::default();
     let mut names = Names::new();
     let started = Instant::now();
+    let began = SystemTime::now();
     while started.elapsed() < args.duration && !stop.load(Ordering::Relaxed) {
         // New processes and mappings are followed between polls.
         lp.turn(Duration::from_millis(10), &stop, &mut Quiet);
@@ -134,7 +135,12 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         None => out::print(&text)?,
     }
     if let Some(path) = &args.pprof {
-        let profile = pprof::profile(&aggregate, args.frequency, elapsed.as_nanos() as i64);
+        let run = pprof::Run {
+            hz: args.frequency,
+            time_nanos: unix_nanos(began),
+            duration_nanos: i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX),
+        };
+        let profile = pprof::profile(&aggregate, run);
         std::fs::write(path, pprof::encode(&profile))
             .with_context(|| format!("writing the pprof profile to {}", path.display()))?;
     }
@@ -149,6 +155,12 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         bail!("no process to profile: {:?} not running", args.pid);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `at` in nanoseconds since the Unix epoch (0 for a clock set before it).
+fn unix_nanos(at: SystemTime) -> i64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
 fn alive(pid: i32) -> bool {

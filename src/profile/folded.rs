@@ -69,7 +69,10 @@ mod tests {
     fn at(name: &str, address: u64) -> NamedFrame {
         NamedFrame {
             name: name.into(),
-            file: None,
+            system_name: None,
+            source: None,
+            mapping: None,
+            pc: address,
             address,
         }
     }
