@@ -35,6 +35,7 @@ impl Program {
             Self::C("recurse") => &["thread", "recurse"],
             Self::C("signal") => &["thread", "signal"],
             Self::C("spin") => &["thread", "spin"],
+            Self::C("split") => &["thread", "split"],
             Self::C(other) => panic!("chain.c has no scenario {other}"),
             Self::Rust => &["thread", "rust"],
             Self::Go => &["go"],
@@ -238,7 +239,7 @@ impl Running {
             }
         }
         // A spinning program never sleeps: its "ready" line is enough.
-        if !matches!(program, Program::C("spin")) {
+        if !matches!(program, Program::C("spin" | "split")) {
             let asleep = wait_for(READY_WITHIN, || all_asleep(running.pid()));
             assert!(asleep, "{program:?}: its threads never all slept");
         }
