@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context as _};
 
 use eim::bpf::events::HostEvents;
-use eim::bpf::sampler::{ProfileTarget, Profiler};
+use eim::bpf::sampler::{ProfileTarget, Profiler, Sampling};
 use eim::daemon::{EventLoop, EventsConfig};
 use eim::host::events::EventSource;
 use eim::host::scan::{Host, Quiet};
@@ -90,10 +90,14 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
     let mut lp = EventLoop::new(&mut host, events.as_mut(), config, None);
     lp.start(&stop, &mut Quiet)
         .context("loading the files of the processes to profile")?;
+    let sampling = Sampling {
+        hz: args.frequency,
+        kernel: false,
+    };
     let mut profiler = lp
         .host
         .manager()
-        .with_backend(|timed| Profiler::start(&mut timed.inner, &target, args.frequency))
+        .with_backend(|timed| Profiler::start(&mut timed.inner, &target, sampling))
         .context("attaching the sampling program")?;
     let mut aggregate = Aggregate::default();
     let mut names = Names::new();
@@ -103,11 +107,11 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         // New processes and mappings are followed between polls.
         lp.turn(Duration::from_millis(10), &stop, &mut Quiet);
         names.next_batch();
-        for stack in profiler
+        for sample in profiler
             .poll(Duration::from_millis(40), POLL_BATCH)
             .context("reading sampled stacks")?
         {
-            aggregate.add(&stack, &mut names);
+            aggregate.add(&sample.stack, &mut names);
         }
     }
     // What is still in the ring was sampled within the duration.
@@ -115,8 +119,8 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         .poll(Duration::ZERO, usize::MAX / 2)
         .unwrap_or_default();
     names.next_batch();
-    for stack in pending {
-        aggregate.add(&stack, &mut names);
+    for sample in pending {
+        aggregate.add(&sample.stack, &mut names);
     }
     let lost = profiler.lost().unwrap_or(0);
     let elapsed = started.elapsed();
