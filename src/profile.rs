@@ -1,14 +1,17 @@
 //! `eim profile`: user stacks sampled by the BPF unwinder (the perf-event
 //! program of `bpf/lookup.bpf.c`, [`crate::bpf::sampler::Profiler`]) while
-//! the host's files are kept loaded, aggregated here as folded stacks (the
-//! input of flame-graph tools) and as a pprof profile.
+//! the host's files are kept loaded, and with `--kernel` the kernel stacks
+//! above them, aggregated here as folded stacks (the input of flame-graph
+//! tools) and as a pprof profile.
 //!
 //! [`Aggregate`] is what a run collects; [`Names`] turns a sampled frame
 //! into a function name while the process still runs (its files are opened
-//! through `/proc/PID/map_files`, once per file).
+//! through `/proc/PID/map_files`, once per file), and a kernel address
+//! into the kernel function holding it ([`kallsyms`]).
 
 pub mod binaries;
 pub mod folded;
+pub mod kallsyms;
 pub mod pprof;
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,6 +23,7 @@ use crate::host::procs::ExecMapping;
 use crate::stack::symbols::{FileSymbols, Symbolizer};
 
 pub use binaries::{Binaries, MappedFile};
+pub use kallsyms::Kallsyms;
 
 /// The most distinct stacks kept; further new ones are counted together
 /// (a host of many processes must not grow the profile without bound).
@@ -27,6 +31,16 @@ pub const MAX_STACKS: usize = 200_000;
 
 /// The name of a frame the unwinder found in no followed mapping.
 pub const UNKNOWN: &str = "[unknown]";
+
+/// The name of a kernel frame no symbol names (the kernel hid its
+/// addresses, or none is at or below it).
+pub const KERNEL: &str = "[kernel]";
+
+/// The file pprof's kernel mapping names, as perf's does.
+pub const KERNEL_FILE: &str = "[kernel.kallsyms]";
+
+/// x86-64's kernel half: the kernel mapping when no symbol bounds it.
+const KERNEL_HALF: (u64, u64) = (0xffff_8000_0000_0000, u64::MAX);
 
 /// A frame's place in the source, where debug information gives it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,11 +83,48 @@ pub struct Names {
     /// By pid: the name, and the batch of samples it was read for.
     comms: HashMap<u32, (String, u64)>,
     batch: u64,
+    /// The kernel's function symbols and its pprof mapping (set for
+    /// `--kernel`).
+    kernel: Option<(Kallsyms, Arc<MappedFile>)>,
 }
 
 impl Names {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Names kernel frames with `symbols` (an empty table names each
+    /// [`KERNEL`]).
+    pub fn set_kernel(&mut self, symbols: Kallsyms) {
+        let (start, limit) = symbols.range().unwrap_or(KERNEL_HALF);
+        let mapping = MappedFile {
+            start,
+            limit,
+            offset: 0,
+            path: KERNEL_FILE.into(),
+            build_id: None,
+            main: false,
+        };
+        self.kernel = Some((symbols, Arc::new(mapping)));
+    }
+
+    /// The kernel frame at `pc`, named as perf names it (the function, no
+    /// offset). `leaf`: `pc` is where the sample interrupted the kernel;
+    /// any other is a return address, named by the call before it.
+    pub fn kernel_frame(&self, pc: u64, leaf: bool) -> NamedFrame {
+        let probe = if leaf { pc } else { pc.saturating_sub(1) };
+        let (name, mapping) = match &self.kernel {
+            Some((symbols, mapping)) => (symbols.name(probe), Some(mapping.clone())),
+            None => (None, None),
+        };
+        NamedFrame {
+            name: name.unwrap_or(KERNEL).to_owned(),
+            system_name: None,
+            source: None,
+            mapping,
+            pc,
+            address: pc,
+        }
     }
 
     /// Starts a new batch of samples. A name read for an earlier batch is
@@ -200,18 +251,26 @@ pub struct Aggregate {
 }
 
 impl Aggregate {
-    /// Adds one sampled stack.
-    pub fn add(&mut self, stack: &Stack, names: &mut Names) {
+    /// Adds one sampled stack: the user stack `stack` and the kernel
+    /// stack `kernel` (innermost first; empty for a sample in user code)
+    /// above it, as perf shows them: the user stack's innermost frame (the
+    /// syscall's caller) continues into the kernel's outermost (its entry).
+    pub fn add(&mut self, stack: &Stack, kernel: &[u64], names: &mut Names) {
         self.samples += 1;
         *self.stops.entry(stack.stop.name()).or_default() += 1;
-        let key = StackKey {
-            comm: names.comm(stack.pid),
-            frames: stack
-                .frames
+        let comm = names.comm(stack.pid);
+        let user = stack.frames.iter().rev().map(|f| names.frame(stack.pid, f));
+        let mut frames: Vec<NamedFrame> = user.collect();
+        frames.extend(
+            kernel
                 .iter()
+                .enumerate()
                 .rev()
-                .map(|f| names.frame(stack.pid, f))
-                .collect(),
+                .map(|(i, pc)| names.kernel_frame(*pc, i == 0)),
+        );
+        let key = StackKey {
+            comm,
+            frames,
             incomplete: (stack.stop != StopReason::End).then(|| stack.stop.name()),
         };
         if let Some(n) = self.stacks.get_mut(&key) {
@@ -238,6 +297,78 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(10));
             false
         })
+    }
+
+    #[test]
+    fn kernel_frames_continue_the_user_stack_named_by_the_function_holding_them() {
+        let mut names = Names::new();
+        let symbols = Kallsyms::parse(
+            "ffffffff81000000 T entry_SYSCALL_64\n\
+             ffffffff81000100 T do_syscall_64\n\
+             ffffffff81000200 T __x64_sys_read\n\
+             ffffffff81000300 T read_iter_zero\n"
+                .as_bytes(),
+        )
+        .expect("a slice");
+        names.set_kernel(symbols);
+        // No such process: its user frames are in no file.
+        let pid = u32::MAX;
+        let user = |pc| Frame {
+            pc,
+            file_id: 0,
+            address: pc,
+            flags: 0,
+        };
+        let stack = Stack {
+            pid,
+            tid: pid,
+            frames: vec![user(0x1000), user(0x2000)],
+            stop: StopReason::UnknownMapping,
+        };
+        // Innermost first: interrupted in read_iter_zero; the return
+        // address 0x...0200 is the byte after a call in do_syscall_64.
+        let kernel = [
+            0xffff_ffff_8100_0310,
+            0xffff_ffff_8100_0200,
+            0xffff_ffff_8100_0110,
+            0xffff_ffff_8100_0010,
+        ];
+        let mut a = Aggregate::default();
+        a.add(&stack, &kernel, &mut names);
+        a.add(&stack, &[], &mut names);
+        let keys: Vec<&StackKey> = a.stacks.keys().collect();
+        let printed: Vec<Vec<&str>> = keys
+            .iter()
+            .map(|k| k.frames.iter().map(|f| f.name.as_str()).collect())
+            .collect();
+        assert!(printed.contains(&vec![UNKNOWN, UNKNOWN]), "{printed:?}");
+        assert!(
+            printed.contains(&vec![
+                UNKNOWN,
+                UNKNOWN,
+                "entry_SYSCALL_64",
+                "do_syscall_64",
+                "do_syscall_64",
+                "read_iter_zero"
+            ]),
+            "{printed:?}"
+        );
+        let with_kernel = keys.iter().find(|k| k.frames.len() == 6).expect("6 frames");
+        assert_eq!(with_kernel.frames[1].pc, 0x1000, "the user leaf");
+        assert_eq!(with_kernel.frames[5].pc, kernel[0], "the kernel leaf");
+        let mapping = with_kernel.frames[5].mapping.as_deref().expect("mapped");
+        assert_eq!(mapping.path, KERNEL_FILE);
+        assert!((mapping.start..mapping.limit).contains(&kernel[3]));
+
+        // Without symbols (hidden addresses): `[kernel]` frames.
+        let mut hidden = Names::new();
+        let restricted = Kallsyms::parse("0000000000000000 T _stext\n".as_bytes()).expect("slice");
+        assert!(restricted.restricted());
+        hidden.set_kernel(restricted);
+        let f = hidden.kernel_frame(kernel[0], true);
+        assert_eq!((f.name.as_str(), f.pc), (KERNEL, kernel[0]));
+        let mapping = f.mapping.expect("the kernel half");
+        assert!((mapping.start..mapping.limit).contains(&kernel[0]));
     }
 
     #[test]
