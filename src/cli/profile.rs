@@ -2,8 +2,10 @@
 //! maps. The files of the profiled processes are loaded first (a host step
 //! into private kernel maps), and kept loaded as processes start, map new
 //! code or exit, through `watch`'s event loop (host events; polling
-//! `/proc` every second where they are unavailable). The stacks are
-//! written as folded stacks, and with `--pprof` as a pprof profile.
+//! `/proc` every second where they are unavailable). With `--kernel`, each
+//! sample's kernel stack goes above its user stack, named from
+//! `/proc/kallsyms`. The stacks are written as folded stacks, and with
+//! `--pprof` as a pprof profile.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,7 +19,7 @@ use eim::bpf::sampler::{ProfileTarget, Profiler, Sampling};
 use eim::daemon::{EventLoop, EventsConfig};
 use eim::host::events::EventSource;
 use eim::host::scan::{Host, Quiet};
-use eim::profile::{folded, pprof, Aggregate, Names};
+use eim::profile::{folded, kallsyms, pprof, Aggregate, Kallsyms, Names};
 
 use crate::backend::{files_per_batch, host_config, kernel_maps, BackendArgs, BackendKind};
 use crate::out::{self, note};
@@ -44,6 +46,11 @@ pub struct ProfileArgs {
     /// Also write a pprof profile (profile.proto, uncompressed) here.
     #[arg(long)]
     pub pprof: Option<PathBuf>,
+    /// Also sample the kernel stack of each sample that interrupted the
+    /// kernel (a syscall, a fault), above the user stack, named from
+    /// /proc/kallsyms.
+    #[arg(long)]
+    pub kernel: bool,
     /// Open files by their path inside the process's root only, not
     /// through /proc/PID/map_files.
     #[arg(long)]
@@ -90,9 +97,13 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
     let mut lp = EventLoop::new(&mut host, events.as_mut(), config, None);
     lp.start(&stop, &mut Quiet)
         .context("loading the files of the processes to profile")?;
+    let mut names = Names::new();
+    if args.kernel {
+        names.set_kernel(kernel_symbols());
+    }
     let sampling = Sampling {
         hz: args.frequency,
-        kernel: false,
+        kernel: args.kernel,
     };
     let mut profiler = lp
         .host
@@ -100,7 +111,6 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         .with_backend(|timed| Profiler::start(&mut timed.inner, &target, sampling))
         .context("attaching the sampling program")?;
     let mut aggregate = Aggregate::default();
-    let mut names = Names::new();
     let started = Instant::now();
     let began = SystemTime::now();
     while started.elapsed() < args.duration && !stop.load(Ordering::Relaxed) {
@@ -111,7 +121,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
             .poll(Duration::from_millis(40), POLL_BATCH)
             .context("reading sampled stacks")?
         {
-            aggregate.add(&sample.stack, &mut names);
+            aggregate.add(&sample.stack, &sample.kernel, &mut names);
         }
     }
     // What is still in the ring was sampled within the duration.
@@ -120,9 +130,10 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_default();
     names.next_batch();
     for sample in pending {
-        aggregate.add(&sample.stack, &mut names);
+        aggregate.add(&sample.stack, &sample.kernel, &mut names);
     }
     let lost = profiler.lost().unwrap_or(0);
+    let (kernel_failed, kernel_errno) = profiler.kernel_failed();
     let elapsed = started.elapsed();
     drop(profiler);
     tracing::info!(
@@ -155,10 +166,37 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         aggregate.stacks.len(),
         aggregate.stops
     );
+    if kernel_failed > 0 {
+        note!(
+            "eim: the kernel stack of {kernel_failed} samples could not be read: {}",
+            std::io::Error::from_raw_os_error(kernel_errno as i32)
+        );
+    }
     if aggregate.samples == 0 && !args.all && args.pid.iter().all(|p| !alive(*p)) {
         bail!("no process to profile: {:?} not running", args.pid);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The kernel's function symbols, or an empty table (its frames then print
+/// `[kernel]`) when they cannot be read or the kernel hides their
+/// addresses: said once, on standard error.
+fn kernel_symbols() -> Kallsyms {
+    match Kallsyms::read() {
+        Ok(symbols) if symbols.restricted() => {
+            note!(
+                "eim: {} hides the kernel's addresses (kernel.kptr_restrict, or no \
+                 CAP_SYSLOG): kernel frames print as [kernel]",
+                kallsyms::PATH
+            );
+            symbols
+        }
+        Ok(symbols) => symbols,
+        Err(e) => {
+            note!("eim: {e}: kernel frames print as [kernel]");
+            Kallsyms::default()
+        }
+    }
 }
 
 /// `at` in nanoseconds since the Unix epoch (0 for a clock set before it).

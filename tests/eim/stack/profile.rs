@@ -11,6 +11,11 @@
 //! distinct stack; and `go tool pprof -raw` reads eim's pprof profile
 //! whole (the main binary, every mapping with its file and build id,
 //! every location in a mapping and named).
+//!
+//! `--kernel`: chain.c's `syscalls` (reading /dev/zero in a loop) shows its
+//! kernel frames, named from /proc/kallsyms, above `read_zero_loop` in most
+//! of its samples, in a `[kernel.kallsyms]` mapping of the pprof profile;
+//! without `--kernel`, none.
 
 use std::path::Path;
 use std::process::Command;
@@ -373,5 +378,87 @@ fn a_process_started_while_profiling_is_loaded_and_unwound() {
     assert!(
         complete * 100 >= all * 80,
         "{complete} of {all} samples of the new process unwind to main:\n{text}"
+    );
+}
+
+/// Of the samples of process `comm` in folded `text`: (all, those with a
+/// kernel frame (a syscall's entry or handler) after `read_zero_loop`).
+fn kernel_counts(text: &str, comm: &str) -> (u64, u64) {
+    let mut all = 0;
+    let mut in_kernel = 0;
+    for line in text.lines() {
+        let (stack, count) = line.rsplit_once(' ').expect("a count");
+        let count: u64 = count.parse().expect("a count");
+        let frames: Vec<&str> = stack.split(';').collect();
+        if frames.first() != Some(&comm) {
+            continue;
+        }
+        all += count;
+        let Some(caller) = frames.iter().position(|f| *f == "read_zero_loop") else {
+            continue;
+        };
+        let kernel = frames[caller + 1..]
+            .iter()
+            .any(|f| f.contains("sys_") || f.contains("entry_SYSCALL"));
+        if kernel {
+            in_kernel += count;
+        }
+    }
+    (all, in_kernel)
+}
+
+#[test]
+fn kernel_frames_go_above_the_user_stack_with_kernel_only() {
+    let test = "profile_kernel";
+    if !Program::C("syscalls").available() || !eim::bpf::probe::require_bpf(test) {
+        return;
+    }
+    let _one = crate::serial();
+    let running = Running::start(Program::C("syscalls"));
+    let pid = running.pid();
+    let comm = comm_of(pid);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pid_arg = pid.to_string();
+    let args = ["--pid", &pid_arg, "--duration", "3s", "--frequency", "499"];
+
+    let (text, pb) = profile(&[&args[..], &["--kernel"]].concat(), dir.path());
+    let (all, in_kernel) = kernel_counts(&text, &comm);
+    eprintln!("--kernel: {in_kernel} of {all} samples with kernel frames");
+    // One CPU busy for 3 s at 499 Hz is about 1500 samples.
+    assert!(all >= 150, "{all} samples of {comm}:\n{text}");
+    // Reading /dev/zero 64 KiB at a time is mostly the kernel's work.
+    assert!(
+        in_kernel * 2 >= all,
+        "{in_kernel} of {all} samples show a syscall's kernel frames above read_zero_loop:\n{text}"
+    );
+    let p = pprof::protos::Profile::decode(pb.as_slice()).expect("a pprof profile");
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let kernel = p
+        .mapping
+        .iter()
+        .find(|m| s(m.filename) == "[kernel.kallsyms]")
+        .unwrap_or_else(|| panic!("no kernel mapping: {:?}", p.mapping));
+    let kernel_locations = p
+        .location
+        .iter()
+        .filter(|l| l.mapping_id == kernel.id)
+        .count();
+    assert!(kernel_locations > 0, "no location in the kernel mapping");
+    for l in p.location.iter().filter(|l| l.mapping_id == kernel.id) {
+        let f = &p.function[l.line[0].function_id as usize - 1];
+        assert!(
+            !s(f.name).is_empty(),
+            "a kernel location without a name: {l:?}"
+        );
+    }
+
+    let (text, pb) = profile(&args, dir.path());
+    let (all, in_kernel) = kernel_counts(&text, &comm);
+    assert!(all >= 150, "{all} samples of {comm}:\n{text}");
+    assert_eq!(in_kernel, 0, "kernel frames without --kernel:\n{text}");
+    let p = pprof::protos::Profile::decode(pb.as_slice()).expect("a pprof profile");
+    assert!(
+        p.string_table.iter().all(|s| s != "[kernel.kallsyms]"),
+        "a kernel mapping without --kernel"
     );
 }

@@ -19,7 +19,8 @@ const READY_WITHIN: Duration = Duration::from_secs(30);
 /// One way of running a test program.
 #[derive(Clone, Copy, Debug)]
 pub enum Program {
-    /// chain.c with its scenario (`chain`, `recurse` or `signal`).
+    /// chain.c with its scenario (`chain`, `recurse`, `signal`, `spin`,
+    /// `split` or `syscalls`).
     C(&'static str),
     Rust,
     Go,
@@ -36,6 +37,7 @@ impl Program {
             Self::C("signal") => &["thread", "signal"],
             Self::C("spin") => &["thread", "spin"],
             Self::C("split") => &["thread", "split"],
+            Self::C("syscalls") => &["thread", "syscalls"],
             Self::C(other) => panic!("chain.c has no scenario {other}"),
             Self::Rust => &["thread", "rust"],
             Self::Go => &["go"],
@@ -239,7 +241,7 @@ impl Running {
             }
         }
         // A spinning program never sleeps: its "ready" line is enough.
-        if !matches!(program, Program::C("spin" | "split")) {
+        if !matches!(program, Program::C("spin" | "split" | "syscalls")) {
             let asleep = wait_for(READY_WITHIN, || all_asleep(running.pid()));
             assert!(asleep, "{program:?}: its threads never all slept");
         }
