@@ -10,7 +10,6 @@ use eim_machine::FileId;
 use crate::bpffs::MountError;
 use crate::lock::LockError;
 use crate::sys::SysError;
-use crate::unwind::MAX_KERNEL_FRAMES;
 
 /// Why the maps could not be created or read. Each variant prints its
 /// cause and returns none from `source()` (`eim_core::error`'s
@@ -132,6 +131,6 @@ pub enum RecordError {
         "an EimProfileSample record of {len} bytes is shorter than its {need}-byte kernel stack"
     )]
     ShortSample { len: usize, need: usize },
-    #[error("an EimKernelStack says {count} frames, more than the {MAX_KERNEL_FRAMES} it holds")]
-    TooManyKernelFrames { count: u32 },
+    #[error("an EimKernelStack says {count} frames, more than the {max} it holds")]
+    TooManyKernelFrames { count: u32, max: usize },
 }

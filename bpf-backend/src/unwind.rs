@@ -172,7 +172,10 @@ pub fn decode_profile_sample(bytes: &[u8]) -> Result<(KernelStack, Stack), Recor
     let frames = usize::try_from(count)
         .ok()
         .filter(|n| *n <= MAX_KERNEL_FRAMES)
-        .ok_or(RecordError::TooManyKernelFrames { count })?;
+        .ok_or(RecordError::TooManyKernelFrames {
+            count,
+            max: MAX_KERNEL_FRAMES,
+        })?;
     let ips = bytes[KERNEL_STACK_HEADER..KERNEL_STACK_HEADER + 8 * frames]
         .chunks_exact(8)
         .map(|ip| u64_at(ip, 0))
@@ -500,7 +503,10 @@ mod tests {
         many[0..4].copy_from_slice(&128u32.to_le_bytes());
         assert_eq!(
             decode_profile_sample(&many),
-            Err(RecordError::TooManyKernelFrames { count: 128 })
+            Err(RecordError::TooManyKernelFrames {
+                count: 128,
+                max: MAX_KERNEL_FRAMES
+            })
         );
         // The user stack after it is checked as any EimStack is.
         assert!(matches!(
