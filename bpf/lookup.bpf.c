@@ -212,7 +212,8 @@ int eim_stack_iter(struct bpf_iter__task *ctx)
 	return 0;
 }
 
-/* `eim profile`: which processes are sampled (pid -> any value)... */
+/* `eim profile`: which processes are sampled (pid -> any value), unless
+ * EIM_PROFILE_ALL is set. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);
@@ -220,7 +221,9 @@ struct {
 	__uint(max_entries, EIM_PROFILE_MAX_PIDS);
 } eim_profile_pids SEC(".maps");
 
-/* ... or, when the one entry here is non-zero, every process. */
+/* The one entry of eim_profile_config: EIM_PROFILE_* bits. */
+#define EIM_PROFILE_ALL 1    /* every process, not only eim_profile_pids' */
+#define EIM_PROFILE_KERNEL 2 /* each sample's kernel stack too */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
@@ -228,7 +231,23 @@ struct {
 	__uint(max_entries, 1);
 } eim_profile_config SEC(".maps");
 
-/* The sampled stacks, one EimStack record (header and frames) each. */
+/*
+ * One sample per CPU to build: too big for the BPF stack. Not
+ * eim_unwind_scratch: the sleepable task iterator may be interrupted by a
+ * sample on its CPU midway through its walk.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, EimProfileSample);
+	__uint(max_entries, 1);
+} eim_profile_scratch SEC(".maps");
+
+/*
+ * The sampled stacks, one record each: an EimStack (header and frames),
+ * with EIM_PROFILE_KERNEL an EimProfileSample (the same, after the kernel
+ * stack).
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, EIM_PROFILE_RING_BYTES);
@@ -246,7 +265,9 @@ struct {
  * A sample (cpu-clock): the user stack of the interrupted thread, if its
  * process is sampled. From the sample's registers when it interrupted user
  * code; from the registers saved at kernel entry when it interrupted the
- * kernel (a syscall, a fault) on behalf of a user thread.
+ * kernel (a syscall, a fault) on behalf of a user thread. With
+ * EIM_PROFILE_KERNEL, the kernel stack at the sample goes ahead of it in
+ * the record (none when the sample interrupted user code).
  */
 SEC("perf_event")
 int eim_profile_sample(struct bpf_perf_event_data *ctx)
@@ -256,15 +277,17 @@ int eim_profile_sample(struct bpf_perf_event_data *ctx)
 	__u32 zero = 0;
 	if (tgid == 0)
 		return 0;
-	__u32 *all = bpf_map_lookup_elem(&eim_profile_config, &zero);
-	if (!(all && *all) && !bpf_map_lookup_elem(&eim_profile_pids, &tgid))
+	__u32 *config = bpf_map_lookup_elem(&eim_profile_config, &zero);
+	__u32 flags = config ? *config : 0;
+	if (!(flags & EIM_PROFILE_ALL) && !bpf_map_lookup_elem(&eim_profile_pids, &tgid))
 		return 0;
 	struct task_struct *task = bpf_get_current_task_btf();
 	if (!task->mm)
 		return 0; /* a kernel thread has no user stack */
-	EimStack *out = bpf_map_lookup_elem(&eim_unwind_scratch, &zero);
-	if (!out)
+	EimProfileSample *sample = bpf_map_lookup_elem(&eim_profile_scratch, &zero);
+	if (!sample)
 		return 0;
+	EimStack *out = &sample->stack;
 	struct eim_walk w;
 	__builtin_memset(&w, 0, sizeof(w));
 	if ((ctx->regs.cs & 3) == 3) {
@@ -285,7 +308,18 @@ int eim_profile_sample(struct bpf_perf_event_data *ctx)
 	w.out = out;
 	w.pid = tgid;
 	eim_walk_current(&w);
-	if (bpf_ringbuf_output(&eim_profile_stacks, out, eim_stack_bytes(out), 0)) {
+	long sent;
+	if (flags & EIM_PROFILE_KERNEL) {
+		/* Flags 0: the kernel stack, from the sample's registers. */
+		long got = bpf_get_stack(ctx, sample->kernel.ips, sizeof(sample->kernel.ips), 0);
+		sample->kernel.count = got > 0 ? (__u32)(got / sizeof(__u64)) : 0;
+		sample->kernel.error = got < 0 ? (__u32)-got : 0;
+		sent = bpf_ringbuf_output(&eim_profile_stacks, sample,
+					  sizeof(EimKernelStack) + eim_stack_bytes(out), 0);
+	} else {
+		sent = bpf_ringbuf_output(&eim_profile_stacks, out, eim_stack_bytes(out), 0);
+	}
+	if (sent) {
 		__u64 *lost = bpf_map_lookup_elem(&eim_profile_lost, &zero);
 		if (lost)
 			*lost += 1;

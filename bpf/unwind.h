@@ -112,6 +112,26 @@ typedef struct EimStackTarget {
 	__u32 pad;
 } EimStackTarget;
 
+/*
+ * `eim profile --kernel`: the kernel stack of a sample (bpf_get_stack),
+ * innermost first, sent ahead of its user stack as one ring record
+ * (EimProfileSample, trimmed after the user stack's last frame). Without
+ * the kernel bit of eim_profile_config, the record is the EimStack alone.
+ * 127 frames: the kernel's default kernel.perf_event_max_stack, which
+ * bounds bpf_get_stack anyway.
+ */
+#define EIM_MAX_KERNEL_FRAMES 127
+typedef struct EimKernelStack {
+	__u32 count; /* addresses in ips */
+	__u32 error; /* bpf_get_stack's errno when it failed (count 0); else 0 */
+	__u64 ips[EIM_MAX_KERNEL_FRAMES];
+} EimKernelStack;
+
+typedef struct EimProfileSample {
+	EimKernelStack kernel;
+	EimStack stack;
+} EimProfileSample;
+
 EIM_ASSERT_SIZE(EimRegs, 96);
 EIM_ASSERT_OFFSET(EimRegs, arch, 88);
 EIM_ASSERT_SIZE(EimFrame, 32);
@@ -120,5 +140,8 @@ EIM_ASSERT_SIZE(EimStack, 24 + 32 * EIM_MAX_FRAMES);
 EIM_ASSERT_OFFSET(EimCapture, pid, 96);
 EIM_ASSERT_OFFSET(EimCapture, stack_base, 104);
 EIM_ASSERT_OFFSET(EimCapture, stack, 120);
+EIM_ASSERT_OFFSET(EimKernelStack, ips, 8);
+EIM_ASSERT_SIZE(EimKernelStack, 8 + 8 * EIM_MAX_KERNEL_FRAMES);
+EIM_ASSERT_OFFSET(EimProfileSample, stack, 1024);
 
 #endif /* EIM_UNWIND_H */

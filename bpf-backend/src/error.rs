@@ -127,4 +127,10 @@ pub enum RecordError {
         "a capture of {len} bytes of stack is more than the {CAPTURE_STACK} an EimCapture holds"
     )]
     CaptureTooLarge { len: usize },
+    #[error(
+        "an EimProfileSample record of {len} bytes is shorter than its {need}-byte kernel stack"
+    )]
+    ShortSample { len: usize, need: usize },
+    #[error("an EimKernelStack says {count} frames, more than the {max} it holds")]
+    TooManyKernelFrames { count: u32, max: usize },
 }

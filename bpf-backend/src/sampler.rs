@@ -1,9 +1,11 @@
 //! [`Profiler`]: the native unwinder sampling user stacks (the
 //! `eim_profile_sample` program of the lookup object, attached to a
 //! cpu-clock perf event on every online CPU), over the maps of a
-//! [`KernelMaps`]. Stacks arrive through the ring buffer
-//! `eim_profile_stacks`; a stack that did not fit is counted per CPU in
-//! `eim_profile_lost`.
+//! [`KernelMaps`], and, if asked, each sample's kernel stack
+//! (`bpf_get_stack`). Stacks arrive through the ring buffer
+//! `eim_profile_stacks` (an `EimStack` record each, or an
+//! `EimProfileSample`, the kernel stack ahead of it); a stack that did not
+//! fit is counted per CPU in `eim_profile_lost`.
 //!
 //! The profiler holds its own descriptors of the ring and the counter
 //! (opened by map id) and the perf links, so it does not borrow the maps
@@ -26,7 +28,7 @@ use eim_machine::unwind::Stack;
 use crate::error::KernelError;
 use crate::maps::KernelMaps;
 use crate::sys;
-use crate::unwind::{decode_stack, map_fd, STACK_HEADER};
+use crate::unwind::{decode_profile_sample, decode_stack, map_fd, STACK_HEADER};
 
 const PROGRAM: &str = "eim_profile_sample";
 const PIDS: &str = "eim_profile_pids";
@@ -39,6 +41,30 @@ pub const RING_BYTES: usize = 4 << 20;
 
 /// Processes the filter holds at most (`EIM_PROFILE_MAX_PIDS`).
 pub const MAX_PIDS: usize = 4096;
+
+/// `EIM_PROFILE_ALL`: every process, not only those of `eim_profile_pids`.
+const CONFIG_ALL: u32 = 1;
+/// `EIM_PROFILE_KERNEL`: each sample's kernel stack too.
+const CONFIG_KERNEL: u32 = 2;
+
+/// How the profiler samples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sampling {
+    /// Samples per second on each CPU.
+    pub hz: u64,
+    /// Whether each sample carries the kernel stack it interrupted.
+    pub kernel: bool,
+}
+
+/// One sampled stack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// The user stack.
+    pub stack: Stack,
+    /// The kernel stack, innermost first: empty unless [`Sampling::kernel`]
+    /// and the sample interrupted the kernel (a syscall, a fault).
+    pub kernel: Vec<u64>,
+}
 
 /// Which processes are sampled.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +104,10 @@ pub struct Profiler {
     /// Records that did not decode (the kernel wrote them; eim trusts no
     /// input).
     undecoded: u64,
+    /// Whether records carry the kernel stack ahead of the user one.
+    kernel: bool,
+    /// Samples whose kernel stack could not be read, and the last errno.
+    kernel_failed: (u64, u32),
     _links: Vec<PerfEventLink>,
 }
 
@@ -98,8 +128,9 @@ fn reopen(ebpf: &Ebpf, name: &'static str) -> Result<MapData, ProfileError> {
     MapData::from_id(id).map_err(map_error(name))
 }
 
-/// Sets the pid filter: the old entries removed, then `target`'s.
-fn set_target(ebpf: &Ebpf, target: &ProfileTarget) -> Result<(), ProfileError> {
+/// Sets the pid filter (the old entries removed, then `target`'s) and the
+/// configuration bits.
+fn set_target(ebpf: &Ebpf, target: &ProfileTarget, kernel: bool) -> Result<(), ProfileError> {
     let pids = map_fd(ebpf, PIDS)?;
     // Bounded: the map holds at most MAX_PIDS keys.
     for _ in 0..=MAX_PIDS {
@@ -108,8 +139,8 @@ fn set_target(ebpf: &Ebpf, target: &ProfileTarget) -> Result<(), ProfileError> {
         };
         sys::delete_elem(pids, &key).map_err(KernelError::from)?;
     }
-    let all = match target {
-        ProfileTarget::All => 1u32,
+    let mut config = match target {
+        ProfileTarget::All => CONFIG_ALL,
         ProfileTarget::Pids(list) => {
             if list.len() > MAX_PIDS {
                 return Err(ProfileError::TooManyPids { count: list.len() });
@@ -121,10 +152,13 @@ fn set_target(ebpf: &Ebpf, target: &ProfileTarget) -> Result<(), ProfileError> {
             0
         }
     };
+    if kernel {
+        config |= CONFIG_KERNEL;
+    }
     sys::update_elem(
         map_fd(ebpf, CONFIG)?,
         &0u32.to_le_bytes(),
-        &all.to_le_bytes(),
+        &config.to_le_bytes(),
         sys::BPF_ANY,
     )
     .map_err(KernelError::from)?;
@@ -132,15 +166,16 @@ fn set_target(ebpf: &Ebpf, target: &ProfileTarget) -> Result<(), ProfileError> {
 }
 
 impl Profiler {
-    /// Samples `target`'s user stacks `hz` times a second on every online
-    /// CPU (the program is loaded on first use). Needs root (CAP_BPF and
-    /// CAP_PERFMON).
+    /// Samples `target`'s user stacks (and kernel stacks, if asked)
+    /// `sampling.hz` times a second on every online CPU (the program is
+    /// loaded on first use). Needs root (CAP_BPF and CAP_PERFMON).
     pub fn start(
         maps: &mut KernelMaps,
         target: &ProfileTarget,
-        hz: u64,
+        sampling: Sampling,
     ) -> Result<Self, ProfileError> {
-        set_target(maps.ebpf(), target)?;
+        let hz = sampling.hz;
+        set_target(maps.ebpf(), target, sampling.kernel)?;
         let ebpf = maps.ebpf();
         let mut ring =
             RingBuf::try_from(Map::RingBuf(reopen(ebpf, RING)?)).map_err(map_error(RING))?;
@@ -186,6 +221,8 @@ impl Profiler {
             lost,
             lost_before: 0,
             undecoded: 0,
+            kernel: sampling.kernel,
+            kernel_failed: (0, 0),
             _links: links,
         };
         profiler.lost_before = profiler.lost_total()?;
@@ -194,17 +231,34 @@ impl Profiler {
 
     /// Waits up to `timeout` for stacks, then returns those in the ring (at
     /// most `max`). Empty on timeout.
-    pub fn poll(&mut self, timeout: Duration, max: usize) -> Result<Vec<Stack>, ProfileError> {
+    pub fn poll(&mut self, timeout: Duration, max: usize) -> Result<Vec<Sample>, ProfileError> {
         crate::sys::wait_readable(self.ring.as_fd(), timeout).map_err(ProfileError::Wait)?;
-        let mut stacks = Vec::new();
-        while stacks.len() < max {
+        let mut samples = Vec::new();
+        while samples.len() < max {
             let Some(item) = self.ring.next() else { break };
-            match decode_stack(&item) {
-                Ok((stack, _)) => stacks.push(stack),
+            let decoded = if self.kernel {
+                decode_profile_sample(&item).map(|(kernel, stack)| {
+                    if kernel.error != 0 {
+                        self.kernel_failed.0 += 1;
+                        self.kernel_failed.1 = kernel.error;
+                    }
+                    Sample {
+                        stack,
+                        kernel: kernel.ips,
+                    }
+                })
+            } else {
+                decode_stack(&item).map(|(stack, _)| Sample {
+                    stack,
+                    kernel: Vec::new(),
+                })
+            };
+            match decoded {
+                Ok(sample) => samples.push(sample),
                 Err(_) => self.undecoded += 1,
             }
         }
-        Ok(stacks)
+        Ok(samples)
     }
 
     fn lost_total(&self) -> Result<u64, ProfileError> {
@@ -221,6 +275,12 @@ impl Profiler {
     /// Records read that did not decode as a stack.
     pub fn undecoded(&self) -> u64 {
         self.undecoded
+    }
+
+    /// Samples whose kernel stack the kernel could not give, and the errno
+    /// of the last of them (`bpf_get_stack`'s).
+    pub fn kernel_failed(&self) -> (u64, u32) {
+        self.kernel_failed
     }
 
     /// Detaches from every CPU (as dropping does).
@@ -242,5 +302,13 @@ mod tests {
         let ring = crate::c_header::define_text(SOURCE, file, "EIM_PROFILE_RING_BYTES");
         assert_eq!(ring, "(4 << 20)");
         assert_eq!(RING_BYTES, 4 << 20);
+        assert_eq!(
+            crate::c_header::define(SOURCE, file, "EIM_PROFILE_ALL"),
+            u64::from(CONFIG_ALL)
+        );
+        assert_eq!(
+            crate::c_header::define(SOURCE, file, "EIM_PROFILE_KERNEL"),
+            u64::from(CONFIG_KERNEL)
+        );
     }
 }

@@ -27,6 +27,13 @@ pub const FRAME_SIZE: usize = 32;
 pub const STACK_HEADER: usize = 24;
 /// `sizeof(EimStack)`: a record with every frame slot.
 pub const STACK_SIZE: usize = STACK_HEADER + FRAME_SIZE * MAX_FRAMES;
+/// Kernel frames a sample holds at most (`EIM_MAX_KERNEL_FRAMES`).
+pub const MAX_KERNEL_FRAMES: usize = 127;
+/// `offsetof(EimKernelStack, ips)`.
+pub const KERNEL_STACK_HEADER: usize = 8;
+/// `sizeof(EimKernelStack)`: what goes ahead of the `EimStack` in an
+/// `EimProfileSample`.
+pub const KERNEL_STACK_SIZE: usize = KERNEL_STACK_HEADER + 8 * MAX_KERNEL_FRAMES;
 /// `offsetof(EimCapture, stack)`.
 pub const CAPTURE_HEADER: usize = 120;
 /// `sizeof(EimCapture)`.
@@ -139,6 +146,46 @@ pub fn decode_stack(bytes: &[u8]) -> Result<(Stack, usize), RecordError> {
         },
         need,
     ))
+}
+
+/// A sample's kernel stack (`EimKernelStack`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelStack {
+    /// Return addresses, innermost first (the interrupted PC first); none
+    /// when the sample interrupted user code.
+    pub ips: Vec<u64>,
+    /// `bpf_get_stack`'s errno when it failed; 0 otherwise.
+    pub error: u32,
+}
+
+/// Decodes one `EimProfileSample` record: the kernel stack, then the
+/// `EimStack` after it (trimmed after its last frame, as the program
+/// sends it).
+pub fn decode_profile_sample(bytes: &[u8]) -> Result<(KernelStack, Stack), RecordError> {
+    if bytes.len() < KERNEL_STACK_SIZE {
+        return Err(RecordError::ShortSample {
+            len: bytes.len(),
+            need: KERNEL_STACK_SIZE,
+        });
+    }
+    let count = u32_at(bytes, 0);
+    let frames = usize::try_from(count)
+        .ok()
+        .filter(|n| *n <= MAX_KERNEL_FRAMES)
+        .ok_or(RecordError::TooManyKernelFrames {
+            count,
+            max: MAX_KERNEL_FRAMES,
+        })?;
+    let ips = bytes[KERNEL_STACK_HEADER..KERNEL_STACK_HEADER + 8 * frames]
+        .chunks_exact(8)
+        .map(|ip| u64_at(ip, 0))
+        .collect();
+    let kernel = KernelStack {
+        ips,
+        error: u32_at(bytes, 4),
+    };
+    let (stack, _) = decode_stack(&bytes[KERNEL_STACK_SIZE..])?;
+    Ok((kernel, stack))
 }
 
 /// Every record of a stream of `EimStack`s written end to end (the task
@@ -341,6 +388,14 @@ mod tests {
         asserted(&format!(
             "EIM_ASSERT_OFFSET(EimCapture, stack, {CAPTURE_HEADER});"
         ));
+        assert_eq!(define("EIM_MAX_KERNEL_FRAMES"), MAX_KERNEL_FRAMES as u64);
+        asserted(&format!(
+            "EIM_ASSERT_OFFSET(EimKernelStack, ips, {KERNEL_STACK_HEADER});"
+        ));
+        asserted("EIM_ASSERT_SIZE(EimKernelStack, 8 + 8 * EIM_MAX_KERNEL_FRAMES);");
+        asserted(&format!(
+            "EIM_ASSERT_OFFSET(EimProfileSample, stack, {KERNEL_STACK_SIZE});"
+        ));
     }
 
     fn record(pid: u32, stop: u32, detail: u32, frames: &[[u64; 3]]) -> Vec<u8> {
@@ -402,6 +457,61 @@ mod tests {
         assert!(matches!(
             decode_stack(&unknown),
             Err(RecordError::UnknownStop { stop: 10, .. })
+        ));
+    }
+
+    fn kernel_stack(count: u32, error: u32, ips: &[u64]) -> Vec<u8> {
+        let mut b = vec![0u8; KERNEL_STACK_SIZE];
+        b[0..4].copy_from_slice(&count.to_le_bytes());
+        b[4..8].copy_from_slice(&error.to_le_bytes());
+        for (slot, ip) in b[KERNEL_STACK_HEADER..].chunks_exact_mut(8).zip(ips) {
+            slot.copy_from_slice(&ip.to_le_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn profile_samples_decode_the_kernel_stack_then_the_user_one() {
+        let ips = [0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020];
+        let mut bytes = kernel_stack(2, 0, &ips);
+        bytes.extend(record(7, 0, 0, &[[0x10, 3, 0x4]]));
+        let (kernel, stack) = decode_profile_sample(&bytes).unwrap();
+        assert_eq!(kernel.ips, ips, "only `count` of the slots");
+        assert_eq!(kernel.error, 0);
+        assert_eq!((stack.pid, stack.frames.len()), (7, 1));
+
+        let mut failed = kernel_stack(0, 14, &[]);
+        failed.extend(record(8, 0, 0, &[]));
+        let (kernel, stack) = decode_profile_sample(&failed).unwrap();
+        assert_eq!(
+            kernel,
+            KernelStack {
+                ips: vec![],
+                error: 14
+            }
+        );
+        assert_eq!(stack.pid, 8);
+
+        assert_eq!(
+            decode_profile_sample(&bytes[..KERNEL_STACK_SIZE - 1]),
+            Err(RecordError::ShortSample {
+                len: KERNEL_STACK_SIZE - 1,
+                need: KERNEL_STACK_SIZE
+            })
+        );
+        let mut many = bytes.clone();
+        many[0..4].copy_from_slice(&128u32.to_le_bytes());
+        assert_eq!(
+            decode_profile_sample(&many),
+            Err(RecordError::TooManyKernelFrames {
+                count: 128,
+                max: MAX_KERNEL_FRAMES
+            })
+        );
+        // The user stack after it is checked as any EimStack is.
+        assert!(matches!(
+            decode_profile_sample(&bytes[..KERNEL_STACK_SIZE + 4]),
+            Err(RecordError::Short { .. })
         ));
     }
 

@@ -9,8 +9,9 @@
 //! * the task iterator over this test's own threads parked in a syscall
 //!   (one stack per thread, the first PC the thread's own as /proc says,
 //!   its mapping found) and over a kernel thread;
-//! * the profiler on a busy child.
+//! * the profiler on a busy child, and its kernel stacks (of dd in read and write).
 
+use eim_bpf::sampler::{Sample, Sampling};
 use eim_bpf::KernelMaps;
 use eim_machine::abi::{
     encoded_command, opcode, ProcessMapping, ProcessMappings, StackDelta, StackDeltaPageInfo,
@@ -649,19 +650,35 @@ fn executable_ranges(pid: u32) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Stacks sampled for `for_ms` milliseconds.
-fn sample(profiler: &mut eim_bpf::sampler::Profiler, for_ms: u64) -> Vec<Stack> {
+/// Samples taken for `for_ms` milliseconds.
+fn samples(profiler: &mut eim_bpf::sampler::Profiler, for_ms: u64) -> Vec<Sample> {
     let until = std::time::Instant::now() + std::time::Duration::from_millis(for_ms);
-    let mut stacks = Vec::new();
+    let mut samples = Vec::new();
     while std::time::Instant::now() < until {
-        stacks.extend(
+        samples.extend(
             profiler
                 .poll(std::time::Duration::from_millis(50), 100_000)
                 .unwrap(),
         );
     }
-    stacks
+    samples
 }
+
+/// The user stacks sampled for `for_ms` milliseconds.
+fn sample(profiler: &mut eim_bpf::sampler::Profiler, for_ms: u64) -> Vec<Stack> {
+    let taken = samples(profiler, for_ms);
+    assert!(
+        taken.iter().all(|s| s.kernel.is_empty()),
+        "kernel stacks were not asked for"
+    );
+    taken.into_iter().map(|s| s.stack).collect()
+}
+
+/// 999 Hz, user stacks only.
+const USER: Sampling = Sampling {
+    hz: 999,
+    kernel: false,
+};
 
 #[test]
 fn the_profiler_samples_a_busy_process() {
@@ -680,7 +697,7 @@ fn the_profiler_samples_a_busy_process() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     let code = executable_ranges(pid);
 
-    let mut all = Profiler::start(&mut k, &ProfileTarget::All, 999).expect("profiler");
+    let mut all = Profiler::start(&mut k, &ProfileTarget::All, USER).expect("profiler");
     let stacks = sample(&mut all, 1000);
     assert_eq!(all.lost().unwrap(), 0);
     assert_eq!(all.undecoded(), 0);
@@ -706,15 +723,72 @@ fn the_profiler_samples_a_busy_process() {
     }
 
     // Only the named process.
-    let mut one = Profiler::start(&mut k, &ProfileTarget::Pids(vec![pid]), 999).unwrap();
+    let mut one = Profiler::start(&mut k, &ProfileTarget::Pids(vec![pid]), USER).unwrap();
     let stacks = sample(&mut one, 500);
     drop(one);
     assert!(stacks.len() >= 50, "{} samples", stacks.len());
     assert!(stacks.iter().all(|s| s.pid == pid));
 
     // Detached: nothing more arrives.
-    let mut again = Profiler::start(&mut k, &ProfileTarget::Pids(vec![u32::MAX - 1]), 999).unwrap();
+    let mut again =
+        Profiler::start(&mut k, &ProfileTarget::Pids(vec![u32::MAX - 1]), USER).unwrap();
     assert!(sample(&mut again, 300).is_empty());
+}
+
+#[test]
+fn kernel_stacks_come_with_the_samples_that_interrupted_the_kernel_when_asked() {
+    use eim_bpf::sampler::{ProfileTarget, Profiler};
+    if !require_bpf("unwind: profiler, kernel stacks") {
+        return;
+    }
+    let mut k = kernel();
+    // dd copying /dev/zero to /dev/null lives in read() and write().
+    let child = Child(
+        std::process::Command::new("dd")
+            .args(["if=/dev/zero", "of=/dev/null", "bs=1M"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let target = ProfileTarget::Pids(vec![pid]);
+    let with_kernel = Sampling {
+        hz: 999,
+        kernel: true,
+    };
+    let mut profiler = Profiler::start(&mut k, &target, with_kernel).unwrap();
+    let taken = samples(&mut profiler, 1000);
+    assert_eq!(profiler.undecoded(), 0);
+    assert_eq!(
+        profiler.kernel_failed().0,
+        0,
+        "{:?}",
+        profiler.kernel_failed()
+    );
+    drop(profiler);
+    assert!(taken.len() >= 100, "{} samples of dd", taken.len());
+    let in_kernel = taken.iter().filter(|s| !s.kernel.is_empty()).count();
+    // x86-64's kernel half: every kernel address is at or above it.
+    let kernel_half = 0xffff_8000_0000_0000u64;
+    for s in &taken {
+        assert!(
+            s.kernel.iter().all(|ip| *ip >= kernel_half),
+            "a kernel stack outside the kernel: {:x?}",
+            s.kernel
+        );
+    }
+    assert!(
+        in_kernel * 2 >= taken.len(),
+        "{in_kernel} of {} samples of dd carry a kernel stack",
+        taken.len()
+    );
+
+    // Not asked: the same process, no kernel stacks (`sample` checks).
+    let mut profiler = Profiler::start(&mut k, &target, USER).unwrap();
+    let stacks = sample(&mut profiler, 500);
+    assert_eq!(profiler.undecoded(), 0);
+    assert!(stacks.len() >= 50, "{} samples of dd", stacks.len());
 }
 
 /// A child process killed when the test ends, passed or failed (a busy

@@ -2,22 +2,24 @@
 //! maps. The files of the profiled processes are loaded first (a host step
 //! into private kernel maps), and kept loaded as processes start, map new
 //! code or exit, through `watch`'s event loop (host events; polling
-//! `/proc` every second where they are unavailable). The stacks are
-//! written as folded stacks, and with `--pprof` as a pprof profile.
+//! `/proc` every second where they are unavailable). With `--kernel`, each
+//! sample's kernel stack goes above its user stack, named from
+//! `/proc/kallsyms`. The stacks are written as folded stacks, and with
+//! `--pprof` as a pprof profile.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context as _};
 
 use eim::bpf::events::HostEvents;
-use eim::bpf::sampler::{ProfileTarget, Profiler};
+use eim::bpf::sampler::{ProfileTarget, Profiler, Sampling};
 use eim::daemon::{EventLoop, EventsConfig};
 use eim::host::events::EventSource;
 use eim::host::scan::{Host, Quiet};
-use eim::profile::{folded, pprof, Aggregate, Names};
+use eim::profile::{folded, kallsyms, pprof, Aggregate, Kallsyms, Names};
 
 use crate::backend::{files_per_batch, host_config, kernel_maps, BackendArgs, BackendKind};
 use crate::out::{self, note};
@@ -44,6 +46,11 @@ pub struct ProfileArgs {
     /// Also write a pprof profile (profile.proto, uncompressed) here.
     #[arg(long)]
     pub pprof: Option<PathBuf>,
+    /// Also sample the kernel stack of each sample that interrupted the
+    /// kernel (a syscall, a fault), above the user stack, named from
+    /// /proc/kallsyms.
+    #[arg(long)]
+    pub kernel: bool,
     /// Open files by their path inside the process's root only, not
     /// through /proc/PID/map_files.
     #[arg(long)]
@@ -90,23 +97,31 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
     let mut lp = EventLoop::new(&mut host, events.as_mut(), config, None);
     lp.start(&stop, &mut Quiet)
         .context("loading the files of the processes to profile")?;
+    let mut names = Names::new();
+    if args.kernel {
+        names.set_kernel(kernel_symbols());
+    }
+    let sampling = Sampling {
+        hz: args.frequency,
+        kernel: args.kernel,
+    };
     let mut profiler = lp
         .host
         .manager()
-        .with_backend(|timed| Profiler::start(&mut timed.inner, &target, args.frequency))
+        .with_backend(|timed| Profiler::start(&mut timed.inner, &target, sampling))
         .context("attaching the sampling program")?;
     let mut aggregate = Aggregate::default();
-    let mut names = Names::new();
     let started = Instant::now();
+    let began = SystemTime::now();
     while started.elapsed() < args.duration && !stop.load(Ordering::Relaxed) {
         // New processes and mappings are followed between polls.
         lp.turn(Duration::from_millis(10), &stop, &mut Quiet);
         names.next_batch();
-        for stack in profiler
+        for sample in profiler
             .poll(Duration::from_millis(40), POLL_BATCH)
             .context("reading sampled stacks")?
         {
-            aggregate.add(&stack, &mut names);
+            aggregate.add(&sample.stack, &sample.kernel, &mut names);
         }
     }
     // What is still in the ring was sampled within the duration.
@@ -114,10 +129,11 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         .poll(Duration::ZERO, usize::MAX / 2)
         .unwrap_or_default();
     names.next_batch();
-    for stack in pending {
-        aggregate.add(&stack, &mut names);
+    for sample in pending {
+        aggregate.add(&sample.stack, &sample.kernel, &mut names);
     }
     let lost = profiler.lost().unwrap_or(0);
+    let (kernel_failed, kernel_errno) = profiler.kernel_failed();
     let elapsed = started.elapsed();
     drop(profiler);
     tracing::info!(
@@ -134,7 +150,12 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         None => out::print(&text)?,
     }
     if let Some(path) = &args.pprof {
-        let profile = pprof::profile(&aggregate, args.frequency, elapsed.as_nanos() as i64);
+        let run = pprof::Run {
+            hz: args.frequency,
+            time_nanos: unix_nanos(began),
+            duration_nanos: i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX),
+        };
+        let profile = pprof::profile(&aggregate, run);
         std::fs::write(path, pprof::encode(&profile))
             .with_context(|| format!("writing the pprof profile to {}", path.display()))?;
     }
@@ -145,10 +166,43 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<ExitCode> {
         aggregate.stacks.len(),
         aggregate.stops
     );
+    if kernel_failed > 0 {
+        note!(
+            "eim: the kernel stack of {kernel_failed} samples could not be read: {}",
+            std::io::Error::from_raw_os_error(kernel_errno as i32)
+        );
+    }
     if aggregate.samples == 0 && !args.all && args.pid.iter().all(|p| !alive(*p)) {
         bail!("no process to profile: {:?} not running", args.pid);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The kernel's function symbols, or an empty table (its frames then print
+/// `[kernel]`) when they cannot be read or the kernel hides their
+/// addresses: said once, on standard error.
+fn kernel_symbols() -> Kallsyms {
+    match Kallsyms::read() {
+        Ok(symbols) if symbols.restricted() => {
+            note!(
+                "eim: {} hides the kernel's addresses (kernel.kptr_restrict, or no \
+                 CAP_SYSLOG): kernel frames print as [kernel]",
+                kallsyms::PATH
+            );
+            symbols
+        }
+        Ok(symbols) => symbols,
+        Err(e) => {
+            note!("eim: {e}: kernel frames print as [kernel]");
+            Kallsyms::default()
+        }
+    }
+}
+
+/// `at` in nanoseconds since the Unix epoch (0 for a clock set before it).
+fn unix_nanos(at: SystemTime) -> i64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
 fn alive(pid: i32) -> bool {

@@ -1,5 +1,8 @@
-//! Folded stacks: one line per distinct stack, `root;caller;callee N`, the
-//! input of flame-graph tools (Brendan Gregg's flamegraph.pl, inferno).
+//! Folded stacks: one line per distinct stack as printed,
+//! `root;caller;callee N`, the input of flame-graph tools (Brendan Gregg's
+//! flamegraph.pl, inferno).
+
+use std::collections::BTreeMap;
 
 use super::{Aggregate, StackKey};
 
@@ -32,16 +35,23 @@ pub fn line(key: &StackKey) -> String {
     out
 }
 
-/// Every stack of `aggregate`, one line each, sorted.
+/// Every stack of `aggregate`, one line per distinct printed stack with
+/// the counts of its samples summed, sorted. The aggregate keeps stacks
+/// apart by address (pprof's locations need them); two stacks that differ
+/// only there (two call sites of one function, one library at different
+/// addresses in two processes) print the same and are one line here, as a
+/// flame-graph tool expects.
 pub fn render(aggregate: &Aggregate) -> String {
-    let mut lines: Vec<String> = aggregate
-        .stacks
-        .iter()
-        .map(|(key, count)| format!("{} {count}", line(key)))
-        .collect();
-    lines.sort();
-    let mut out = lines.join("\n");
-    if !out.is_empty() {
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    for (key, count) in &aggregate.stacks {
+        let n = lines.entry(line(key)).or_default();
+        *n = n.saturating_add(*count);
+    }
+    let mut out = String::new();
+    for (stack, count) in &lines {
+        out.push_str(stack);
+        out.push(' ');
+        out.push_str(&count.to_string());
         out.push('\n');
     }
     out
@@ -53,10 +63,17 @@ mod tests {
     use crate::profile::NamedFrame;
 
     fn frame(name: &str) -> NamedFrame {
+        at(name, 0)
+    }
+
+    fn at(name: &str, address: u64) -> NamedFrame {
         NamedFrame {
             name: name.into(),
-            file: None,
-            address: 0,
+            system_name: None,
+            source: None,
+            mapping: None,
+            pc: address,
+            address,
         }
     }
 
@@ -87,5 +104,31 @@ mod tests {
             render(&a),
             "my_prog;main;a:b;operator_new(unsigned_long) 3\nx;[incomplete:no-delta];f 1\n"
         );
+    }
+
+    #[test]
+    fn stacks_that_print_the_same_are_one_line_with_their_counts_summed() {
+        let mut a = Aggregate::default();
+        // `hot` sampled at three addresses under `work`, called from two
+        // call sites of `main`: different keys, one printed stack.
+        for (main_at, hot_at, count) in [(0x10, 0x40, 2), (0x10, 0x44, 218), (0x18, 0x48, 28)] {
+            a.stacks.insert(
+                StackKey {
+                    comm: "p".into(),
+                    frames: vec![at("main", main_at), at("work", 0x30), at("hot", hot_at)],
+                    incomplete: None,
+                },
+                count,
+            );
+        }
+        a.stacks.insert(
+            StackKey {
+                comm: "p".into(),
+                frames: vec![at("main", 0x10), at("work", 0x30)],
+                incomplete: None,
+            },
+            5,
+        );
+        assert_eq!(render(&a), "p;main;work 5\np;main;work;hot 248\n");
     }
 }

@@ -15,6 +15,7 @@
 //! * [`fileid`]: the 128-bit file id and the 64-bit host file id.
 //! * [`header`]: which files are unsupported, which invalid.
 //! * [`ident`]: the magic and identification bytes eim reads files by.
+//! * [`build_id`]: the GNU build id, from the note segments.
 //! * [`segments`]: the program headers (every reader's) and a mapping's
 //!   load bias.
 //!
@@ -22,6 +23,7 @@
 //! SONAME and the debug link the way upstream's `pfelf` does, so that every
 //! stage sees the bytes upstream sees.
 
+pub mod build_id;
 pub(crate) mod debuglink;
 pub mod digest;
 pub mod ehframe;

@@ -4,6 +4,18 @@
 //! the C library's start, the folded output renders as a flame graph with
 //! inferno, and the pprof profile holds the same samples. A process
 //! started after the profiler is loaded as it appears.
+//!
+//! Issue 31: chain.c's `split` (hot_a 70%, hot_b 30% of the work) profiled
+//! by eim and by `perf record --call-graph dwarf` over the same 5 s: each
+//! hot function's share within 2 points of perf's, one folded line per
+//! distinct stack; and `go tool pprof -raw` reads eim's pprof profile
+//! whole (the main binary, every mapping with its file and build id,
+//! every location in a mapping and named).
+//!
+//! `--kernel`: chain.c's `syscalls` (reading /dev/zero in a loop) shows its
+//! kernel frames, named from /proc/kallsyms, above `read_zero_loop` in most
+//! of its samples, in a `[kernel.kallsyms]` mapping of the pprof profile;
+//! without `--kernel`, none.
 
 use std::path::Path;
 use std::process::Command;
@@ -112,6 +124,230 @@ fn a_spinning_chain_unwinds_to_main_in_99_percent_of_its_samples() {
     assert!(p.string_table.iter().any(|s| s == "spin_inner"));
 }
 
+/// The shares (percent) of the samples of process `comm` in folded `text`
+/// whose innermost frame is each of `leaves`.
+fn leaf_shares(text: &str, comm: &str, leaves: &[&str]) -> (u64, Vec<f64>) {
+    let mut all = 0u64;
+    let mut by_leaf = vec![0u64; leaves.len()];
+    for line in text.lines() {
+        let (stack, count) = line.rsplit_once(' ').expect("a count");
+        let count: u64 = count.parse().expect("a count");
+        let frames: Vec<&str> = stack.split(';').collect();
+        if frames.first() != Some(&comm) {
+            continue;
+        }
+        all += count;
+        if let Some(i) = leaves.iter().position(|l| frames.last() == Some(l)) {
+            by_leaf[i] += count;
+        }
+    }
+    let shares = by_leaf
+        .iter()
+        .map(|n| *n as f64 * 100.0 / all.max(1) as f64)
+        .collect();
+    (all, shares)
+}
+
+/// Whether `perf` runs here.
+fn perf_runs() -> bool {
+    Command::new("perf")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// perf's shares (percent of its samples of process `pid`, by the
+/// innermost symbol) of each of `leaves`, from `perf record
+/// --call-graph dwarf` at 999 Hz while `during` runs.
+fn perf_shares<T>(
+    pid: u32,
+    seconds: u32,
+    leaves: &[&str],
+    during: impl FnOnce() -> T,
+) -> (Vec<f64>, T) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("perf.data");
+    let mut record = Command::new("perf")
+        .args(["record", "-q", "--call-graph", "dwarf", "-F", "999", "-p"])
+        .arg(pid.to_string())
+        .arg("-o")
+        .arg(&data)
+        .args(["--", "sleep"])
+        .arg(seconds.to_string())
+        .spawn()
+        .expect("perf record runs");
+    let result = during();
+    let status = record.wait().expect("perf record ends");
+    assert!(status.success(), "perf record: {status}");
+    let report = Command::new("perf")
+        .args([
+            "report",
+            "--stdio",
+            "--no-children",
+            "--sort",
+            "symbol",
+            "-g",
+            "none",
+            "-i",
+        ])
+        .arg(&data)
+        .output()
+        .expect("perf report runs");
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        report.status.success(),
+        "perf report: {}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    // Lines like `    69.95%  [.] hot_a`.
+    let shares = leaves
+        .iter()
+        .map(|leaf| {
+            text.lines()
+                .filter(|l| l.split_whitespace().nth(2) == Some(leaf))
+                .filter_map(|l| {
+                    l.split_whitespace()
+                        .next()?
+                        .strip_suffix('%')?
+                        .parse::<f64>()
+                        .ok()
+                })
+                .sum()
+        })
+        .collect();
+    (shares, result)
+}
+
+#[test]
+fn a_70_30_split_has_perfs_shares_and_one_line_per_stack() {
+    let test = "profile_split";
+    if !Program::C("split").available() || !eim::bpf::probe::require_bpf(test) {
+        return;
+    }
+    let _one = crate::serial();
+    let running = Running::start(Program::C("split"));
+    let pid = running.pid();
+    let comm = comm_of(pid);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pid_arg = pid.to_string();
+    let leaves = ["hot_a", "hot_b"];
+    let eim = || {
+        profile(
+            &["--pid", &pid_arg, "--duration", "5s", "--frequency", "999"],
+            dir.path(),
+        )
+    };
+    let (reference, (text, _)) = if perf_runs() {
+        let (shares, out) = perf_shares(pid, 5, &leaves, eim);
+        eprintln!(
+            "perf record --call-graph dwarf: hot_a {:.1}%, hot_b {:.1}%",
+            shares[0], shares[1]
+        );
+        (shares, out)
+    } else {
+        eprintln!("{test}: perf is not installed; comparing with the program's own 70/30 split");
+        (vec![70.0, 30.0], eim())
+    };
+    let (all, shares) = leaf_shares(&text, &comm, &leaves);
+    eprintln!(
+        "eim profile: hot_a {:.1}%, hot_b {:.1}% of {all} samples",
+        shares[0], shares[1]
+    );
+    assert!(all >= 500, "{all} samples of {comm}:\n{text}");
+    for ((leaf, eim), reference) in leaves.iter().zip(&shares).zip(&reference) {
+        assert!(
+            (eim - reference).abs() <= 2.0,
+            "{leaf}: {eim:.1}% in eim's profile, {reference:.1}% in the reference:\n{text}"
+        );
+    }
+    let stacks: Vec<&str> = text
+        .lines()
+        .filter_map(|l| Some(l.rsplit_once(' ')?.0))
+        .collect();
+    let distinct: std::collections::BTreeSet<&str> = stacks.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        stacks.len(),
+        "a stack on two lines:\n{text}"
+    );
+}
+
+#[test]
+fn go_tool_pprof_reads_the_profile_whole() {
+    let test = "profile_pprof_go";
+    if !Program::C("spin").available()
+        || !eim_test_support::skip::tools_present(&["go"])
+        || !eim::bpf::probe::require_bpf(test)
+    {
+        return;
+    }
+    let _one = crate::serial();
+    let running = Running::start(Program::C("spin"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pid_arg = running.pid().to_string();
+    let (_, pb) = profile(
+        &["--pid", &pid_arg, "--duration", "2s", "--frequency", "499"],
+        dir.path(),
+    );
+    let decoded = pprof::protos::Profile::decode(pb.as_slice()).expect("a pprof profile");
+    let path = dir.path().join("profile.pb");
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-raw"])
+        .arg(&path)
+        .env("HOME", dir.path())
+        .output()
+        .expect("go tool pprof runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "go tool pprof -raw: {stderr}");
+    let all = format!("{stdout}\n{stderr}");
+    assert!(!all.contains("Main binary filename not available"), "{all}");
+    // `N: 0xSTART/0xLIMIT/0xOFFSET FILE BUILDID [FN]` after `Mappings`.
+    let mappings: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| l.trim() != "Mappings")
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .collect();
+    assert_eq!(mappings.len(), decoded.mapping.len(), "{stdout}");
+    assert!(
+        mappings.len() >= 2,
+        "the program and libc at least:\n{stdout}"
+    );
+    assert!(
+        mappings[0].contains("/chain "),
+        "the executable first:\n{stdout}"
+    );
+    for m in &mappings {
+        let fields: Vec<&str> = m.split_whitespace().collect();
+        let file = fields.get(2).copied().unwrap_or("");
+        let build_id = fields.get(3).copied().unwrap_or("");
+        assert!(file.starts_with('/'), "a mapping without its file: {m}");
+        assert!(
+            build_id.len() >= 16 && build_id.chars().all(|c| c.is_ascii_hexdigit()),
+            "a mapping without its build id: {m}"
+        );
+    }
+    // `N: 0xADDRESS M=K function file:line s=0` after `Locations`.
+    let locations: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| l.trim() != "Locations")
+        .skip(1)
+        .take_while(|l| l.trim() != "Mappings")
+        .collect();
+    assert_eq!(locations.len(), decoded.location.len(), "{stdout}");
+    for l in &locations {
+        let fields: Vec<&str> = l.split_whitespace().collect();
+        let mapping = fields
+            .get(2)
+            .and_then(|f| f.strip_prefix("M="))
+            .unwrap_or("0");
+        assert_ne!(mapping, "0", "a location without a mapping: {l}");
+        assert!(fields.len() >= 4, "a location without a function: {l}");
+    }
+    assert!(stdout.contains(" spin_inner "), "{stdout}");
+}
+
 #[test]
 fn a_process_started_while_profiling_is_loaded_and_unwound() {
     let test = "profile_new_process";
@@ -142,5 +378,87 @@ fn a_process_started_while_profiling_is_loaded_and_unwound() {
     assert!(
         complete * 100 >= all * 80,
         "{complete} of {all} samples of the new process unwind to main:\n{text}"
+    );
+}
+
+/// Of the samples of process `comm` in folded `text`: (all, those with a
+/// kernel frame (a syscall's entry or handler) after `read_zero_loop`).
+fn kernel_counts(text: &str, comm: &str) -> (u64, u64) {
+    let mut all = 0;
+    let mut in_kernel = 0;
+    for line in text.lines() {
+        let (stack, count) = line.rsplit_once(' ').expect("a count");
+        let count: u64 = count.parse().expect("a count");
+        let frames: Vec<&str> = stack.split(';').collect();
+        if frames.first() != Some(&comm) {
+            continue;
+        }
+        all += count;
+        let Some(caller) = frames.iter().position(|f| *f == "read_zero_loop") else {
+            continue;
+        };
+        let kernel = frames[caller + 1..]
+            .iter()
+            .any(|f| f.contains("sys_") || f.contains("entry_SYSCALL"));
+        if kernel {
+            in_kernel += count;
+        }
+    }
+    (all, in_kernel)
+}
+
+#[test]
+fn kernel_frames_go_above_the_user_stack_with_kernel_only() {
+    let test = "profile_kernel";
+    if !Program::C("syscalls").available() || !eim::bpf::probe::require_bpf(test) {
+        return;
+    }
+    let _one = crate::serial();
+    let running = Running::start(Program::C("syscalls"));
+    let pid = running.pid();
+    let comm = comm_of(pid);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pid_arg = pid.to_string();
+    let args = ["--pid", &pid_arg, "--duration", "3s", "--frequency", "499"];
+
+    let (text, pb) = profile(&[&args[..], &["--kernel"]].concat(), dir.path());
+    let (all, in_kernel) = kernel_counts(&text, &comm);
+    eprintln!("--kernel: {in_kernel} of {all} samples with kernel frames");
+    // One CPU busy for 3 s at 499 Hz is about 1500 samples.
+    assert!(all >= 150, "{all} samples of {comm}:\n{text}");
+    // Reading /dev/zero 64 KiB at a time is mostly the kernel's work.
+    assert!(
+        in_kernel * 2 >= all,
+        "{in_kernel} of {all} samples show a syscall's kernel frames above read_zero_loop:\n{text}"
+    );
+    let p = pprof::protos::Profile::decode(pb.as_slice()).expect("a pprof profile");
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let kernel = p
+        .mapping
+        .iter()
+        .find(|m| s(m.filename) == "[kernel.kallsyms]")
+        .unwrap_or_else(|| panic!("no kernel mapping: {:?}", p.mapping));
+    let kernel_locations = p
+        .location
+        .iter()
+        .filter(|l| l.mapping_id == kernel.id)
+        .count();
+    assert!(kernel_locations > 0, "no location in the kernel mapping");
+    for l in p.location.iter().filter(|l| l.mapping_id == kernel.id) {
+        let f = &p.function[l.line[0].function_id as usize - 1];
+        assert!(
+            !s(f.name).is_empty(),
+            "a kernel location without a name: {l:?}"
+        );
+    }
+
+    let (text, pb) = profile(&args, dir.path());
+    let (all, in_kernel) = kernel_counts(&text, &comm);
+    assert!(all >= 150, "{all} samples of {comm}:\n{text}");
+    assert_eq!(in_kernel, 0, "kernel frames without --kernel:\n{text}");
+    let p = pprof::protos::Profile::decode(pb.as_slice()).expect("a pprof profile");
+    assert!(
+        p.string_table.iter().all(|s| s != "[kernel.kallsyms]"),
+        "a kernel mapping without --kernel"
     );
 }

@@ -19,7 +19,8 @@ const READY_WITHIN: Duration = Duration::from_secs(30);
 /// One way of running a test program.
 #[derive(Clone, Copy, Debug)]
 pub enum Program {
-    /// chain.c with its scenario (`chain`, `recurse` or `signal`).
+    /// chain.c with its scenario (`chain`, `recurse`, `signal`, `spin`,
+    /// `split` or `syscalls`).
     C(&'static str),
     Rust,
     /// stack_cpp.cpp: templates, a lambda, std::for_each, with DWARF.
@@ -37,6 +38,8 @@ impl Program {
             Self::C("recurse") => &["thread", "recurse"],
             Self::C("signal") => &["thread", "signal"],
             Self::C("spin") => &["thread", "spin"],
+            Self::C("split") => &["thread", "split"],
+            Self::C("syscalls") => &["thread", "syscalls"],
             Self::C(other) => panic!("chain.c has no scenario {other}"),
             Self::Rust => &["thread", "rust"],
             Self::Cpp => &["thread", "cpp"],
@@ -257,7 +260,7 @@ impl Running {
             }
         }
         // A spinning program never sleeps: its "ready" line is enough.
-        if !matches!(program, Program::C("spin")) {
+        if !matches!(program, Program::C("spin" | "split" | "syscalls")) {
             let asleep = wait_for(READY_WITHIN, || all_asleep(running.pid()));
             assert!(asleep, "{program:?}: its threads never all slept");
         }

@@ -16,12 +16,20 @@
  *            with sigaction) parks;
  *   spin     main -> spin_outer -> spin_inner, which computes forever (no
  *            syscall: every CPU sample of it is in this chain), for
- *            `eim profile`.
+ *            `eim profile`;
+ *   split    main -> split_work -> hot_a / hot_b, which compute forever,
+ *            hot_a 7 units of the same work for every 3 of hot_b: a known
+ *            70/30 split of the CPU samples, for `eim profile` against
+ *            perf;
+ *   syscalls main -> read_zero_loop, which reads /dev/zero 64 KiB at a
+ *            time forever: most of its CPU samples are in the kernel
+ *            (`eim profile --kernel`).
  * Every scenario also starts a second thread blocked in read() on a pipe
  * nobody writes. Each stopped thread writes "ready <what>\n" to stdout
  * right before it blocks; the test waits for "ready thread" and
  * "ready <scenario>", then for every thread to sleep.
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -139,6 +147,57 @@ __attribute__((noinline)) unsigned long spin_outer(void)
 	return r + 1;
 }
 
+/* Iterations of one unit of split's work (a few milliseconds of it). */
+#define SPLIT_UNIT 100000
+
+__attribute__((noinline)) unsigned long hot_a(unsigned long x)
+{
+	for (int i = 0; i < 7 * SPLIT_UNIT; i++) {
+		x = x * 6364136223846793005UL + 1442695040888963407UL;
+		BARRIER();
+	}
+	return x;
+}
+
+__attribute__((noinline)) unsigned long hot_b(unsigned long x)
+{
+	for (int i = 0; i < 3 * SPLIT_UNIT; i++) {
+		x = x * 6364136223846793005UL + 1442695040888963407UL;
+		BARRIER();
+	}
+	return x;
+}
+
+__attribute__((noinline)) unsigned long split_work(void)
+{
+	unsigned long x = 1;
+	announce("split");
+	while (!released) {
+		x = hot_a(x);
+		x = hot_b(x);
+		BARRIER();
+	}
+	return x;
+}
+
+__attribute__((noinline)) ssize_t read_zero_loop(void)
+{
+	static char buf[64 << 10];
+	ssize_t total = 0;
+	int fd = open("/dev/zero", O_RDONLY);
+	if (fd < 0)
+		_exit(7);
+	announce("syscalls");
+	while (!released) {
+		ssize_t n = read(fd, buf, sizeof buf);
+		if (n <= 0)
+			_exit(8);
+		total += n;
+		BARRIER();
+	}
+	return total;
+}
+
 /* The known point of the second thread: blocked in read(). */
 __attribute__((noinline)) ssize_t blocked_in_read(void)
 {
@@ -176,6 +235,10 @@ int main(int argc, char **argv)
 		r = raise_usr1();
 	else if (strcmp(argv[1], "spin") == 0)
 		r = (int)spin_outer();
+	else if (strcmp(argv[1], "split") == 0)
+		r = (int)split_work();
+	else if (strcmp(argv[1], "syscalls") == 0)
+		r = (int)read_zero_loop();
 	else
 		return 2;
 	BARRIER();
