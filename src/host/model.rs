@@ -23,6 +23,7 @@ use crate::host::claims::{Claims, FileKey};
 use crate::host::fileids::FileIdCache;
 use crate::host::mappings::ProcessTable;
 use crate::host::open::OpenStrategy;
+use crate::host::vdso::VdsoImages;
 use crate::map_view::{Inspect, InspectError, Usage};
 use crate::ElfProvider;
 
@@ -70,7 +71,7 @@ pub struct StepReport {
     pub with_files: usize,
     /// Executable file mappings, all processes together.
     pub file_mappings: usize,
-    /// Executable mappings without a file (the vDSO, JIT code).
+    /// Executable mappings without a file, the vDSO aside (JIT code).
     pub anonymous_mappings: usize,
     pub new_processes: usize,
     pub exited: usize,
@@ -181,6 +182,8 @@ pub struct Host<B: Inspect> {
     pub(super) clock: StepClock,
     /// Mapped files opened so far ([`Host::mapped_file_opens`]).
     pub(super) mapped_file_opens: u64,
+    /// The vDSO images seen, each one file for every process mapping it.
+    pub(super) vdso: VdsoImages,
 }
 
 /// See [`Phases`]: `busy` is the time spent loading batches and releasing
@@ -226,6 +229,7 @@ impl<B: Inspect> Host<B> {
             restarted: None,
             process_maps: ProcessMapTable::new(),
             mapped_file_opens: 0,
+            vdso: VdsoImages::new(),
         }
     }
 
@@ -247,6 +251,12 @@ impl<B: Inspect> Host<B> {
     /// system calls.
     pub fn mapped_file_opens(&self) -> u64 {
         self.mapped_file_opens
+    }
+
+    /// Distinct vDSO images read and made into files since the host was
+    /// made: one per kernel, however many processes map it.
+    pub fn vdso_images(&self) -> u64 {
+        self.vdso.made()
     }
 
     /// Processes seen whose mappings eim may not read, by pid, with their
