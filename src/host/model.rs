@@ -199,7 +199,10 @@ impl<B: Inspect> Host<B> {
     /// A host over `backend` with eim's extraction.
     pub fn new(backend: B, config: HostConfig) -> Self {
         crate::host::heap::configure();
-        let provider = CountingProvider::new(ElfProvider::new());
+        // The arm64 vDSO has no .eh_frame: it loads with synthetic records.
+        let provider = CountingProvider::new(ElfProvider::with_extractor(
+            crate::files::elf_provider::extract_or_synthesize,
+        ));
         let stats = provider.stats();
         let manager = ExecutableInfoManager::with_config(
             provider,
