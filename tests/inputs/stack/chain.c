@@ -17,6 +17,10 @@
  *   spin     main -> spin_outer -> spin_inner, which computes forever (no
  *            syscall: every CPU sample of it is in this chain), for
  *            `eim profile`.
+ *   clock    main -> clock_outer -> clock_inner, which reads the clock
+ *            with clock_gettime forever (the C library calls the vDSO:
+ *            most of the time the thread is inside it);
+ *   tod      the same with gettimeofday.
  * Every scenario also starts a second thread blocked in read() on a pipe
  * nobody writes. Each stopped thread writes "ready <what>\n" to stdout
  * right before it blocks; the test waits for "ready thread" and
@@ -26,6 +30,8 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DEPTH 200
@@ -139,6 +145,33 @@ __attribute__((noinline)) unsigned long spin_outer(void)
 	return r + 1;
 }
 
+/* Reads the clock forever: clock_gettime, or gettimeofday if `tod`. */
+__attribute__((noinline)) unsigned long clock_inner(int tod)
+{
+	unsigned long sum = 0;
+	announce(tod ? "tod" : "clock");
+	while (!released) {
+		if (tod) {
+			struct timeval tv;
+			gettimeofday(&tv, NULL);
+			sum += (unsigned long)tv.tv_usec;
+		} else {
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			sum += (unsigned long)ts.tv_nsec;
+		}
+		BARRIER();
+	}
+	return sum;
+}
+
+__attribute__((noinline)) unsigned long clock_outer(int tod)
+{
+	unsigned long r = clock_inner(tod);
+	BARRIER();
+	return r + 1;
+}
+
 /* The known point of the second thread: blocked in read(). */
 __attribute__((noinline)) ssize_t blocked_in_read(void)
 {
@@ -176,6 +209,10 @@ int main(int argc, char **argv)
 		r = raise_usr1();
 	else if (strcmp(argv[1], "spin") == 0)
 		r = (int)spin_outer();
+	else if (strcmp(argv[1], "clock") == 0)
+		r = (int)clock_outer(0);
+	else if (strcmp(argv[1], "tod") == 0)
+		r = (int)clock_outer(1);
 	else
 		return 2;
 	BARRIER();
