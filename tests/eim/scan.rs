@@ -101,11 +101,19 @@ fn wait_for_mapping(pid: i32, suffix: &str) {
 }
 
 /// The host file ids of every executable file `pid` maps, computed here
-/// from the whole file's bytes (read through the process's root).
+/// from the whole file's bytes (read through the process's root), and of
+/// its vDSO, from the image in its memory (loaded as a file, issue 31).
 fn expected_ids(pid: i32) -> BTreeMap<FileId, PathBuf> {
-    procs::exec_mappings(pid)
-        .expect("maps")
-        .files
+    use std::os::unix::fs::FileExt;
+    let maps = procs::exec_mappings(pid).expect("maps");
+    let vdso = maps.vdso.clone().map(|m| {
+        let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
+        let mut image = vec![0; (m.end - m.start) as usize];
+        mem.read_exact_at(&mut image, m.start)
+            .expect("the vDSO image");
+        (file_id_of(&image).host(), m.path)
+    });
+    maps.files
         .into_iter()
         .map(|m| {
             let at = PathBuf::from(format!("/proc/{pid}/root"))
@@ -113,6 +121,7 @@ fn expected_ids(pid: i32) -> BTreeMap<FileId, PathBuf> {
             let bytes = std::fs::read(&at).unwrap_or_else(|e| panic!("{}: {e}", at.display()));
             (file_id_of(&bytes).host(), m.path)
         })
+        .chain(vdso)
         .collect()
 }
 
