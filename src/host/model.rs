@@ -69,7 +69,8 @@ pub struct StepReport {
     pub processes: usize,
     /// Processes with at least one executable file mapping.
     pub with_files: usize,
-    /// Executable file mappings, all processes together.
+    /// Executable file mappings, all processes together, the vDSO's
+    /// among them (it is loaded as a file).
     pub file_mappings: usize,
     /// Executable mappings without a file, the vDSO aside (JIT code).
     pub anonymous_mappings: usize,
@@ -251,7 +252,8 @@ impl<B: Inspect> Host<B> {
     /// How many times a mapping's file was opened through the opener
     /// ([`crate::host::open::open_mapping`]) since the host was made,
     /// failed opens included: what the descriptors a batch holds cost in
-    /// system calls.
+    /// system calls. Files on disk only: the vDSO is read from a
+    /// process's memory, not opened ([`Host::vdso_images`]).
     pub fn mapped_file_opens(&self) -> u64 {
         self.mapped_file_opens
     }
