@@ -446,7 +446,7 @@ impl<B: Inspect> Host<B> {
             }
         }
         if !again {
-            report.file_mappings += mappings.files.len();
+            report.file_mappings += mappings.loadable().count();
             report.anonymous_mappings += mappings.anonymous;
             if !mappings.files.is_empty() {
                 report.with_files += 1;

@@ -394,7 +394,7 @@ impl<B: Inspect> Host<B> {
     ) -> Result<Vec<(FileId, ExecMapping)>, ProcessError> {
         let start_time = procs::start_time(pid)?;
         let mappings = procs::exec_mappings(pid)?;
-        report.file_mappings += mappings.files.len();
+        report.file_mappings += mappings.loadable().count();
         report.anonymous_mappings += mappings.anonymous;
         if !mappings.files.is_empty() {
             report.with_files += 1;
