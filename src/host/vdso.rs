@@ -11,6 +11,14 @@
 //! and extracts it once per boot. A process that rewrote its own copy
 //! (it may: its vDSO is its memory) presents other bytes, hence another id
 //! and another memory file, never the kernel's.
+//!
+//! **Trust** (issue 28's collision rules): an image is trusted, as a
+//! root-owned system file is, only if its bytes are the kernel's, that is
+//! equal to eim's own vDSO (the kernel maps the same image into every
+//! process of an ABI; eim never writes to its own). A process's own edited
+//! copy is untrusted, so a file planted with the vDSO's id never wins the
+//! id from the kernel's image, and the kernel's image wins it from such a
+//! file.
 
 use std::ffi::CStr;
 use std::fs::File;
@@ -20,7 +28,6 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 
 use eim_analysis::elf::fileid::{self, FileId128};
 
-use super::open::Identity;
 pub use super::procs::VDSO_PATH;
 
 /// The largest vDSO image read: Linux's are a few pages (two on x86-64,
@@ -112,14 +119,35 @@ pub fn read_process_image(pid: i32, start: u64, end: u64) -> Result<Vec<u8>, Vds
     read_image(&mem, pid, start, end)
 }
 
-/// One distinct image: its bytes, its id, and the sealed memory file that
-/// holds them.
+/// The kernel's vDSO image: eim's own, read from its memory. `None` if eim
+/// maps none, or it cannot be read (then no image is trusted).
+fn own_image() -> Option<Vec<u8>> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| l.ends_with(VDSO_PATH))?;
+    let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+    let start = u64::from_str_radix(start, 16).ok()?;
+    let end = u64::from_str_radix(end, 16).ok()?;
+    let mem = File::open("/proc/self/mem").ok()?;
+    read_image(&mem, 0, start, end).ok()
+}
+
+/// The image of process `pid`'s `[vdso]` mapping `[start, end)` in a
+/// sealed memory file of its own (not kept: for a caller that opens one
+/// mapping, as the symbolizer does).
+pub fn open_process_image(pid: i32, start: u64, end: u64) -> Result<File, VdsoError> {
+    let bytes = read_process_image(pid, start, end)?;
+    sealed_memory_file(&bytes).map_err(|cause| VdsoError::MemoryFile { pid, cause })
+}
+
+/// One distinct image: its bytes, its id, the sealed memory file that
+/// holds them (device and inode), and whether they are the kernel's.
 #[derive(Debug)]
 struct Image {
     bytes: Vec<u8>,
     id: FileId128,
     file: File,
-    identity: Identity,
+    key: (u64, u64),
+    trusted: bool,
 }
 
 /// A vDSO image as a file: what the host's identification of a mapping
@@ -129,7 +157,8 @@ pub struct VdsoFile {
     pub id: FileId128,
     /// A descriptor of the image's memory file, the caller's to close.
     pub file: File,
-    pub identity: Identity,
+    /// Whether the image is the kernel's (see the module documentation).
+    pub trusted: bool,
 }
 
 /// The distinct vDSO images seen, each in one memory file.
@@ -137,11 +166,30 @@ pub struct VdsoFile {
 pub struct VdsoImages {
     images: Vec<Image>,
     made: u64,
+    /// The kernel's image (eim's own), read at the first image made.
+    kernels: Option<Option<Vec<u8>>>,
 }
 
 impl VdsoImages {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Images trusted as the kernel's are those equal to `kernels`
+    /// (tests; otherwise eim's own vDSO).
+    pub fn with_kernel_image(kernels: Option<Vec<u8>>) -> Self {
+        Self {
+            kernels: Some(kernels),
+            ..Self::default()
+        }
+    }
+
+    /// Whether the memory file with device `dev` and inode `inode` holds
+    /// an image kept here that is the kernel's.
+    pub fn is_trusted(&self, dev: u64, inode: u64) -> bool {
+        self.images
+            .iter()
+            .any(|i| i.key == (dev, inode) && i.trusted)
     }
 
     /// The vDSO of process `pid`, mapped at `[start, end)`, as a file.
@@ -159,24 +207,20 @@ impl VdsoImages {
             None => {
                 let file = sealed_memory_file(&bytes).map_err(memory_file)?;
                 let meta = file.metadata().map_err(memory_file)?;
-                let identity = Identity {
-                    dev: meta.dev(),
-                    inode: meta.ino(),
-                    size: meta.len(),
-                    mtime_ns: i128::from(meta.mtime()) * 1_000_000_000
-                        + i128::from(meta.mtime_nsec()),
-                };
+                let kernels = self.kernels.get_or_insert_with(own_image);
+                let trusted = kernels.as_deref() == Some(&bytes[..]);
                 if self.images.len() >= MAX_IMAGES {
                     self.images.clear();
                 }
                 self.made += 1;
                 let id = fileid::file_id_of(&bytes);
-                tracing::debug!(pid, file_id = %id, size = bytes.len(), "new vDSO image");
+                tracing::debug!(pid, file_id = %id, size = bytes.len(), trusted, "new vDSO image");
                 self.images.push(Image {
                     bytes,
                     id,
                     file,
-                    identity,
+                    key: (meta.dev(), meta.ino()),
+                    trusted,
                 });
                 self.images.len() - 1
             }
@@ -185,7 +229,7 @@ impl VdsoImages {
         Ok(VdsoFile {
             id: image.id,
             file: image.file.try_clone().map_err(memory_file)?,
-            identity: image.identity,
+            trusted: image.trusted,
         })
     }
 
@@ -354,13 +398,25 @@ mod tests {
             .arg("10")
             .spawn()
             .expect("sleep");
+        // Spawned with vfork, the parent runs again before the kernel has
+        // mapped the new image's vDSO: wait for it (2 s at most).
+        for _ in 0..200 {
+            let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id()));
+            if maps.is_ok_and(|m| m.contains(VDSO_PATH)) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let (cs, ce) = vdso_of(child.id());
         let second = images.get(child.id() as i32, cs, ce).expect("child's vDSO");
         let _ = child.kill();
         let _ = child.wait();
         assert_eq!(second.id, first.id);
-        assert_eq!(second.identity, first.identity);
+        let inode = |f: &VdsoFile| f.file.metadata().expect("stat").ino();
+        assert_eq!(inode(&second), inode(&first));
         assert_eq!(images.made(), 1);
+        // Both are the kernel's image: eim's own.
+        assert!(first.trusted && second.trusted);
         // The memory file holds the image, and refuses writes.
         let mut back = vec![0; image.len()];
         FileExt::read_exact_at(&second.file, &mut back, 0).expect("read back");
@@ -371,7 +427,45 @@ mod tests {
         other[100] ^= 0xff;
         let third = images.file_of(me, other).expect("kept");
         assert_ne!(third.id, first.id);
-        assert_ne!(third.identity.inode, first.identity.inode);
+        assert_ne!(inode(&third), inode(&first));
         assert_eq!(images.made(), 2);
+        // A process's edited copy is not the kernel's.
+        assert!(!third.trusted);
+        let meta = |f: &VdsoFile| f.file.metadata().expect("stat");
+        assert!(images.is_trusted(meta(&first).dev(), meta(&first).ino()));
+        assert!(!images.is_trusted(meta(&third).dev(), meta(&third).ino()));
+    }
+
+    #[test]
+    fn only_the_kernels_image_is_trusted() {
+        // Whatever eim's own vDSO is, an image equal to the one given as
+        // the kernel's is trusted, any other is not, and with no kernel
+        // image none is.
+        let kernels = b"\x7fELF kernel".to_vec();
+        let mut images = VdsoImages::with_kernel_image(Some(kernels.clone()));
+        assert!(images.file_of(1, kernels.clone()).expect("kept").trusted);
+        assert!(
+            !images
+                .file_of(1, b"\x7fELF other".to_vec())
+                .expect("kept")
+                .trusted
+        );
+        let mut none = VdsoImages::with_kernel_image(None);
+        assert!(!none.file_of(1, kernels).expect("kept").trusted);
+    }
+
+    #[test]
+    fn an_opened_image_is_the_processs() {
+        let me = std::process::id() as i32;
+        let (start, end) = vdso_of(std::process::id());
+        let file = open_process_image(me, start, end).expect("opened");
+        let image = read_process_image(me, start, end).expect("read");
+        let mut back = vec![0; image.len()];
+        FileExt::read_exact_at(&file, &mut back, 0).expect("read back");
+        assert_eq!(back, image);
+        assert!(matches!(
+            open_process_image((1 << 22) + 1, start, end),
+            Err(VdsoError::Vanished { .. })
+        ));
     }
 }

@@ -134,7 +134,7 @@ impl<B: Inspect> Host<B> {
         };
         let candidate = Candidate {
             stamp: collide::stamp_of(&meta),
-            trusted: collide::trusted(pid, &m.path, &meta),
+            trusted: self.trusted(pid, m, &meta),
             path: m.path.clone(),
         };
         // A take-over compared nothing: the evicted owner's files are judged
@@ -346,6 +346,17 @@ impl<B: Inspect> Host<B> {
         Some(Identified::File(id128, opened.file, opened.identity))
     }
 
+    /// Whether the file of mapping `m` of process `pid` is trusted: the
+    /// vDSO's image if it is the kernel's (`host::vdso`), any other file
+    /// by `host::collide`'s rule.
+    pub(super) fn trusted(&self, pid: i32, m: &ExecMapping, meta: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        if m.is_vdso() {
+            return self.vdso.is_trusted(meta.dev(), meta.ino());
+        }
+        collide::trusted(pid, &m.path, meta)
+    }
+
     /// The vDSO mapping's image, read from the process and identified
     /// ([`crate::host::vdso`]): one file for every process of the kernel.
     /// `None` if the process has gone (or went while it was read).
@@ -366,8 +377,20 @@ impl<B: Inspect> Host<B> {
                 return Some(Identified::Unusable);
             }
         };
-        self.record_file(pid, m, vdso.id, &vdso.file, vdso.identity.size);
-        Some(Identified::File(vdso.id, vdso.file, vdso.identity))
+        let identity = match vdso.file.metadata() {
+            Ok(meta) => Identity::of(&meta),
+            Err(cause) => {
+                let e = OpenError::Io {
+                    pid,
+                    path: m.path.clone(),
+                    cause,
+                };
+                self.note_unopenable(m, &e);
+                return Some(Identified::Unusable);
+            }
+        };
+        self.record_file(pid, m, vdso.id, &vdso.file, identity.size);
+        Some(Identified::File(vdso.id, vdso.file, identity))
     }
 
     /// Records the file `id128` a mapping of process `pid` opened to.

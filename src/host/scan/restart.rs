@@ -96,13 +96,18 @@ fn choose_owner(
         if tried.contains(&key) {
             continue;
         }
+        // The vDSO read again from the process: the image kept for its
+        // bytes, trusted if it is the kernel's.
         let opened = if m.is_vdso() {
-            // Read again from the process: the image kept for its bytes.
-            vdso.get(*pid, m.start, m.end).map(|v| v.file).ok()
+            vdso.get(*pid, m.start, m.end)
+                .map(|v| (v.file, Some(v.trusted)))
+                .ok()
         } else {
-            open::open_mapping(*pid, m, strategy).map(|o| o.file).ok()
+            open::open_mapping(*pid, m, strategy)
+                .map(|o| (o.file, None))
+                .ok()
         };
-        let Some(file) = opened else {
+        let Some((file, vdso_trusted)) = opened else {
             continue;
         };
         tried.insert(key);
@@ -111,7 +116,7 @@ fn choose_owner(
         };
         let candidate = Candidate {
             stamp: collide::stamp_of(&meta),
-            trusted: collide::trusted(*pid, &m.path, &meta),
+            trusted: vdso_trusted.unwrap_or_else(|| collide::trusted(*pid, &m.path, &meta)),
             path: m.path.clone(),
         };
         let trusted = candidate.trusted;
