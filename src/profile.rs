@@ -132,7 +132,8 @@ fn base_name(path: &str) -> &str {
 
 /// The symbols of the file process `pid` maps at `pc`.
 fn load(symbolizer: &mut Symbolizer, pid: u32, pc: u64) -> Option<(Arc<FileSymbols>, String)> {
-    let mappings: Vec<ExecMapping> = procs::exec_mappings(pid as i32).ok()?.files;
+    // The vDSO too: `[vdso]`, its symbols from its image in memory.
+    let mappings: Vec<ExecMapping> = procs::exec_mappings(pid as i32).ok()?.into_loadable();
     let m = mappings.iter().find(|m| m.contains(pc))?;
     match symbolizer.file(pid as i32, m) {
         Ok(symbols) => Some((symbols, m.path.to_string_lossy().into_owned())),

@@ -182,6 +182,11 @@ impl ProcessMappings {
     pub fn loadable(&self) -> impl Iterator<Item = &ExecMapping> {
         self.files.iter().chain(&self.vdso)
     }
+
+    /// [`Self::loadable`], owned: what a frame's address is looked up in.
+    pub fn into_loadable(self) -> Vec<ExecMapping> {
+        self.files.into_iter().chain(self.vdso).collect()
+    }
 }
 
 /// The executable mappings of process `pid`.
