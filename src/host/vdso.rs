@@ -136,7 +136,8 @@ fn own_image() -> Option<Vec<u8>> {
 /// mapping, as the symbolizer does).
 pub fn open_process_image(pid: i32, start: u64, end: u64) -> Result<File, VdsoError> {
     let bytes = read_process_image(pid, start, end)?;
-    sealed_memory_file(&bytes).map_err(|cause| VdsoError::MemoryFile { pid, cause })
+    let memory_file = |cause| VdsoError::MemoryFile { pid, cause };
+    reopen(&sealed_memory_file(&bytes).map_err(memory_file)?).map_err(memory_file)
 }
 
 /// One distinct image: its bytes, its id, the sealed memory file that
@@ -228,7 +229,7 @@ impl VdsoImages {
         let image = &self.images[index];
         Ok(VdsoFile {
             id: image.id,
-            file: image.file.try_clone().map_err(memory_file)?,
+            file: reopen(&image.file).map_err(memory_file)?,
             trusted: image.trusted,
         })
     }
@@ -237,6 +238,14 @@ impl VdsoImages {
     pub fn made(&self) -> u64 {
         self.made
     }
+}
+
+/// A new read-only open of memory file `file`, at offset 0 and with an
+/// offset of its own (a duplicated descriptor would share the offset, and
+/// one reader's sequential read would leave the next at the end).
+fn reopen(file: &File) -> io::Result<File> {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+    File::open(format!("/proc/self/fd/{fd}"))
 }
 
 /// A memory file holding `bytes`, sealed so that nothing writes, grows or
@@ -417,10 +426,13 @@ mod tests {
         assert_eq!(images.made(), 1);
         // Both are the kernel's image: eim's own.
         assert!(first.trusted && second.trusted);
-        // The memory file holds the image, and refuses writes.
-        let mut back = vec![0; image.len()];
-        FileExt::read_exact_at(&second.file, &mut back, 0).expect("read back");
-        assert_eq!(back, image);
+        // The memory file holds the image, each descriptor read as a stream
+        // from the start, and refuses writes.
+        for file in [&first.file, &second.file] {
+            let mut back = Vec::new();
+            std::io::Read::read_to_end(&mut &*file, &mut back).expect("read back");
+            assert_eq!(back, image);
+        }
         assert!(FileExt::write_at(&second.file, b"x", 0).is_err());
         // Other bytes are another image, with another id.
         let mut other = image.clone();
@@ -460,8 +472,9 @@ mod tests {
         let (start, end) = vdso_of(std::process::id());
         let file = open_process_image(me, start, end).expect("opened");
         let image = read_process_image(me, start, end).expect("read");
-        let mut back = vec![0; image.len()];
-        FileExt::read_exact_at(&file, &mut back, 0).expect("read back");
+        // Read as a stream (the symbolizer's way): from its first byte.
+        let mut back = Vec::new();
+        std::io::Read::read_to_end(&mut &file, &mut back).expect("read back");
         assert_eq!(back, image);
         assert!(matches!(
             open_process_image((1 << 22) + 1, start, end),

@@ -148,8 +148,9 @@ fn a_process_started_while_profiling_is_loaded_and_unwound() {
 /// Samples of process `comm` in folded `text` for chain.c's `clock` and
 /// `tod`: (all, complete: from the C library's start through
 /// `clock_inner` with no incomplete marker, inside: complete with a frame
-/// under `clock_inner`, the vDSO's, with the C library's clock_gettime
-/// between them; gettimeofday is the vDSO's own, through an IFUNC).
+/// under `clock_inner`, the vDSO's, named as the vDSO names it, with the C
+/// library's clock_gettime between them; gettimeofday is the vDSO's own,
+/// through an IFUNC).
 fn clock_counts(text: &str, comm: &str) -> (u64, u64, u64) {
     let (mut all, mut complete, mut inside) = (0, 0, 0);
     for line in text.lines() {
@@ -169,9 +170,14 @@ fn clock_counts(text: &str, comm: &str) -> (u64, u64, u64) {
         let Some(at) = frames.iter().position(|f| *f == "clock_inner") else {
             continue;
         };
+        // The vDSO's frame is named by its own symbols (either of the two
+        // names it exports each function under), not a file id.
+        let vdso_named = frames.last().is_some_and(|f| {
+            ["clock_gettime", "gettimeofday"].contains(&f.trim_start_matches("__vdso_"))
+        });
         if from_start && whole && frames.contains(&"main") {
             complete += count;
-            if frames.len() >= at + 2 {
+            if frames.len() >= at + 2 && vdso_named {
                 inside += count;
             }
         }

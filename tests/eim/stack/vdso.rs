@@ -4,7 +4,8 @@
 //! until gdb's walk has its frame 0 in the `[vdso]` mapping (a bounded
 //! number of tries), then walked by gdb, `eim stack` and gdb again, as
 //! every other program is (truth.rs); and eim's stack of that thread must
-//! go through the vDSO to gdb's outermost frame, not stop in it.
+//! go through the vDSO to gdb's outermost frame, not stop in it, with its
+//! frame 0 named `[vdso]` and by gdb's function name.
 
 use std::time::{Duration, Instant};
 
@@ -121,6 +122,22 @@ fn inside_the_vdso(test: &str, scenario: &'static str, backend: Backend) {
             .first()
             .is_some_and(|f| (start..end).contains(&f.pc)),
         "eim's frame 0 is in the vDSO: {eim_thread:#?}"
+    );
+    // Named as gdb names it: the file `[vdso]`, the function by the
+    // vDSO's own symbols (it exports each under two names, `f` and
+    // `__vdso_f`, at one address: either is the function).
+    let frame0 = &eim_thread.frames[0];
+    assert_eq!(frame0.file.as_deref(), Some("[vdso]"), "{frame0:#?}");
+    let plain = |n: &str| n.trim_start_matches("__vdso_").to_string();
+    let gdb_name = gdb_thread.physical()[0].name.clone();
+    assert!(
+        gdb_name.is_some(),
+        "gdb names the vDSO's function: {gdb_thread:#?}"
+    );
+    assert_eq!(
+        frame0.symbol.as_deref().map(plain),
+        gdb_name.as_deref().map(plain),
+        "{frame0:#?}"
     );
     assert_eq!(
         (eim_thread.stop.as_str(), eim_thread.frames.len()),
