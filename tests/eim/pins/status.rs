@@ -34,7 +34,7 @@ fn mapped_file_ids(pid: i32) -> BTreeSet<String> {
 
 /// The 64-bit id of `pid`'s vDSO (loaded as a file, issue 31): the file
 /// id of its image, read here from the process's memory.
-fn vdso_id(maps: &str, pid: i32) -> Option<String> {
+pub(super) fn vdso_id(maps: &str, pid: i32) -> Option<String> {
     use std::os::unix::fs::FileExt;
     let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
     let (start, end) = line.split_whitespace().next()?.split_once('-')?;
