@@ -232,7 +232,7 @@ pub fn lookup_pid_pinned(
     };
     let mut out = Vec::with_capacity(addresses.len());
     for &address in addresses {
-        let Some(mapping) = mappings.files.iter().find(|m| m.contains(address)) else {
+        let Some(mapping) = mappings.loadable().find(|m| m.contains(address)) else {
             out.push(AddressAnswer::unanswered(
                 address,
                 "not in an executable file mapping of the process",

@@ -5,7 +5,8 @@
 //! in [`mappings`], and which file owns an id that several present in
 //! [`claims`] (with its I/O in [`collide`]); [`scan::Host`] is one walk of the host (and a warm
 //! restart), [`crate::daemon`] steps it every interval; [`descriptors`] and [`heap`]
-//! keep the process's descriptors and memory within bounds at host scale.
+//! keep the process's descriptors and memory within bounds at host scale;
+//! [`vdso`] makes each process's `[vdso]` mapping a file like the others.
 
 pub mod claims;
 pub mod collide;
@@ -19,3 +20,4 @@ pub mod open;
 pub mod procs;
 pub mod scan;
 pub mod summarize;
+pub mod vdso;

@@ -93,7 +93,9 @@ pub fn stacks(pid: i32, source: &dyn StackSource) -> Result<ProcessStacks, Stack
     let raw = source.unwind(pid)?;
     // The mappings after the walk: the same ones unless the process mapped
     // or unmapped code meanwhile (a frame in such a mapping then has no file).
-    let mappings = procs::exec_mappings(pid)?.files;
+    // The vDSO with the files: its frames are named `[vdso]` and by its
+    // symbols (`host::open` reads its image from the process's memory).
+    let mappings = procs::exec_mappings(pid)?.into_loadable();
     let mut symbolizer = symbols::Symbolizer::new();
     let threads = raw
         .iter()

@@ -64,6 +64,22 @@ pub fn extract(elf: &Elf<'_>, debuglink: &mut DebugLinkFn<'_>) -> Result<Interva
     analyse::deltas(elf, &mut Callback(debuglink)).map_err(|e| e.to_string())
 }
 
+/// The extraction the host loads with: [`extract`], and for a file it
+/// finds no deltas in, the synthetic records of the arm64 vDSO
+/// ([`eim_analysis::elf::vdso::synthesize`]; newer upstream makes them when
+/// it loads a file with no deltas, spec 6.2). `eim deltas` prints
+/// [`extract`]'s, as upstream's extraction gives them.
+pub fn extract_or_synthesize(
+    elf: &Elf<'_>,
+    debuglink: &mut DebugLinkFn<'_>,
+) -> Result<IntervalData, String> {
+    let data = extract(elf, debuglink)?;
+    if !data.is_empty() {
+        return Ok(data);
+    }
+    Ok(eim_analysis::elf::vdso::synthesize(elf).unwrap_or(data))
+}
+
 /// Upstream's provider statistics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Statistics {
@@ -110,7 +126,8 @@ impl ElfProvider {
         Self::with_extractor(extract)
     }
 
-    /// A provider running `extractor` instead (tests, experiments).
+    /// A provider running `extractor` instead (the host's, tests,
+    /// experiments).
     pub fn with_extractor(
         extractor: impl Fn(&Elf<'_>, &mut DebugLinkFn<'_>) -> Result<IntervalData, String>
             + Send
@@ -380,6 +397,27 @@ mod tests {
         let mut data = IntervalData::new();
         data.add(StackDelta::new(elf.entry(), hint::KEEP, info::STOP));
         data
+    }
+
+    #[test]
+    fn the_arm64_vdso_is_loaded_with_its_synthetic_records() {
+        let vdso = ElfFileRef::new(testdata().join("upstream/vdso.arch64.withframe"));
+        let plain = ElfProvider::new().extract(&vdso).expect("extracts");
+        assert!(plain.data.is_empty(), "upstream's extraction finds none");
+        let loaded = ElfProvider::with_extractor(extract_or_synthesize)
+            .extract(&vdso)
+            .expect("extracts");
+        let open = vdso.get().expect("opens");
+        let synthetic = eim_analysis::elf::vdso::synthesize(open.elf()).expect("an arm64 vDSO");
+        assert_eq!(loaded.data, synthetic);
+        assert_eq!(loaded.data.len(), 7, "spec 6.1's seven records");
+        // A file with deltas keeps them.
+        let volname = ElfFileRef::new(testdata().join("upstream/volname"));
+        let both = |p: ElfProvider| p.extract(&volname).expect("extracts").data;
+        assert_eq!(
+            both(ElfProvider::with_extractor(extract_or_synthesize)),
+            both(ElfProvider::new())
+        );
     }
 
     #[test]

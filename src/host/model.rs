@@ -23,6 +23,7 @@ use crate::host::claims::{Claims, FileKey};
 use crate::host::fileids::FileIdCache;
 use crate::host::mappings::ProcessTable;
 use crate::host::open::OpenStrategy;
+use crate::host::vdso::VdsoImages;
 use crate::map_view::{Inspect, InspectError, Usage};
 use crate::ElfProvider;
 
@@ -68,9 +69,10 @@ pub struct StepReport {
     pub processes: usize,
     /// Processes with at least one executable file mapping.
     pub with_files: usize,
-    /// Executable file mappings, all processes together.
+    /// Executable file mappings, all processes together, the vDSO's
+    /// among them (it is loaded as a file).
     pub file_mappings: usize,
-    /// Executable mappings without a file (the vDSO, JIT code).
+    /// Executable mappings without a file, the vDSO aside (JIT code).
     pub anonymous_mappings: usize,
     pub new_processes: usize,
     pub exited: usize,
@@ -181,6 +183,8 @@ pub struct Host<B: Inspect> {
     pub(super) clock: StepClock,
     /// Mapped files opened so far ([`Host::mapped_file_opens`]).
     pub(super) mapped_file_opens: u64,
+    /// The vDSO images seen, each one file for every process mapping it.
+    pub(super) vdso: VdsoImages,
 }
 
 /// See [`Phases`]: `busy` is the time spent loading batches and releasing
@@ -196,7 +200,10 @@ impl<B: Inspect> Host<B> {
     /// A host over `backend` with eim's extraction.
     pub fn new(backend: B, config: HostConfig) -> Self {
         crate::host::heap::configure();
-        let provider = CountingProvider::new(ElfProvider::new());
+        // The arm64 vDSO has no .eh_frame: it loads with synthetic records.
+        let provider = CountingProvider::new(ElfProvider::with_extractor(
+            crate::files::elf_provider::extract_or_synthesize,
+        ));
         let stats = provider.stats();
         let manager = ExecutableInfoManager::with_config(
             provider,
@@ -226,6 +233,7 @@ impl<B: Inspect> Host<B> {
             restarted: None,
             process_maps: ProcessMapTable::new(),
             mapped_file_opens: 0,
+            vdso: VdsoImages::new(),
         }
     }
 
@@ -244,9 +252,16 @@ impl<B: Inspect> Host<B> {
     /// How many times a mapping's file was opened through the opener
     /// ([`crate::host::open::open_mapping`]) since the host was made,
     /// failed opens included: what the descriptors a batch holds cost in
-    /// system calls.
+    /// system calls. Files on disk only: the vDSO is read from a
+    /// process's memory, not opened ([`Host::vdso_images`]).
     pub fn mapped_file_opens(&self) -> u64 {
         self.mapped_file_opens
+    }
+
+    /// Distinct vDSO images read and made into files since the host was
+    /// made: one per kernel, however many processes map it.
+    pub fn vdso_images(&self) -> u64 {
+        self.vdso.made()
     }
 
     /// Processes seen whose mappings eim may not read, by pid, with their

@@ -17,6 +17,9 @@
 //! before the file is opened for reading. A FIFO or a device a process
 //! maps, or plants where its mapped file was, is never opened.
 //!
+//! The vDSO has no file: its image is read from the process's memory into
+//! a sealed memory file ([`super::vdso`]), reached [`Via::Memory`].
+//!
 //! Caveat: on overlayfs, `/proc/PID/maps` shows the underlying file's device
 //! while a path lookup gives the overlay's, so the fallback refuses such
 //! files (reported as "not the file mapped"); `map_files` has no such
@@ -28,6 +31,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::procs::ExecMapping;
+use super::vdso::{self, VdsoError};
 use crate::files::opener::{self, OpenerError, Root};
 
 /// How a file was reached.
@@ -36,6 +40,8 @@ use crate::files::opener::{self, OpenerError, Root};
 pub enum Via {
     MapFiles,
     Root,
+    /// The vDSO's image, read from the process's memory.
+    Memory,
 }
 
 /// Which ways to try.
@@ -56,6 +62,18 @@ pub struct Identity {
     pub inode: u64,
     pub size: u64,
     pub mtime_ns: i128,
+}
+
+impl Identity {
+    /// The identity of an opened file, from its metadata.
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            dev: meta.dev(),
+            inode: meta.ino(),
+            size: meta.size(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        }
+    }
 }
 
 /// A mapping's file, opened and checked.
@@ -203,12 +221,32 @@ fn open_checked(pid: i32, mapping: &ExecMapping, at: At<'_>) -> Result<Opened, O
     Ok(Opened {
         file,
         via,
-        identity: Identity {
-            dev: meta.dev(),
-            inode: meta.ino(),
-            size: meta.size(),
-            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        identity: Identity::of(&meta),
+    })
+}
+
+/// The vDSO mapping's image in a memory file of its own.
+fn open_vdso(pid: i32, mapping: &ExecMapping) -> Result<Opened, OpenError> {
+    let path = || mapping.path.clone();
+    let file = vdso::open_process_image(pid, mapping.start, mapping.end).map_err(|e| match e {
+        VdsoError::Vanished { .. } | VdsoError::Short { .. } => {
+            OpenError::Vanished { pid, path: path() }
+        }
+        e => OpenError::Io {
+            pid,
+            path: path(),
+            cause: io::Error::other(e.to_string()),
         },
+    })?;
+    let meta = file.metadata().map_err(|cause| OpenError::Io {
+        pid,
+        path: path(),
+        cause,
+    })?;
+    Ok(Opened {
+        file,
+        via: Via::Memory,
+        identity: Identity::of(&meta),
     })
 }
 
@@ -219,6 +257,9 @@ pub fn open_mapping(
     mapping: &ExecMapping,
     strategy: OpenStrategy,
 ) -> Result<Opened, OpenError> {
+    if mapping.is_vdso() {
+        return open_vdso(pid, mapping);
+    }
     if strategy == OpenStrategy::MapFilesThenRoot {
         let link = PathBuf::from(format!(
             "/proc/{pid}/map_files/{}",
@@ -290,6 +331,21 @@ mod tests {
         let e = open_mapping(me, &m, OpenStrategy::RootOnly).expect_err("a FIFO");
         assert!(matches!(e, OpenError::Refused { .. }), "{e}");
         assert!(e.to_string().contains("not a regular file: a FIFO"), "{e}");
+    }
+
+    #[test]
+    fn the_vdso_opens_as_its_image_in_memory() {
+        let me = std::process::id() as i32;
+        let m = procs::exec_mappings(me)
+            .expect("maps")
+            .vdso
+            .expect("a vDSO");
+        let opened = open_mapping(me, &m, OpenStrategy::RootOnly).expect("opened");
+        assert_eq!(opened.via, Via::Memory);
+        assert_eq!(opened.identity.size, m.end - m.start);
+        let mut magic = [0; 4];
+        std::os::unix::fs::FileExt::read_exact_at(&opened.file, &mut magic, 0).expect("read");
+        assert_eq!(&magic, b"\x7fELF");
     }
 
     #[test]

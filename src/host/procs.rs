@@ -118,6 +118,9 @@ pub fn exiting_alone(pid: i32) -> bool {
     dying && stat.num_threads <= 1
 }
 
+/// The name `/proc/PID/maps` gives the vDSO, and the path eim names it by.
+pub const VDSO_PATH: &str = "[vdso]";
+
 /// One executable mapping of a file, as `/proc/PID/maps` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ExecMapping {
@@ -140,18 +143,50 @@ impl ExecMapping {
         format!("{:x}-{:x}", self.start, self.end)
     }
 
+    /// The `[vdso]` mapping `[start, end)`: no file on disk (device and
+    /// inode 0), its image read from the process ([`crate::host::vdso`]).
+    pub fn vdso(start: u64, end: u64) -> Self {
+        Self {
+            start,
+            end,
+            offset: 0,
+            dev: (0, 0),
+            inode: 0,
+            path: PathBuf::from(VDSO_PATH),
+        }
+    }
+
+    /// Whether this is the `[vdso]` mapping.
+    pub fn is_vdso(&self) -> bool {
+        self.inode == 0 && self.path.as_os_str() == VDSO_PATH
+    }
+
     /// Whether `address` lies inside the mapping.
     pub fn contains(&self, address: u64) -> bool {
         (self.start..self.end).contains(&address)
     }
 }
 
-/// What one process maps: its executable file mappings, and how many
-/// executable mappings had no file (the vDSO, JIT code).
+/// What one process maps: its executable file mappings, its vDSO, and how
+/// many other executable mappings had no file (JIT code).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessMappings {
     pub files: Vec<ExecMapping>,
+    /// The `[vdso]` mapping ([`ExecMapping::vdso`]), loaded like a file.
+    pub vdso: Option<ExecMapping>,
     pub anonymous: usize,
+}
+
+impl ProcessMappings {
+    /// The mappings the host loads: the files, then the vDSO.
+    pub fn loadable(&self) -> impl Iterator<Item = &ExecMapping> {
+        self.files.iter().chain(&self.vdso)
+    }
+
+    /// [`Self::loadable`], owned: what a frame's address is looked up in.
+    pub fn into_loadable(self) -> Vec<ExecMapping> {
+        self.files.into_iter().chain(self.vdso).collect()
+    }
 }
 
 /// The executable mappings of process `pid`.
@@ -175,6 +210,10 @@ pub fn exec_mappings(pid: i32) -> Result<ProcessMappings, ProcessError> {
                 inode: map.inode,
                 path,
             }),
+            // The first: a process has one vDSO.
+            MMapPath::Vdso if out.vdso.is_none() => {
+                out.vdso = Some(ExecMapping::vdso(map.address.0, map.address.1));
+            }
             _ => out.anonymous += 1,
         }
     }

@@ -414,13 +414,15 @@ impl<B: Inspect> Host<B> {
     ) -> Result<(), ProcessError> {
         let start_time = procs::start_time(pid)?;
         let mappings = procs::exec_mappings(pid)?;
+        // The vDSO is loaded as a file is (`host::vdso`).
+        let loadable: Vec<ExecMapping> = mappings.loadable().cloned().collect();
         let known = self
             .processes
             .get(pid)
             .is_some_and(|e| e.start_time == start_time);
         // Room for every file this read may open, made before the read: a
         // process whose files fit in a batch is loaded in one.
-        let opening = self.files_to_open(pid, start_time, &mappings.files);
+        let opening = self.files_to_open(pid, start_time, &loadable);
         if opening > 0 && batch.files.len() + opening > self.batch_limit() {
             self.flush(batch, progress, report, None);
         }
@@ -444,16 +446,16 @@ impl<B: Inspect> Host<B> {
             }
         }
         if !again {
-            report.file_mappings += mappings.files.len();
+            report.file_mappings += mappings.loadable().count();
             report.anonymous_mappings += mappings.anonymous;
             if !mappings.files.is_empty() {
                 report.with_files += 1;
             }
         }
-        let mut current = HashSet::with_capacity(mappings.files.len());
+        let mut current = HashSet::with_capacity(loadable.len());
         // Mappings not seen before in this process: an mmap event names each.
         let mut new_mappings = 0;
-        for m in &mappings.files {
+        for m in &loadable {
             let key = MappingKey::of(m);
             current.insert(key);
             let cached = reading
@@ -508,15 +510,14 @@ impl<B: Inspect> Host<B> {
         entry.keep_mappings(&current);
         // From the resolutions as they stand after the loop: an owner
         // evicted during it took its earlier mappings' resolutions along.
-        let mapped: BTreeSet<FileId> = mappings
-            .files
+        let mapped: BTreeSet<FileId> = loadable
             .iter()
             .filter_map(|m| match entry.mappings.get(&MappingKey::of(m)) {
                 Some(Resolution::File(id)) => Some(*id),
                 _ => None,
             })
             .collect();
-        let list = self.process_mapping_list(&entry, &mappings.files);
+        let list = self.process_mapping_list(&entry, &loadable);
         if let Some(op) = self.process_maps.set(pid as u32, list) {
             self.apply_process_op(op);
         }
@@ -750,7 +751,7 @@ impl<B: Inspect> Host<B> {
         address: u64,
     ) -> Result<Option<(ExecMapping, Option<FileId>)>, ProcessError> {
         let mappings = procs::exec_mappings(pid)?;
-        let Some(m) = mappings.files.into_iter().find(|m| m.contains(address)) else {
+        let Some(m) = mappings.loadable().find(|m| m.contains(address)).cloned() else {
             return Ok(None);
         };
         let id = self

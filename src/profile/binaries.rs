@@ -86,8 +86,9 @@ impl Binaries {
         let exe = std::fs::metadata(format!("/proc/{pid}/exe"))
             .ok()
             .map(|m| ((libc::major(m.dev()), libc::minor(m.dev())), m.ino()));
+        // The vDSO too (`[vdso]`, read from the process's memory).
         found
-            .files
+            .into_loadable()
             .into_iter()
             .map(|m| {
                 let key = (m.dev, m.inode);

@@ -138,9 +138,11 @@ pub struct NamedProcess {
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Mappings {
-    /// Executable file mappings in the last step.
+    /// Executable file mappings in the last step, the vDSO's among them
+    /// (it is loaded as a file).
     pub file_mappings: usize,
-    /// Executable mappings without a file (vDSO, JIT code): not loaded.
+    /// Executable mappings without a file, the vDSO aside (JIT code): not
+    /// loaded.
     pub anonymous: usize,
     /// References held: (process, distinct file) pairs.
     pub references: usize,
@@ -354,7 +356,7 @@ impl Summary {
             "executable file mappings".into(),
             n(self.mappings.file_mappings),
         ]);
-        t.row(["  anonymous (vDSO, JIT)".into(), n(self.mappings.anonymous)]);
+        t.row(["  anonymous (JIT)".into(), n(self.mappings.anonymous)]);
         t.row([
             "references (process, file)".into(),
             n(self.mappings.references),

@@ -100,12 +100,28 @@ fn wait_for_mapping(pid: i32, suffix: &str) {
     }
 }
 
+/// The image of `pid`'s vDSO, read here from its memory.
+fn vdso_image(pid: i32) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let m = procs::exec_mappings(pid).expect("maps").vdso?;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
+    let mut image = vec![0; (m.end - m.start) as usize];
+    mem.read_exact_at(&mut image, m.start)
+        .expect("the vDSO image");
+    Some(image)
+}
+
 /// The host file ids of every executable file `pid` maps, computed here
-/// from the whole file's bytes (read through the process's root).
+/// from the whole file's bytes (read through the process's root), and of
+/// its vDSO, from the image in its memory (loaded as a file, issue 31).
 fn expected_ids(pid: i32) -> BTreeMap<FileId, PathBuf> {
-    procs::exec_mappings(pid)
-        .expect("maps")
-        .files
+    let maps = procs::exec_mappings(pid).expect("maps");
+    let vdso = maps
+        .vdso
+        .clone()
+        .zip(vdso_image(pid))
+        .map(|(m, image)| (file_id_of(&image).host(), m.path));
+    maps.files
         .into_iter()
         .map(|m| {
             let at = PathBuf::from(format!("/proc/{pid}/root"))
@@ -113,6 +129,7 @@ fn expected_ids(pid: i32) -> BTreeMap<FileId, PathBuf> {
             let bytes = std::fs::read(&at).unwrap_or_else(|e| panic!("{}: {e}", at.display()));
             (file_id_of(&bytes).host(), m.path)
         })
+        .chain(vdso)
         .collect()
 }
 
@@ -220,17 +237,34 @@ fn a_scan_loads_every_file_of_sleep_python_and_go_with_the_right_ids() {
     }
     // libc is shared by sleep and python (the Go binary is static):
     // extracted once, one reference each.
-    let libc: Vec<FileId> = expected_ids(sleep.pid())
-        .into_iter()
-        .filter(|(_, p)| p.to_string_lossy().contains("libc.so"))
-        .map(|(id, _)| id)
-        .collect();
+    let named = |pid: i32, name: &str| -> Vec<FileId> {
+        expected_ids(pid)
+            .into_iter()
+            .filter(|(_, p)| p.to_string_lossy().contains(name))
+            .map(|(id, _)| id)
+            .collect()
+    };
+    let libc = named(sleep.pid(), "libc.so");
     assert_eq!(libc.len(), 1);
     assert_eq!(host.extraction().of(libc[0]).attempts, 1);
     assert_eq!(host.manager().state().files[&libc[0]].rc, 2);
+    // The vDSO is shared by all three (one image per kernel): one file,
+    // read into memory once, extracted once, one reference each.
+    let vdso = named(sleep.pid(), "[vdso]");
+    assert_eq!(vdso.len(), 1);
+    for pid in pids {
+        assert_eq!(named(pid, "[vdso]"), vdso, "process {pid}'s vDSO");
+    }
+    assert_eq!(host.vdso_images(), 1);
+    assert_eq!(host.extraction().of(vdso[0]).attempts, 1);
+    assert_eq!(host.manager().state().files[&vdso[0]].rc, 3);
+    // Static: the Go binary and the vDSO the kernel maps into every process.
     let go_id = file_id_of(&std::fs::read(&go).expect("go binary")).host();
-    assert_eq!(host.held_by(gop.pid()).map(|h| h.len()), Some(1), "static");
-    assert!(host.held_by(gop.pid()).expect("go").contains(&go_id));
+    assert_eq!(
+        host.held_by(gop.pid()),
+        Some(&BTreeSet::from([go_id, vdso[0]])),
+        "static"
+    );
     // A second step changes nothing and extracts nothing.
     let before = host.extraction().attempts();
     step(&mut host);

@@ -6,10 +6,16 @@
 //! resyncing from the host's truth every so often and at once after a loss
 //! it is told of; and the manager over simulated maps underneath.
 //!
+//! Every process maps the vDSO (issue 31): one file for all of them, as
+//! the kernel maps one image into each, from its exec (or fork) to its
+//! exit, so it is loaded with the first process and unloaded with the
+//! last.
+//!
 //! What it checks: after every resync the table is the host's truth, each
-//! file's reference count is the number of processes mapping it, the maps
-//! hold exactly those files (the checker's projection), and without silent
-//! drops no resync ever has anything to correct.
+//! file's reference count is the number of processes mapping it (the
+//! vDSO's, every process), the maps hold exactly those files (the
+//! checker's projection), and without silent drops no resync ever has
+//! anything to correct.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -82,6 +88,10 @@ pub struct HostEventsReport {
     pub reads: u64,
     /// Processes gone before they could be read.
     pub vanished: u64,
+    /// Resyncs that found the vDSO loaded, and that found it unloaded
+    /// (the host empty): both happen in a run that empties the host.
+    pub vdso_loaded: u64,
+    pub vdso_unloaded: u64,
 }
 
 /// One process of the host: a start time (a reused pid is another
@@ -121,6 +131,9 @@ fn file(n: u64) -> FileId {
     FileId(0xf11e_0000 + n)
 }
 
+/// The vDSO's file id: the same image in every process.
+const VDSO: FileId = FileId(0x7d50_0000);
+
 impl Run {
     fn new(config: HostEventsConfig) -> Self {
         let provider = Arc::new(MemoryProvider::new());
@@ -134,6 +147,10 @@ impl Run {
                 ]),
             );
         }
+        provider.insert(
+            VDSO,
+            deltas(&[(0x1000, hint::KEEP, 16), (0x1800, hint::GAP, 0)]),
+        );
         let maps = SimMaps::new(SimConfig::default()).unwrap_or_else(|e| panic!("sim maps: {e}"));
         Self {
             rng: SimRng::new(config.seed, Stream::Workload),
@@ -159,10 +176,12 @@ impl Run {
         self.pending.push_back(event);
     }
 
+    /// What an exec maps: a few files, and the vDSO.
     fn some_files(&mut self) -> BTreeSet<FileId> {
         let n = self.rng.range(1, 4);
         (0..n)
             .map(|_| file(self.rng.below(self.config.files)))
+            .chain([VDSO])
             .collect()
     }
 
@@ -177,7 +196,7 @@ impl Run {
                 let parent = self.host.keys().next().copied();
                 let files = match parent.and_then(|p| self.host.get(&p)) {
                     Some(p) => p.files.clone(),
-                    None => BTreeSet::new(),
+                    None => BTreeSet::from([VDSO]),
                 };
                 self.host.insert(
                     pid,
@@ -217,11 +236,12 @@ impl Run {
                 });
             }
             (true, 2) => {
-                // An unmap has no event: it is found at the next read.
+                // An unmap has no event: it is found at the next read. The
+                // vDSO stays mapped until the process exits.
                 let victim = self
                     .host
                     .get(&pid)
-                    .and_then(|p| p.files.iter().next().copied());
+                    .and_then(|p| p.files.iter().find(|f| **f != VDSO).copied());
                 if let (Some(p), Some(f)) = (self.host.get_mut(&pid), victim) {
                     p.files.remove(&f);
                 }
@@ -336,7 +356,13 @@ impl Run {
                 Change::Missed => self.report.corrections += 1,
             }
         }
-        self.check()
+        self.check()?;
+        if self.manager.state().files.contains_key(&VDSO) {
+            self.report.vdso_loaded += 1;
+        } else {
+            self.report.vdso_unloaded += 1;
+        }
+        Ok(())
     }
 
     /// The table is the host, the references its mappings, the maps the
@@ -353,6 +379,12 @@ impl Run {
             for f in &p.files {
                 *want.entry(*f).or_default() += 1;
             }
+        }
+        if want.get(&VDSO).copied().unwrap_or(0) != self.host.len() as u64 {
+            return Err(format!(
+                "seed {}: the host model has a process without the vDSO",
+                self.config.seed
+            ));
         }
         let state = self.manager.state();
         let have: BTreeMap<FileId, u64> = state.files.iter().map(|(id, e)| (*id, e.rc)).collect();

@@ -67,3 +67,25 @@ fn short_lived_processes_leak_nothing() {
         assert_eq!(report.corrections, 0, "{report:?}");
     }
 }
+
+#[test]
+fn the_vdso_loads_with_the_first_process_and_unloads_with_the_last() {
+    // Few pids: the host empties now and then, so some resync finds the
+    // vDSO unloaded; run checks at each resync that its reference count is
+    // the number of processes, and that the maps hold it exactly then.
+    let (mut loaded, mut unloaded) = (0, 0);
+    for seed in 0..20 {
+        let report = run(HostEventsConfig {
+            pids: 3,
+            resync_every: 2,
+            ..config(seed, EventPath::PERFECT)
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        loaded += report.vdso_loaded;
+        unloaded += report.vdso_unloaded;
+    }
+    assert!(
+        loaded > 0 && unloaded > 0,
+        "{loaded} loaded, {unloaded} unloaded"
+    );
+}

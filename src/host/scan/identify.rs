@@ -3,6 +3,7 @@
 //! files evicted when a trusted owner replaces them.
 
 use super::*;
+use crate::host::vdso::VdsoError;
 
 impl<B: Inspect> Host<B> {
     /// Opens a mapping's file of the process being read, computes its id
@@ -133,7 +134,7 @@ impl<B: Inspect> Host<B> {
         };
         let candidate = Candidate {
             stamp: collide::stamp_of(&meta),
-            trusted: collide::trusted(pid, &m.path, &meta),
+            trusted: self.trusted(pid, m, &meta),
             path: m.path.clone(),
         };
         // A take-over compared nothing: the evicted owner's files are judged
@@ -310,6 +311,9 @@ impl<B: Inspect> Host<B> {
     /// Opens a mapping's file, computes its id and records the file. `None`
     /// if it has gone.
     pub(super) fn identify(&mut self, pid: i32, m: &ExecMapping) -> Option<Identified> {
+        if m.is_vdso() {
+            return self.identify_vdso(pid, m);
+        }
         let opening = Instant::now();
         self.mapped_file_opens += 1;
         let opened = open::open_mapping(pid, m, self.config.strategy);
@@ -337,23 +341,82 @@ impl<B: Inspect> Host<B> {
                 return Some(Identified::Unusable);
             }
         };
-        let id = id128.host();
-        let record = self.files.entry(id).or_insert_with(|| {
-            tracing::debug!(pid, path = %m.path.display(), file_id = %id128, via = ?opened.via, "new file");
+        tracing::trace!(pid, path = %m.path.display(), via = ?opened.via, "opened");
+        self.record_file(pid, m, id128, &opened.file, opened.identity.size);
+        Some(Identified::File(id128, opened.file, opened.identity))
+    }
+
+    /// Whether the file of mapping `m` of process `pid` is trusted: the
+    /// vDSO's image if it is the kernel's (`host::vdso`), any other file
+    /// by `host::collide`'s rule.
+    pub(super) fn trusted(&self, pid: i32, m: &ExecMapping, meta: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        if m.is_vdso() {
+            return self.vdso.is_trusted(meta.dev(), meta.ino());
+        }
+        collide::trusted(pid, &m.path, meta)
+    }
+
+    /// The vDSO mapping's image, read from the process and identified
+    /// ([`crate::host::vdso`]): one file for every process of the kernel.
+    /// `None` if the process has gone (or went while it was read).
+    fn identify_vdso(&mut self, pid: i32, m: &ExecMapping) -> Option<Identified> {
+        let opening = Instant::now();
+        let got = self.vdso.get(pid, m.start, m.end);
+        self.clock.open += opening.elapsed();
+        let vdso = match got {
+            Ok(vdso) => vdso,
+            Err(VdsoError::Vanished { .. } | VdsoError::Short { .. }) => return None,
+            Err(e) => {
+                let e = OpenError::Io {
+                    pid,
+                    path: m.path.clone(),
+                    cause: std::io::Error::other(e.to_string()),
+                };
+                self.note_unopenable(m, &e);
+                return Some(Identified::Unusable);
+            }
+        };
+        let identity = match vdso.file.metadata() {
+            Ok(meta) => Identity::of(&meta),
+            Err(cause) => {
+                let e = OpenError::Io {
+                    pid,
+                    path: m.path.clone(),
+                    cause,
+                };
+                self.note_unopenable(m, &e);
+                return Some(Identified::Unusable);
+            }
+        };
+        self.record_file(pid, m, vdso.id, &vdso.file, identity.size);
+        Some(Identified::File(vdso.id, vdso.file, identity))
+    }
+
+    /// Records the file `id128` a mapping of process `pid` opened to.
+    fn record_file(
+        &mut self,
+        pid: i32,
+        m: &ExecMapping,
+        id128: FileId128,
+        file: &std::fs::File,
+        size: u64,
+    ) {
+        let record = self.files.entry(id128.host()).or_insert_with(|| {
+            tracing::debug!(pid, path = %m.path.display(), file_id = %id128, "new file");
             FileRecord {
                 id: id128,
                 path: m.path.clone(),
                 paths: Vec::new(),
                 more_paths: 0,
-                size: opened.identity.size,
+                size,
                 // A file whose headers cannot be read has no bias: its
                 // mappings are left out of the unwinder's table.
-                segments: segments::load_segments(&opened.file).unwrap_or_default(),
+                segments: segments::load_segments(file).unwrap_or_default(),
                 info: None,
             }
         });
         record.saw(&m.path);
-        Some(Identified::File(id128, opened.file, opened.identity))
     }
 
     pub(super) fn note_unopenable(&mut self, m: &ExecMapping, e: &OpenError) {

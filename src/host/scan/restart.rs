@@ -45,6 +45,7 @@ use crate::host::collide;
 use crate::host::mappings::{MappingKey, ProcessEntry, Resolution};
 use crate::host::open;
 use crate::host::procs::{self, ExecMapping, ListError, ProcessError};
+use crate::host::vdso::VdsoImages;
 use crate::map_view::Inspect;
 
 /// Why a restart did not happen.
@@ -83,6 +84,7 @@ struct RestartOwner {
 fn choose_owner(
     mappers: &[(i32, ExecMapping)],
     strategy: open::OpenStrategy,
+    vdso: &mut VdsoImages,
 ) -> Option<(i32, ExecMapping, File, Candidate)> {
     let mut first: Option<(i32, ExecMapping, File, Candidate)> = None;
     let mut tried: BTreeSet<((u32, u32), u64)> = BTreeSet::new();
@@ -94,20 +96,31 @@ fn choose_owner(
         if tried.contains(&key) {
             continue;
         }
-        let Ok(opened) = open::open_mapping(*pid, m, strategy) else {
+        // The vDSO read again from the process: the image kept for its
+        // bytes, trusted if it is the kernel's.
+        let opened = if m.is_vdso() {
+            vdso.get(*pid, m.start, m.end)
+                .map(|v| (v.file, Some(v.trusted)))
+                .ok()
+        } else {
+            open::open_mapping(*pid, m, strategy)
+                .map(|o| (o.file, None))
+                .ok()
+        };
+        let Some((file, vdso_trusted)) = opened else {
             continue;
         };
         tried.insert(key);
-        let Ok(meta) = opened.file.metadata() else {
+        let Ok(meta) = file.metadata() else {
             continue;
         };
         let candidate = Candidate {
             stamp: collide::stamp_of(&meta),
-            trusted: collide::trusted(*pid, &m.path, &meta),
+            trusted: vdso_trusted.unwrap_or_else(|| collide::trusted(*pid, &m.path, &meta)),
             path: m.path.clone(),
         };
         let trusted = candidate.trusted;
-        let found = (*pid, m.clone(), opened.file, candidate);
+        let found = (*pid, m.clone(), file, candidate);
         if trusted || !several {
             return Some(found);
         }
@@ -168,6 +181,7 @@ impl<B: Inspect> Host<B> {
             collisions_told: _,
             revisit: _,
             mapped_file_opens,
+            mut vdso,
         } = host;
         let (provider, backend) = manager.into_parts();
         let strategy = config.strategy;
@@ -180,7 +194,7 @@ impl<B: Inspect> Host<B> {
         let mut owners: BTreeMap<FileId, RestartOwner> = BTreeMap::new();
         let held = mapped.iter().filter_map(|file| {
             let id128 = files.get(&file.id)?.id;
-            let chosen = choose_owner(&file.mappers, strategy);
+            let chosen = choose_owner(&file.mappers, strategy, &mut vdso);
             let Some((pid, m, opened, candidate)) = chosen else {
                 reopen_failed += 1;
                 return None;
@@ -327,6 +341,7 @@ impl<B: Inspect> Host<B> {
             collisions_told: 0,
             revisit: Default::default(),
             mapped_file_opens,
+            vdso,
         })
     }
 
@@ -384,14 +399,17 @@ impl<B: Inspect> Host<B> {
     ) -> Result<Vec<(FileId, ExecMapping)>, ProcessError> {
         let start_time = procs::start_time(pid)?;
         let mappings = procs::exec_mappings(pid)?;
-        report.file_mappings += mappings.files.len();
+        report.file_mappings += mappings.loadable().count();
         report.anonymous_mappings += mappings.anonymous;
         if !mappings.files.is_empty() {
             report.with_files += 1;
         }
         let mut entry = ProcessEntry::new(start_time);
         let mut firsts: BTreeMap<FileId, ExecMapping> = BTreeMap::new();
-        for m in mappings.files {
+        // The vDSO as a file (`host::vdso`): its pinned table is adopted
+        // like any other file's.
+        let loadable: Vec<ExecMapping> = mappings.loadable().cloned().collect();
+        for m in loadable {
             let resolution = match self.identify(pid, &m) {
                 Some(Identified::File(id128, _file, _)) => {
                     let id = id128.host();

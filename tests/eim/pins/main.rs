@@ -35,6 +35,7 @@ use serde_json::Value;
 mod crash;
 mod readers;
 mod status;
+mod vdso;
 
 /// How long any one eim run may take.
 const LIMIT: Duration = Duration::from_secs(30);

@@ -24,9 +24,27 @@ fn mapped_file_ids(pid: i32) -> BTreeSet<String> {
     let mut args = vec!["fileid"];
     args.extend(paths.iter().copied());
     let out = run(&args).ok().stdout;
-    out.lines()
+    let mut ids: BTreeSet<String> = out
+        .lines()
         .map(|l| l.split_whitespace().nth(1).expect("a host id").to_string())
-        .collect()
+        .collect();
+    ids.extend(vdso_id(&maps, pid));
+    ids
+}
+
+/// The 64-bit id of `pid`'s vDSO (loaded as a file, issue 31): the file
+/// id of its image, read here from the process's memory.
+pub(super) fn vdso_id(maps: &str, pid: i32) -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
+    let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+    let start = u64::from_str_radix(start, 16).expect("start");
+    let end = u64::from_str_radix(end, 16).expect("end");
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
+    let mut image = vec![0; (end - start) as usize];
+    mem.read_exact_at(&mut image, start)
+        .expect("the vDSO image");
+    Some(host_id(eim::elf::fileid::file_id_of(&image).host()))
 }
 
 fn status(dir: &Path) -> Finished {
@@ -108,7 +126,10 @@ fn status_lists_the_scanned_files_and_reports_each_corruption_of_real_maps() {
     };
     let pid = sleep.pid();
     let want = mapped_file_ids(pid);
-    assert!(want.len() >= 3, "sleep, libc and the loader: {want:?}");
+    assert!(
+        want.len() >= 4,
+        "sleep, libc, the loader and the vDSO: {want:?}"
+    );
 
     // A page entry: its class changed to one that holds no table of it.
     let dir = scanned(&mut scratch, "page", pid);

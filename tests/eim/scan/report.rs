@@ -285,9 +285,21 @@ fn the_json_lists_every_loaded_file_as_fileid_deltas_and_tables_see_it() {
     for pid in [sleep.pid(), py.pid()] {
         for (id, path) in expected_ids(pid) {
             mappers.entry(id).or_default().push(pid);
-            let real = PathBuf::from(format!("/proc/{pid}/root"))
-                .join(path.strip_prefix("/").unwrap_or(&path));
-            where_.entry(id).or_insert((path, real));
+            if where_.contains_key(&id) {
+                continue;
+            }
+            let real = if path == Path::new("[vdso]") {
+                // Loaded from the process's memory: the commands read the
+                // image from a file of its bytes.
+                let image = vdso_image(pid).expect("a vDSO");
+                let at = exec_dir("vdso").join("vdso.so");
+                std::fs::write(&at, image).expect("write the vDSO image");
+                at
+            } else {
+                PathBuf::from(format!("/proc/{pid}/root"))
+                    .join(path.strip_prefix("/").unwrap_or(&path))
+            };
+            where_.insert(id, (path, real));
         }
     }
     let reals: Vec<&PathBuf> = where_.values().map(|(_, real)| real).collect();

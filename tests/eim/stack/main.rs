@@ -10,6 +10,8 @@
 //!   gdb again; eim's stacks must match gdb's frame for frame.
 //!   `EIM_STACK_BIN` names another `eim` binary to check instead of this
 //!   build's.
+//! * `vdso::*`: a thread caught inside the vDSO (the process stopped,
+//!   walked by gdb, eim, gdb), frame for frame to its outermost frame.
 //! * `rule::*`: the rule itself, on real gdb walks with stand-ins for
 //!   eim's output: it refuses what it must.
 //!
@@ -28,6 +30,7 @@ mod profile;
 mod programs;
 mod rule;
 mod truth;
+mod vdso;
 
 use eim_stack::Backend;
 use gdb::{GdbFrame, Kind, ThreadTruth};

@@ -16,6 +16,8 @@ pub struct Mapping {
     /// The path, for a file mapping (`[vdso]`, `[stack]` and anonymous
     /// memory have none).
     pub file: Option<PathBuf>,
+    /// Whether this is the `[vdso]` mapping.
+    pub vdso: bool,
 }
 
 /// The mappings of `pid` now.
@@ -38,6 +40,7 @@ fn parse_line(line: &str) -> Option<Mapping> {
         end: u64::from_str_radix(end, 16).ok()?,
         executable: perms.contains('x'),
         offset: u64::from_str_radix(offset, 16).ok()?,
+        vdso: path == "[vdso]",
         file: (path.starts_with('/') && !path.ends_with(" (deleted)")).then(|| PathBuf::from(path)),
     })
 }

@@ -462,3 +462,85 @@ fn kernel_frames_go_above_the_user_stack_with_kernel_only() {
         "a kernel mapping without --kernel"
     );
 }
+
+/// Samples of process `comm` in folded `text` for chain.c's `clock` and
+/// `tod`: (all, complete: from the C library's start through
+/// `clock_inner` with no incomplete marker, inside: complete with a frame
+/// under `clock_inner`, the vDSO's, named as the vDSO names it, with the C
+/// library's clock_gettime between them; gettimeofday is the vDSO's own,
+/// through an IFUNC).
+fn clock_counts(text: &str, comm: &str) -> (u64, u64, u64) {
+    let (mut all, mut complete, mut inside) = (0, 0, 0);
+    for line in text.lines() {
+        let Some((stack, count)) = line.rsplit_once(' ') else {
+            panic!("a folded line without a count: {line:?}");
+        };
+        let count: u64 = count.parse().expect("a count");
+        let frames: Vec<&str> = stack.split(';').collect();
+        if frames.first() != Some(&comm) {
+            continue;
+        }
+        all += count;
+        let from_start = frames
+            .get(1)
+            .is_some_and(|f| *f == "_start" || f.contains("__libc_start"));
+        let whole = !frames.iter().any(|f| f.starts_with("[incomplete"));
+        let Some(at) = frames.iter().position(|f| *f == "clock_inner") else {
+            continue;
+        };
+        // The vDSO's frame is named by its own symbols (either of the two
+        // names it exports each function under), not a file id.
+        let vdso_named = frames.last().is_some_and(|f| {
+            ["clock_gettime", "gettimeofday"].contains(&f.trim_start_matches("__vdso_"))
+        });
+        if from_start && whole && frames.contains(&"main") {
+            complete += count;
+            if frames.len() >= at + 2 && vdso_named {
+                inside += count;
+            }
+        }
+    }
+    (all, complete, inside)
+}
+
+/// `eim profile` of a program reading the clock in a loop: its thread is
+/// mostly inside the vDSO, which is loaded like a file, so at least 99%
+/// of its samples unwind to the C library's start.
+fn reading_the_clock(test: &str, scenario: &'static str) {
+    let program = Program::C(scenario);
+    if !program.available() || !eim::bpf::probe::require_bpf(test) {
+        return;
+    }
+    let _one = crate::serial();
+    let running = Running::start(program);
+    let pid = running.pid();
+    let comm = comm_of(pid);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pid_arg = pid.to_string();
+    let (text, _) = profile(
+        &["--pid", &pid_arg, "--duration", "5s", "--frequency", "999"],
+        dir.path(),
+    );
+    let (all, complete, inside) = clock_counts(&text, &comm);
+    eprintln!("{scenario}: {complete} of {all} samples complete, {inside} inside the vDSO");
+    assert!(all >= 500, "{all} samples of {comm}:\n{text}");
+    assert!(
+        complete * 100 >= all * 99,
+        "{complete} of {all} samples unwind to the C library's start:\n{text}"
+    );
+    // What was tested is the vDSO: most samples are inside it.
+    assert!(
+        inside * 2 >= all,
+        "{inside} of {all} samples inside the clock's call:\n{text}"
+    );
+}
+
+#[test]
+fn clock_gettime_unwinds_through_the_vdso_in_99_percent_of_its_samples() {
+    reading_the_clock("profile_clock_gettime", "clock");
+}
+
+#[test]
+fn gettimeofday_unwinds_through_the_vdso_in_99_percent_of_its_samples() {
+    reading_the_clock("profile_gettimeofday", "tod");
+}

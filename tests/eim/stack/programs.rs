@@ -40,6 +40,8 @@ impl Program {
             Self::C("spin") => &["thread", "spin"],
             Self::C("split") => &["thread", "split"],
             Self::C("syscalls") => &["thread", "syscalls"],
+            Self::C("clock") => &["thread", "clock"],
+            Self::C("tod") => &["thread", "tod"],
             Self::C(other) => panic!("chain.c has no scenario {other}"),
             Self::Rust => &["thread", "rust"],
             Self::Cpp => &["thread", "cpp"],
@@ -260,7 +262,10 @@ impl Running {
             }
         }
         // A spinning program never sleeps: its "ready" line is enough.
-        if !matches!(program, Program::C("spin" | "split" | "syscalls")) {
+        if !matches!(
+            program,
+            Program::C("spin" | "split" | "syscalls" | "clock" | "tod")
+        ) {
             let asleep = wait_for(READY_WITHIN, || all_asleep(running.pid()));
             assert!(asleep, "{program:?}: its threads never all slept");
         }

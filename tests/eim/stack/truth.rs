@@ -120,6 +120,16 @@ pub fn names_mismatch(gdb: &ThreadTruth, eim: &EimThread) -> (usize, Vec<String>
 /// Whether eim's file and address of frame `i` are where the PC is.
 fn attribution(i: usize, frame: &crate::eim_stack::EimFrame, maps: &[Mapping]) -> Option<String> {
     let file = frame.file.as_ref()?;
+    // The vDSO has no file: eim names it `[vdso]`, where /proc does.
+    if file == "[vdso]" {
+        return match maps::find(maps, frame.pc) {
+            Some(m) if m.vdso => None,
+            _ => Some(format!(
+                "frame {i}: eim says [vdso], but {:#x} is not in the [vdso] mapping",
+                frame.pc
+            )),
+        };
+    }
     let Some(mapping) = maps::file_mapping(maps, frame.pc) else {
         return Some(format!(
             "frame {i}: eim says {file}, but {:#x} is in no executable file mapping",

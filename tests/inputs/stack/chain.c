@@ -23,7 +23,11 @@
  *            perf;
  *   syscalls main -> read_zero_loop, which reads /dev/zero 64 KiB at a
  *            time forever: most of its CPU samples are in the kernel
- *            (`eim profile --kernel`).
+ *            (`eim profile --kernel`);
+ *   clock    main -> clock_outer -> clock_inner, which reads the clock
+ *            with clock_gettime forever (the C library calls the vDSO:
+ *            most of the time the thread is inside it);
+ *   tod      the same with gettimeofday.
  * Every scenario also starts a second thread blocked in read() on a pipe
  * nobody writes. Each stopped thread writes "ready <what>\n" to stdout
  * right before it blocks; the test waits for "ready thread" and
@@ -34,6 +38,8 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DEPTH 200
@@ -198,6 +204,33 @@ __attribute__((noinline)) ssize_t read_zero_loop(void)
 	return total;
 }
 
+/* Reads the clock forever: clock_gettime, or gettimeofday if `tod`. */
+__attribute__((noinline)) unsigned long clock_inner(int tod)
+{
+	unsigned long sum = 0;
+	announce(tod ? "tod" : "clock");
+	while (!released) {
+		if (tod) {
+			struct timeval tv;
+			gettimeofday(&tv, NULL);
+			sum += (unsigned long)tv.tv_usec;
+		} else {
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			sum += (unsigned long)ts.tv_nsec;
+		}
+		BARRIER();
+	}
+	return sum;
+}
+
+__attribute__((noinline)) unsigned long clock_outer(int tod)
+{
+	unsigned long r = clock_inner(tod);
+	BARRIER();
+	return r + 1;
+}
+
 /* The known point of the second thread: blocked in read(). */
 __attribute__((noinline)) ssize_t blocked_in_read(void)
 {
@@ -239,6 +272,10 @@ int main(int argc, char **argv)
 		r = (int)split_work();
 	else if (strcmp(argv[1], "syscalls") == 0)
 		r = (int)read_zero_loop();
+	else if (strcmp(argv[1], "clock") == 0)
+		r = (int)clock_outer(0);
+	else if (strcmp(argv[1], "tod") == 0)
+		r = (int)clock_outer(1);
 	else
 		return 2;
 	BARRIER();

@@ -120,8 +120,8 @@ fn host_events(args: &Args) -> ExitCode {
             }
             Ok(r) => {
                 println!(
-                    "seed {seed}: host events: {} events, {} dropped, {} resyncs, {} corrections, {} reads, {} vanished",
-                    r.events, r.dropped, r.resyncs, r.corrections, r.reads, r.vanished
+                    "seed {seed}: host events: {} events, {} dropped, {} resyncs, {} corrections, {} reads, {} vanished, vDSO loaded at {} resyncs and unloaded at {}",
+                    r.events, r.dropped, r.resyncs, r.corrections, r.reads, r.vanished, r.vdso_loaded, r.vdso_unloaded
                 );
                 total += args.steps;
             }
