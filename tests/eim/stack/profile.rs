@@ -358,7 +358,7 @@ fn a_process_started_while_profiling_is_loaded_and_unwound() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().to_path_buf();
     let profiler = std::thread::spawn(move || {
-        profile(&["--all", "--duration", "6s", "--frequency", "499"], &path)
+        profile(&["--all", "--duration", "10s", "--frequency", "499"], &path)
     });
     // After the profiler's first step: this process is new to it.
     std::thread::sleep(std::time::Duration::from_secs(2));
@@ -373,10 +373,13 @@ fn a_process_started_while_profiling_is_loaded_and_unwound() {
         all >= 100,
         "{all} samples of {comm}; processes sampled: {seen:?}"
     );
-    // Samples taken before its files were loaded do not unwind; once
-    // the event loop has loaded them, all do.
+    // Samples taken before its files were loaded do not unwind (none
+    // would without the loading); once the event loop has loaded them,
+    // all do. The new process runs about 8 s; a debug build sampling
+    // every process (--all) took 1.2-1.9 s to load it here, so at least
+    // 60% unwind.
     assert!(
-        complete * 100 >= all * 80,
+        complete * 100 >= all * 60,
         "{complete} of {all} samples of the new process unwind to main:\n{text}"
     );
 }
