@@ -24,20 +24,27 @@ use pprof::protos::Message as _;
 
 use crate::programs::{Program, Running};
 
+/// The folded lines of process `comm` in `text`: its frames (the process
+/// name first) and the line's count.
+fn samples_of<'t>(text: &'t str, comm: &str) -> Vec<(Vec<&'t str>, u64)> {
+    text.lines()
+        .map(|line| {
+            let Some((stack, count)) = line.rsplit_once(' ') else {
+                panic!("a folded line without a count: {line:?}");
+            };
+            let count: u64 = count.parse().expect("a count");
+            (stack.split(';').collect::<Vec<_>>(), count)
+        })
+        .filter(|(frames, _)| frames.first() == Some(&comm))
+        .collect()
+}
+
 /// Samples of process `comm` in folded `text`: (all, through main to the
 /// C library's start with `spin_inner` innermost).
 fn counts(text: &str, comm: &str) -> (u64, u64) {
     let mut all = 0;
     let mut complete = 0;
-    for line in text.lines() {
-        let Some((stack, count)) = line.rsplit_once(' ') else {
-            panic!("a folded line without a count: {line:?}");
-        };
-        let count: u64 = count.parse().expect("a count");
-        let frames: Vec<&str> = stack.split(';').collect();
-        if frames.first() != Some(&comm) {
-            continue;
-        }
+    for (frames, count) in samples_of(text, comm) {
         all += count;
         let from_start = frames
             .get(1)
@@ -129,13 +136,7 @@ fn a_spinning_chain_unwinds_to_main_in_99_percent_of_its_samples() {
 fn leaf_shares(text: &str, comm: &str, leaves: &[&str]) -> (u64, Vec<f64>) {
     let mut all = 0u64;
     let mut by_leaf = vec![0u64; leaves.len()];
-    for line in text.lines() {
-        let (stack, count) = line.rsplit_once(' ').expect("a count");
-        let count: u64 = count.parse().expect("a count");
-        let frames: Vec<&str> = stack.split(';').collect();
-        if frames.first() != Some(&comm) {
-            continue;
-        }
+    for (frames, count) in samples_of(text, comm) {
         all += count;
         if let Some(i) = leaves.iter().position(|l| frames.last() == Some(l)) {
             by_leaf[i] += count;
@@ -389,13 +390,7 @@ fn a_process_started_while_profiling_is_loaded_and_unwound() {
 fn kernel_counts(text: &str, comm: &str) -> (u64, u64) {
     let mut all = 0;
     let mut in_kernel = 0;
-    for line in text.lines() {
-        let (stack, count) = line.rsplit_once(' ').expect("a count");
-        let count: u64 = count.parse().expect("a count");
-        let frames: Vec<&str> = stack.split(';').collect();
-        if frames.first() != Some(&comm) {
-            continue;
-        }
+    for (frames, count) in samples_of(text, comm) {
         all += count;
         let Some(caller) = frames.iter().position(|f| *f == "read_zero_loop") else {
             continue;
@@ -474,15 +469,7 @@ fn kernel_frames_go_above_the_user_stack_with_kernel_only() {
 /// through an IFUNC).
 fn clock_counts(text: &str, comm: &str) -> (u64, u64, u64) {
     let (mut all, mut complete, mut inside) = (0, 0, 0);
-    for line in text.lines() {
-        let Some((stack, count)) = line.rsplit_once(' ') else {
-            panic!("a folded line without a count: {line:?}");
-        };
-        let count: u64 = count.parse().expect("a count");
-        let frames: Vec<&str> = stack.split(';').collect();
-        if frames.first() != Some(&comm) {
-            continue;
-        }
+    for (frames, count) in samples_of(text, comm) {
         all += count;
         let from_start = frames
             .get(1)
