@@ -155,21 +155,30 @@ fn in_maps(host: &Host<SimMaps>, id: FileId) -> bool {
 
 /// A python3 that has done its imports and sleeps (it says so on stdout).
 fn spawn_python() -> Running {
+    spawn_python_script(
+        "import time, sys; print('ready', flush=True); time.sleep(300)",
+        &[],
+        "python3 did not start",
+    )
+}
+
+/// A python3 running `script` with `args`, once the script says `ready`
+/// on stdout (`fails`: what it means when it does not).
+fn spawn_python_script(script: &str, args: &[PathBuf], fails: &str) -> Running {
     let mut child = Command::new(python())
-        .args([
-            "-c",
-            "import time, sys; print('ready', flush=True); time.sleep(300)",
-        ])
+        .arg("-c")
+        .arg(script)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::inherit())
         .spawn()
         .expect("python3 starts");
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)
         .expect("python3 says it is ready");
-    assert_eq!(line.trim(), "ready");
+    assert_eq!(line.trim(), "ready", "{fails}");
     Running(child)
 }
 

@@ -39,19 +39,7 @@ fn spawn_importer() -> Running {
                   \x20       pass\n\
                   print('ready', flush=True)\n\
                   time.sleep(300)\n";
-    let mut child = Command::new(python())
-        .args(["-c", script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("python3 starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("python3 says it is ready");
-    assert_eq!(line.trim(), "ready");
-    Running(child)
+    spawn_python_script(script, &[], "python3 did not start")
 }
 
 #[test]
@@ -132,19 +120,7 @@ fn spawn_mapping_itself_twice() -> Running {
                   \x20       keep.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ | mmap.PROT_EXEC))\n\
                   print('ready', flush=True)\n\
                   time.sleep(300)\n";
-    let mut child = Command::new(python())
-        .args(["-c", script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("python3 starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("python3 says it is ready");
-    assert_eq!(line.trim(), "ready", "python3 could not map itself");
-    Running(child)
+    spawn_python_script(script, &[], "python3 could not map itself")
 }
 
 #[test]

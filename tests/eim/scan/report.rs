@@ -41,21 +41,7 @@ fn spawn_mapper(paths: &[PathBuf]) -> Running {
                   \x20       keep.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ | mmap.PROT_EXEC))\n\
                   print('ready', flush=True)\n\
                   time.sleep(300)\n";
-    let mut child = Command::new(python())
-        .arg("-c")
-        .arg(script)
-        .args(paths)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("python3 starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("python3 says it is ready");
-    assert_eq!(line.trim(), "ready", "python3 could not map the files");
-    Running(child)
+    spawn_python_script(script, paths, "python3 could not map the files")
 }
 
 const ELF32: &str = "a 32-bit ELF file: only 64-bit little-endian ELF files are supported";
